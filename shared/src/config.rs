@@ -1,0 +1,286 @@
+//! Configuration from environment variables, read once at start-up and validated.
+//!
+//! Invariant: a function with a bad configuration does not start. Every error names the
+//! variable and says what is wrong, including a fence TTL that could let a late copy of a job
+//! through (below [`crate::fence::ttl_floor`]) and a retry-policy override without a rationale.
+
+use crate::fence::ttl_floor;
+use crate::ids::ConsumerName;
+use crate::retry::RetryPolicy;
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// The PostgreSQL connection URL.
+pub const DATABASE_URL: &str = "DATABASE_URL";
+/// Connections the function's pool may open (and so records processed at once).
+pub const DATABASE_POOL_SIZE: &str = "DATABASE_POOL_SIZE";
+/// The fence's consumer name.
+pub const CONSUMER_NAME: &str = "CONSUMER_NAME";
+/// Attempts before a transiently failing job is dead-lettered.
+pub const RETRY_MAX_ATTEMPTS: &str = "RETRY_MAX_ATTEMPTS";
+/// The backoff's base delay, in seconds.
+pub const RETRY_BASE_SECONDS: &str = "RETRY_BASE_SECONDS";
+/// The backoff's cap, in seconds.
+pub const RETRY_CAP_SECONDS: &str = "RETRY_CAP_SECONDS";
+/// Why this queue overrides the platform retry policy; required when it does.
+pub const RETRY_OVERRIDE_RATIONALE: &str = "RETRY_OVERRIDE_RATIONALE";
+/// How long a fence row lives, in seconds.
+pub const FENCE_TTL_SECONDS: &str = "FENCE_TTL_SECONDS";
+/// The job queue's `MessageRetentionPeriod`, in seconds.
+pub const QUEUE_RETENTION_SECONDS: &str = "QUEUE_RETENTION_SECONDS";
+/// How long a copy of a job waits for a concurrent copy's fence, in milliseconds.
+pub const FENCE_LOCK_TIMEOUT_MS: &str = "FENCE_LOCK_TIMEOUT_MS";
+/// The CloudWatch namespace of the EMF metrics.
+pub const METRICS_NAMESPACE: &str = "METRICS_NAMESPACE";
+
+/// A configuration error: which variable, and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{variable}: {problem}")]
+pub struct ConfigError {
+    /// The environment variable at fault.
+    pub variable: &'static str,
+    /// What is wrong, in a sentence.
+    pub problem: String,
+}
+
+/// Reads variables through a lookup function, so tests need not touch the process environment.
+pub struct Env<'a> {
+    lookup: Box<dyn Fn(&str) -> Option<String> + 'a>,
+}
+
+impl fmt::Debug for Env<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Env")
+    }
+}
+
+impl Env<'static> {
+    /// The process environment.
+    pub fn process() -> Self {
+        Self::from_fn(|k| std::env::var(k).ok())
+    }
+}
+
+impl<'a> Env<'a> {
+    /// Variables from `lookup`; `None` means unset.
+    pub fn from_fn(lookup: impl Fn(&str) -> Option<String> + 'a) -> Self {
+        Self { lookup: Box::new(lookup) }
+    }
+
+    /// Variables from a list of pairs.
+    pub fn from_pairs(pairs: &'a [(&'a str, &'a str)]) -> Self {
+        Self::from_fn(move |k| pairs.iter().find(|(name, _)| *name == k).map(|(_, v)| (*v).to_owned()))
+    }
+
+    fn get(&self, name: &str) -> Option<String> {
+        (self.lookup)(name).filter(|v| !v.trim().is_empty())
+    }
+
+    /// A required variable.
+    pub fn required(&self, name: &'static str) -> Result<String, ConfigError> {
+        self.get(name).ok_or_else(|| ConfigError { variable: name, problem: "is not set".into() })
+    }
+
+    /// An optional variable parsed as `T`, or `default`.
+    pub fn parsed<T: FromStr>(&self, name: &'static str, default: T) -> Result<T, ConfigError>
+    where
+        T::Err: fmt::Display,
+    {
+        match self.get(name) {
+            None => Ok(default),
+            Some(raw) => raw.trim().parse().map_err(|e| ConfigError {
+                variable: name,
+                problem: format!("{raw:?} is not valid: {e}"),
+            }),
+        }
+    }
+
+    /// An optional number of seconds, or `default`.
+    pub fn seconds(&self, name: &'static str, default: Duration) -> Result<Duration, ConfigError> {
+        self.parsed(name, default.as_secs()).map(Duration::from_secs)
+    }
+}
+
+/// The database connection settings.
+#[derive(Debug, Clone)]
+pub struct DatabaseConfig {
+    /// `postgres://` or `postgresql://` URL.
+    pub url: String,
+    /// Pool size.
+    pub pool_size: u32,
+}
+
+impl DatabaseConfig {
+    /// Reads [`DATABASE_URL`] and [`DATABASE_POOL_SIZE`] (default 5).
+    pub fn from_env(env: &Env<'_>) -> Result<Self, ConfigError> {
+        let url = env.required(DATABASE_URL)?;
+        if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+            return Err(ConfigError {
+                variable: DATABASE_URL,
+                problem: "must be a postgres:// or postgresql:// URL".into(),
+            });
+        }
+        let pool_size = env.parsed(DATABASE_POOL_SIZE, 5u32)?;
+        if !(1..=100).contains(&pool_size) {
+            return Err(ConfigError { variable: DATABASE_POOL_SIZE, problem: format!("must be 1 to 100, got {pool_size}") });
+        }
+        Ok(Self { url, pool_size })
+    }
+}
+
+/// The retry policy and fence settings every function that touches fences must agree on.
+#[derive(Debug, Clone)]
+pub struct FenceConfig {
+    /// The retry policy (platform default unless overridden with a rationale).
+    pub policy: RetryPolicy,
+    /// Why the policy differs from the platform default, when it does.
+    pub override_rationale: Option<String>,
+    /// Fence lifetime.
+    pub ttl: Duration,
+    /// The job queue's retention.
+    pub queue_retention: Duration,
+}
+
+impl FenceConfig {
+    /// Reads the retry policy, [`FENCE_TTL_SECONDS`] (default 7 days) and
+    /// [`QUEUE_RETENTION_SECONDS`] (default 4 days, the SQS default), and checks the TTL floor.
+    pub fn from_env(env: &Env<'_>) -> Result<Self, ConfigError> {
+        let default = RetryPolicy::default();
+        let attempts = env.parsed(RETRY_MAX_ATTEMPTS, default.max_attempts())?;
+        let base = env.seconds(RETRY_BASE_SECONDS, default.base())?;
+        let cap = env.seconds(RETRY_CAP_SECONDS, default.cap())?;
+        let policy = RetryPolicy::new(attempts, base, cap).map_err(|e| ConfigError {
+            variable: match e {
+                crate::retry::PolicyError::Attempts(_) => RETRY_MAX_ATTEMPTS,
+                crate::retry::PolicyError::Base => RETRY_BASE_SECONDS,
+                crate::retry::PolicyError::Cap { .. } => RETRY_CAP_SECONDS,
+            },
+            problem: e.to_string(),
+        })?;
+        let override_rationale = env.get(RETRY_OVERRIDE_RATIONALE);
+        if policy != default && override_rationale.is_none() {
+            return Err(ConfigError {
+                variable: RETRY_OVERRIDE_RATIONALE,
+                problem: format!(
+                    "is required because the retry policy ({attempts} attempts, base {} s, cap {} s) \
+                     overrides the platform default ({} attempts, base {} s, cap {} s); say why",
+                    base.as_secs(), cap.as_secs(),
+                    default.max_attempts(), default.base().as_secs(), default.cap().as_secs()
+                ),
+            });
+        }
+        let queue_retention = env.seconds(QUEUE_RETENTION_SECONDS, Duration::from_secs(4 * 86_400))?;
+        if !(60..=1_209_600).contains(&queue_retention.as_secs()) {
+            return Err(ConfigError {
+                variable: QUEUE_RETENTION_SECONDS,
+                problem: format!("must be 60 to 1209600 (SQS's range), got {}", queue_retention.as_secs()),
+            });
+        }
+        let ttl = env.seconds(FENCE_TTL_SECONDS, Duration::from_secs(7 * 86_400))?;
+        let floor = ttl_floor(queue_retention, &policy);
+        if ttl < floor {
+            return Err(ConfigError {
+                variable: FENCE_TTL_SECONDS,
+                problem: format!(
+                    "{} s is below the safe floor of {} s ({QUEUE_RETENTION_SECONDS} {} s + max retry window {} s \
+                     + margin {} s): a copy of a job arriving after its fence expired would apply its effect twice",
+                    ttl.as_secs(), floor.as_secs(), queue_retention.as_secs(),
+                    policy.max_retry_window().as_secs(), crate::fence::TTL_MARGIN.as_secs()
+                ),
+            });
+        }
+        Ok(Self { policy, override_rationale, ttl, queue_retention })
+    }
+}
+
+/// Everything a consumer function needs at start-up.
+#[derive(Debug, Clone)]
+pub struct ConsumerConfig {
+    /// The database.
+    pub database: DatabaseConfig,
+    /// The fence's consumer name.
+    pub consumer_name: ConsumerName,
+    /// Retry policy and fence TTL.
+    pub fence: FenceConfig,
+    /// How long a copy waits for a concurrent copy's fence (default 2 s).
+    pub lock_timeout: Duration,
+    /// The EMF namespace (default `JobHarness`).
+    pub metrics_namespace: String,
+}
+
+impl ConsumerConfig {
+    /// Reads and validates every variable a consumer needs; the first problem is returned.
+    pub fn from_env(env: &Env<'_>) -> Result<Self, ConfigError> {
+        let consumer_name = ConsumerName::new(env.required(CONSUMER_NAME)?)
+            .map_err(|problem| ConfigError { variable: CONSUMER_NAME, problem })?;
+        let lock_timeout = Duration::from_millis(env.parsed(FENCE_LOCK_TIMEOUT_MS, 2_000u64)?);
+        if lock_timeout.is_zero() {
+            return Err(ConfigError { variable: FENCE_LOCK_TIMEOUT_MS, problem: "must be at least 1".into() });
+        }
+        Ok(Self {
+            database: DatabaseConfig::from_env(env)?,
+            consumer_name,
+            fence: FenceConfig::from_env(env)?,
+            lock_timeout,
+            metrics_namespace: env.parsed(METRICS_NAMESPACE, "JobHarness".to_owned())?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: [(&str, &str); 2] = [(DATABASE_URL, "postgres://localhost/db"), (CONSUMER_NAME, "award-points")];
+
+    fn load(extra: &[(&'static str, &'static str)]) -> Result<ConsumerConfig, ConfigError> {
+        let pairs: Vec<_> = BASE.iter().chain(extra).copied().collect();
+        ConsumerConfig::from_env(&Env::from_pairs(&pairs))
+    }
+
+    #[test]
+    fn defaults_are_the_platform_policy() {
+        let c = load(&[]).unwrap();
+        assert_eq!(c.fence.policy, RetryPolicy::default());
+        assert_eq!(c.fence.ttl, Duration::from_secs(7 * 86_400));
+        assert_eq!(c.database.pool_size, 5);
+        assert_eq!(c.consumer_name.as_str(), "award-points");
+    }
+
+    #[test]
+    fn a_ttl_under_the_floor_is_rejected_naming_the_variable() {
+        let err = load(&[(FENCE_TTL_SECONDS, "86400")]).unwrap_err();
+        assert_eq!(err.variable, FENCE_TTL_SECONDS);
+        assert!(err.to_string().starts_with("FENCE_TTL_SECONDS: 86400 s is below the safe floor"), "{err}");
+        // Raising the retention raises the floor too.
+        let err = load(&[(QUEUE_RETENTION_SECONDS, "1209600")]).unwrap_err();
+        assert_eq!(err.variable, FENCE_TTL_SECONDS, "{err}");
+        assert!(load(&[(QUEUE_RETENTION_SECONDS, "1209600"), (FENCE_TTL_SECONDS, "1400000")]).is_ok());
+    }
+
+    #[test]
+    fn a_policy_override_without_rationale_is_rejected_naming_the_variable() {
+        let err = load(&[(RETRY_MAX_ATTEMPTS, "8")]).unwrap_err();
+        assert_eq!(err.variable, RETRY_OVERRIDE_RATIONALE);
+        assert!(err.to_string().contains("overrides the platform default"), "{err}");
+        let ok = load(&[(RETRY_MAX_ATTEMPTS, "8"), (RETRY_OVERRIDE_RATIONALE, "provider outages last hours")]).unwrap();
+        assert_eq!(ok.fence.policy.max_attempts(), 8);
+        // Stating the default explicitly is not an override.
+        assert!(load(&[(RETRY_BASE_SECONDS, "30")]).is_ok());
+    }
+
+    #[test]
+    fn missing_and_malformed_variables_name_themselves() {
+        let err = ConsumerConfig::from_env(&Env::from_pairs(&[(CONSUMER_NAME, "x")])).unwrap_err();
+        assert_eq!(err.to_string(), "DATABASE_URL: is not set");
+        let err = ConsumerConfig::from_env(&Env::from_pairs(&[(DATABASE_URL, "postgres://h/d")])).unwrap_err();
+        assert_eq!(err.variable, CONSUMER_NAME);
+        assert_eq!(load(&[(RETRY_BASE_SECONDS, "soon")]).unwrap_err().variable, RETRY_BASE_SECONDS);
+        assert_eq!(load(&[(RETRY_CAP_SECONDS, "99999999"), (RETRY_OVERRIDE_RATIONALE, "r")]).unwrap_err().variable, RETRY_CAP_SECONDS);
+        assert_eq!(load(&[(DATABASE_POOL_SIZE, "0")]).unwrap_err().variable, DATABASE_POOL_SIZE);
+        assert_eq!(load(&[(QUEUE_RETENTION_SECONDS, "5")]).unwrap_err().variable, QUEUE_RETENTION_SECONDS);
+        let bad_url = ConsumerConfig::from_env(&Env::from_pairs(&[(CONSUMER_NAME, "x"), (DATABASE_URL, "mysql://x")]));
+        assert_eq!(bad_url.unwrap_err().variable, DATABASE_URL);
+    }
+}

@@ -1,0 +1,232 @@
+//! The dead-letter store, `core.dead_letters`: every failure, with its payload.
+//!
+//! Invariant: one letter per (consumer, SQS message id). A redelivery of a message whose letter
+//! is already written (the ack was lost) finds it instead of writing a second one. The table is
+//! append-only; the database rejects anything but the review transition.
+
+use crate::ids::{ConsumerName, DeadLetterId, JobId, TenantId};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sqlx::{PgConnection, PgExecutor};
+use std::fmt;
+
+/// `last_error` is cut to this many bytes (at a character boundary).
+pub const MAX_ERROR_BYTES: usize = 8 * 1024;
+
+/// Why a job ended up as a dead letter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// The message can never be parsed or is meaningless; no retry was made.
+    Poison,
+    /// The handler reported a failure that can never succeed.
+    Permanent,
+    /// Every attempt failed transiently.
+    Exhausted,
+    /// Attempts ended without an outcome (timeout, crash, out of memory).
+    Crashed,
+}
+
+impl ErrorKind {
+    /// Every kind, in a stable order.
+    pub const ALL: [ErrorKind; 4] = [Self::Poison, Self::Permanent, Self::Exhausted, Self::Crashed];
+
+    /// The value stored in `core.dead_letters.error_kind`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Poison => "poison",
+            Self::Permanent => "permanent",
+            Self::Exhausted => "exhausted",
+            Self::Crashed => "crashed",
+        }
+    }
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A dead letter about to be written.
+#[derive(Debug, Clone)]
+pub struct NewDeadLetter<'a> {
+    /// The job, unless the message was too broken to carry one.
+    pub job_id: Option<JobId>,
+    /// The tenant, if readable.
+    pub tenant_id: Option<TenantId>,
+    /// The consumer that gave up.
+    pub consumer: &'a ConsumerName,
+    /// The queue the message came from (and where a replay sends it).
+    pub queue: &'a str,
+    /// The SQS message id.
+    pub message_id: &'a str,
+    /// The body as received; see [`crate::envelope::body_as_json`].
+    pub payload: &'a Value,
+    /// The attempt on which the letter was written.
+    pub attempts: u32,
+    /// Why.
+    pub kind: ErrorKind,
+    /// The last error, as a sentence; cut to [`MAX_ERROR_BYTES`].
+    pub last_error: &'a str,
+    /// The correlation id, if readable.
+    pub correlation_id: Option<&'a str>,
+    /// The letter whose replay produced this message, if any.
+    pub replay_of: Option<DeadLetterId>,
+}
+
+/// The result of [`record_dead_letter`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recorded {
+    /// A new row.
+    New(DeadLetterId),
+    /// The message already had its letter (a redelivery after a lost ack).
+    AlreadyRecorded(DeadLetterId),
+}
+
+impl Recorded {
+    /// The letter's id, new or not.
+    pub fn id(self) -> DeadLetterId {
+        match self {
+            Recorded::New(id) | Recorded::AlreadyRecorded(id) => id,
+        }
+    }
+}
+
+/// Writes `letter` as `pending_review`, created at `now`, unless its message already has one.
+pub async fn record_dead_letter(
+    conn: &mut PgConnection,
+    letter: &NewDeadLetter<'_>,
+    now: DateTime<Utc>,
+) -> sqlx::Result<Recorded> {
+    let inserted: Option<uuid::Uuid> = sqlx::query_scalar(
+        "INSERT INTO core.dead_letters (job_id, tenant_id, consumer, queue, message_id, payload,
+             attempts, error_kind, last_error, correlation_id, replay_of, created_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+         ON CONFLICT ON CONSTRAINT dead_letters_one_per_message DO NOTHING
+         RETURNING id",
+    )
+    .bind(letter.job_id.map(|j| j.0))
+    .bind(letter.tenant_id.map(|t| t.0))
+    .bind(letter.consumer.as_str())
+    .bind(letter.queue)
+    .bind(letter.message_id)
+    .bind(letter.payload)
+    .bind(i32::try_from(letter.attempts).unwrap_or(i32::MAX))
+    .bind(letter.kind.as_str())
+    .bind(truncate(letter.last_error, MAX_ERROR_BYTES))
+    .bind(letter.correlation_id)
+    .bind(letter.replay_of.map(|r| r.0))
+    .bind(now)
+    .fetch_optional(&mut *conn)
+    .await?;
+    if let Some(id) = inserted {
+        return Ok(Recorded::New(DeadLetterId(id)));
+    }
+    let existing: uuid::Uuid = sqlx::query_scalar(
+        "SELECT id FROM core.dead_letters WHERE consumer = $1 AND message_id = $2",
+    )
+    .bind(letter.consumer.as_str())
+    .bind(letter.message_id)
+    .fetch_one(conn)
+    .await?;
+    Ok(Recorded::AlreadyRecorded(DeadLetterId(existing)))
+}
+
+/// A stored dead letter.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct DeadLetter {
+    /// Primary key.
+    pub id: uuid::Uuid,
+    /// The job, if the message carried one.
+    pub job_id: Option<uuid::Uuid>,
+    /// The tenant, if readable.
+    pub tenant_id: Option<uuid::Uuid>,
+    /// The consumer.
+    pub consumer: String,
+    /// The source queue.
+    pub queue: String,
+    /// The SQS message id.
+    pub message_id: String,
+    /// The body as received.
+    pub payload: Value,
+    /// The attempt on which it was written.
+    pub attempts: i32,
+    /// `poison`, `permanent`, `exhausted` or `crashed`.
+    pub error_kind: String,
+    /// The last error.
+    pub last_error: String,
+    /// The correlation id.
+    pub correlation_id: Option<String>,
+    /// The letter whose replay produced this one.
+    pub replay_of: Option<uuid::Uuid>,
+    /// `pending_review`, `replayed` or `discarded`.
+    pub status: String,
+    /// Why it was discarded.
+    pub discard_reason: Option<String>,
+    /// Who reviewed it.
+    pub reviewed_by: Option<String>,
+    /// When it was reviewed.
+    pub reviewed_at: Option<DateTime<Utc>>,
+    /// When it was written.
+    pub created_at: DateTime<Utc>,
+}
+
+/// The letters of one job for one consumer, oldest first.
+pub async fn letters_for_job(
+    db: impl PgExecutor<'_>,
+    job_id: JobId,
+    consumer: &ConsumerName,
+) -> sqlx::Result<Vec<DeadLetter>> {
+    sqlx::query_as(
+        "SELECT * FROM core.dead_letters WHERE job_id = $1 AND consumer = $2
+         ORDER BY created_at, id",
+    )
+    .bind(job_id.0)
+    .bind(consumer.as_str())
+    .fetch_all(db)
+    .await
+}
+
+/// The letter written for one SQS message, if any.
+pub async fn letter_for_message(
+    db: impl PgExecutor<'_>,
+    consumer: &ConsumerName,
+    message_id: &str,
+) -> sqlx::Result<Option<DeadLetter>> {
+    sqlx::query_as("SELECT * FROM core.dead_letters WHERE consumer = $1 AND message_id = $2")
+        .bind(consumer.as_str())
+        .bind(message_id)
+        .fetch_optional(db)
+        .await
+}
+
+fn truncate(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn truncation_respects_character_boundaries() {
+        assert_eq!(truncate("héllo", 2), "h");
+        assert_eq!(truncate("héllo", 3), "hé");
+        assert_eq!(truncate("short", 100), "short");
+    }
+
+    #[test]
+    fn kinds_match_the_schema_check() {
+        let names: Vec<_> = ErrorKind::ALL.iter().map(|k| k.as_str()).collect();
+        assert_eq!(names, ["poison", "permanent", "exhausted", "crashed"]);
+    }
+}

@@ -1,0 +1,102 @@
+//! What happens to a message after an attempt: a pure function of the outcome, the attempt
+//! number, the policy and an injected RNG. No I/O, so every branch is tested without a database.
+
+use crate::consumer::ProcessError;
+use crate::dead_letter::ErrorKind;
+use crate::retry::RetryPolicy;
+use rand::Rng;
+use std::time::Duration;
+
+/// The fate of one delivery of a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Disposition {
+    /// Done (processed, or a duplicate): delete the message.
+    Ack,
+    /// Hide the message for `after`, then let it be delivered again.
+    Retry {
+        /// The backoff delay.
+        after: Duration,
+    },
+    /// Record a dead letter of this kind, then delete the message.
+    DeadLetter(ErrorKind),
+}
+
+/// Decides what follows attempt `attempt` (1-based) that ended in `result`.
+///
+/// Transient failures retry with backoff until the last attempt, which dead-letters as
+/// `exhausted`; permanent failures and poison dead-letter at once, whatever the attempt.
+pub fn decide(
+    result: Result<(), &ProcessError>,
+    attempt: u32,
+    policy: &RetryPolicy,
+    rng: &mut impl Rng,
+) -> Disposition {
+    match result {
+        Ok(()) => Disposition::Ack,
+        Err(ProcessError::Poison(_)) => Disposition::DeadLetter(ErrorKind::Poison),
+        Err(ProcessError::Permanent(_)) => Disposition::DeadLetter(ErrorKind::Permanent),
+        Err(ProcessError::Transient(_)) if attempt >= policy.max_attempts() => {
+            Disposition::DeadLetter(ErrorKind::Exhausted)
+        }
+        Err(ProcessError::Transient(_)) => Disposition::Retry {
+            after: policy.delay_after(attempt, rng),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+    use rand::rngs::StdRng;
+
+    fn transient() -> ProcessError {
+        ProcessError::Transient("connection reset".into())
+    }
+
+    #[test]
+    fn transient_failures_retry_until_the_last_attempt_then_dead_letter_as_exhausted() {
+        let policy = RetryPolicy::default();
+        let mut rng = StdRng::seed_from_u64(1);
+        let err = transient();
+        let mut previous = Duration::ZERO;
+        for attempt in 1..policy.max_attempts() {
+            match decide(Err(&err), attempt, &policy, &mut rng) {
+                Disposition::Retry { after } => {
+                    assert!(after > previous, "attempt {attempt}: {after:?} <= {previous:?}");
+                    previous = after;
+                }
+                other => panic!("attempt {attempt}: {other:?}"),
+            }
+        }
+        assert_eq!(
+            decide(Err(&err), policy.max_attempts(), &policy, &mut rng),
+            Disposition::DeadLetter(ErrorKind::Exhausted)
+        );
+    }
+
+    #[test]
+    fn permanent_and_poison_never_retry() {
+        let policy = RetryPolicy::default();
+        let mut rng = StdRng::seed_from_u64(2);
+        for attempt in 1..=policy.max_attempts() {
+            let permanent = ProcessError::Permanent("account closed".into());
+            let poison = ProcessError::Poison("points must be positive".into());
+            assert_eq!(decide(Err(&permanent), attempt, &policy, &mut rng), Disposition::DeadLetter(ErrorKind::Permanent));
+            assert_eq!(decide(Err(&poison), attempt, &policy, &mut rng), Disposition::DeadLetter(ErrorKind::Poison));
+        }
+    }
+
+    #[test]
+    fn success_acks() {
+        let mut rng = StdRng::seed_from_u64(3);
+        assert_eq!(decide(Ok(()), 3, &RetryPolicy::default(), &mut rng), Disposition::Ack);
+    }
+
+    #[test]
+    fn a_single_attempt_policy_dead_letters_the_first_transient_failure() {
+        let policy = RetryPolicy::new(1, Duration::from_secs(1), Duration::from_secs(1)).unwrap();
+        let mut rng = StdRng::seed_from_u64(4);
+        assert_eq!(decide(Err(&transient()), 1, &policy, &mut rng), Disposition::DeadLetter(ErrorKind::Exhausted));
+    }
+}

@@ -1,0 +1,179 @@
+//! The message envelope every queue carries, and the line between a job and poison.
+//!
+//! Invariant: [`Envelope::parse`] either yields a fully typed job or a [`Poison`] that says why
+//! not and carries whatever identifiers could still be read, so the dead letter is findable.
+//! It never panics on any input.
+
+use crate::ids::{JobId, TenantId};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use uuid::Uuid;
+
+/// A parsed message: `{"job_id", "tenant_id", "correlation_id", "payload", "type"?}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Envelope<P> {
+    /// The job's identity; the fence key together with the consumer name.
+    pub job_id: JobId,
+    /// The tenant the job belongs to.
+    pub tenant_id: TenantId,
+    /// Traces the job across services; copied into dead letters and logs.
+    pub correlation_id: String,
+    /// An optional type or version tag of the payload.
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// The consumer-specific body.
+    pub payload: P,
+}
+
+/// Why a message can never be processed, plus what could still be read from it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Poison {
+    /// A sentence for the dead letter's `last_error`.
+    pub reason: String,
+    /// The identifiers that could be read, for the dead letter.
+    pub ids: PartialIds,
+}
+
+/// Identifiers read leniently from a message that may be malformed.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PartialIds {
+    /// `job_id`, if present and a UUID.
+    pub job_id: Option<JobId>,
+    /// `tenant_id`, if present and a UUID.
+    pub tenant_id: Option<TenantId>,
+    /// `correlation_id`, if present and a string.
+    pub correlation_id: Option<String>,
+}
+
+impl<P> Envelope<P> {
+    /// The identifiers of a well-formed envelope.
+    pub fn ids(&self) -> PartialIds {
+        PartialIds {
+            job_id: Some(self.job_id),
+            tenant_id: Some(self.tenant_id),
+            correlation_id: Some(self.correlation_id.clone()),
+        }
+    }
+}
+
+impl<P: DeserializeOwned> Envelope<P> {
+    /// Parses an SQS message body. Not JSON, a missing or malformed envelope field, or a
+    /// payload that does not deserialize into `P` is [`Poison`].
+    pub fn parse(body: &str) -> Result<Self, Poison> {
+        let value: Value = serde_json::from_str(body).map_err(|e| Poison {
+            reason: format!("body is not JSON: {e}"),
+            ids: PartialIds::default(),
+        })?;
+        let ids = PartialIds::read(&value);
+        serde_json::from_value::<Envelope<Value>>(value)
+            .map_err(|e| Poison {
+                reason: format!("envelope is invalid: {e}"),
+                ids: ids.clone(),
+            })?
+            .map_payload(|payload| {
+                serde_json::from_value::<P>(payload).map_err(|e| Poison {
+                    reason: format!(
+                        "payload does not match {}: {e}",
+                        std::any::type_name::<P>()
+                    ),
+                    ids: ids.clone(),
+                })
+            })
+    }
+}
+
+impl Envelope<Value> {
+    fn map_payload<P>(self, f: impl FnOnce(Value) -> Result<P, Poison>) -> Result<Envelope<P>, Poison> {
+        Ok(Envelope {
+            job_id: self.job_id,
+            tenant_id: self.tenant_id,
+            correlation_id: self.correlation_id,
+            kind: self.kind,
+            payload: f(self.payload)?,
+        })
+    }
+}
+
+impl PartialIds {
+    fn read(value: &Value) -> Self {
+        let uuid = |key: &str| value.get(key)?.as_str()?.parse::<Uuid>().ok();
+        Self {
+            job_id: uuid("job_id").map(JobId),
+            tenant_id: uuid("tenant_id").map(TenantId),
+            correlation_id: value.get("correlation_id").and_then(Value::as_str).map(str::to_owned),
+        }
+    }
+}
+
+/// The message body as it is stored in a dead letter's `payload`: the JSON itself, or, for a
+/// body that is not JSON, a JSON string holding it verbatim.
+///
+/// PostgreSQL's `jsonb` rejects the NUL character, so JSON that contains one is kept as the
+/// string of its raw text (where `\u0000` is six harmless characters), and a raw NUL byte,
+/// which SQS never delivers, becomes U+FFFD. Whatever arrives, the letter can be written.
+pub fn body_as_json(body: &str) -> Value {
+    match serde_json::from_str::<Value>(body) {
+        Ok(value) if !value.to_string().contains("\\u0000") => value,
+        _ => Value::String(body.replace('\0', "\u{fffd}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[derive(Debug, Deserialize, PartialEq)]
+    #[serde(deny_unknown_fields)]
+    struct Award {
+        points: u32,
+    }
+
+    const JOB: &str = "6f1f2b1c-5a3e-4d55-9f0a-1a2b3c4d5e6f";
+    const TENANT: &str = "0b0e0e0f-1111-4222-8333-444455556666";
+
+    fn body(payload: Value) -> String {
+        json!({"job_id": JOB, "tenant_id": TENANT, "correlation_id": "c-1", "payload": payload})
+            .to_string()
+    }
+
+    #[test]
+    fn a_valid_envelope_parses_into_the_payload_type() {
+        let env = Envelope::<Award>::parse(&body(json!({"points": 5}))).unwrap();
+        assert_eq!(env.payload, Award { points: 5 });
+        assert_eq!(env.job_id.to_string(), JOB);
+        assert_eq!(env.correlation_id, "c-1");
+    }
+
+    #[test]
+    fn non_json_is_poison_without_ids() {
+        let p = Envelope::<Award>::parse("not json {").unwrap_err();
+        assert!(p.reason.starts_with("body is not JSON"), "{}", p.reason);
+        assert_eq!(p.ids, PartialIds::default());
+    }
+
+    #[test]
+    fn missing_job_id_is_poison() {
+        let b = json!({"tenant_id": TENANT, "correlation_id": "c", "payload": {"points": 1}});
+        let p = Envelope::<Award>::parse(&b.to_string()).unwrap_err();
+        assert!(p.reason.contains("job_id"), "{}", p.reason);
+        assert_eq!(p.ids.tenant_id.unwrap().to_string(), TENANT);
+    }
+
+    #[test]
+    fn a_payload_of_the_wrong_shape_is_poison_that_keeps_the_ids() {
+        let p = Envelope::<Award>::parse(&body(json!({"points": "many"}))).unwrap_err();
+        assert!(p.reason.starts_with("payload does not match"), "{}", p.reason);
+        assert_eq!(p.ids.job_id.unwrap().to_string(), JOB);
+        assert_eq!(p.ids.correlation_id.as_deref(), Some("c-1"));
+    }
+
+    #[test]
+    fn body_as_json_keeps_non_json_verbatim() {
+        assert_eq!(body_as_json("{\"a\":1}"), json!({"a": 1}));
+        assert_eq!(body_as_json("\u{0}garbage"), json!("\u{fffd}garbage"));
+        let nul_inside = r#"{"a":"x\u0000y"}"#;
+        assert_eq!(body_as_json(nul_inside), json!(nul_inside));
+    }
+}

@@ -1,0 +1,118 @@
+//! The idempotency fence, `core.processed_jobs`.
+//!
+//! Invariant: [`claim_fence`] runs first inside the work's transaction. The row commits with the
+//! work, so a committed fence means committed work and vice versa. A concurrent copy of the same
+//! job blocks on the row until the holder commits (then sees a duplicate) or rolls back (then
+//! claims it); `lock_timeout` bounds that wait.
+
+use crate::ids::{ConsumerName, JobId, TenantId};
+use crate::retry::RetryPolicy;
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, PgExecutor};
+use std::time::Duration;
+
+/// Extra time a fence outlives every copy of its job that can still arrive.
+pub const TTL_MARGIN: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// PostgreSQL's `lock_not_available`, raised when `lock_timeout` expires.
+const LOCK_NOT_AVAILABLE: &str = "55P03";
+
+/// The result of trying to claim a job's fence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FenceClaim {
+    /// This transaction holds the fence; do the work and commit.
+    Claimed,
+    /// The job was already processed by this consumer: ack and skip.
+    Duplicate,
+}
+
+/// Why the fence could not be claimed or refused.
+#[derive(Debug, thiserror::Error)]
+pub enum FenceError {
+    /// Another transaction holds this job's fence and did not finish within the lock timeout.
+    #[error("a concurrent copy of the job holds its fence")]
+    Contended,
+    /// Any other database failure.
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+}
+
+/// The shortest fence TTL that is safe: every copy of a job can arrive up to the queue's
+/// retention after it was sent, plus the retry window, and then some margin.
+pub fn ttl_floor(queue_retention: Duration, policy: &RetryPolicy) -> Duration {
+    queue_retention + policy.max_retry_window() + TTL_MARGIN
+}
+
+/// Bounds how long statements of the current transaction wait for a row lock.
+pub async fn set_lock_timeout(tx: &mut PgConnection, timeout: Duration) -> sqlx::Result<()> {
+    sqlx::query("SELECT set_config('lock_timeout', $1, true)")
+        .bind(format!("{}ms", timeout.as_millis().max(1)))
+        .execute(tx)
+        .await
+        .map(drop)
+}
+
+/// Inserts the fence of (`job_id`, `consumer`) in the caller's transaction, expiring at
+/// `now + ttl`.
+pub async fn claim_fence(
+    tx: &mut PgConnection,
+    job_id: JobId,
+    consumer: &ConsumerName,
+    tenant_id: TenantId,
+    now: DateTime<Utc>,
+    ttl: Duration,
+) -> Result<FenceClaim, FenceError> {
+    let expires_at = now + chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::MAX);
+    let inserted = sqlx::query(
+        "INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, processed_at, expires_at)
+         VALUES ($1, $2, $3, $4, $5)
+         ON CONFLICT (job_id, consumer) DO NOTHING",
+    )
+    .bind(job_id.0)
+    .bind(consumer.as_str())
+    .bind(tenant_id.0)
+    .bind(now)
+    .bind(expires_at)
+    .execute(tx)
+    .await
+    .map_err(|e| match e.as_database_error().and_then(|d| d.code()) {
+        Some(code) if code == LOCK_NOT_AVAILABLE => FenceError::Contended,
+        _ => FenceError::Database(e),
+    })?;
+    Ok(if inserted.rows_affected() == 1 { FenceClaim::Claimed } else { FenceClaim::Duplicate })
+}
+
+/// Whether a committed fence exists for (`job_id`, `consumer`): if so, a replay will be a no-op.
+pub async fn fence_exists(
+    db: impl PgExecutor<'_>,
+    job_id: JobId,
+    consumer: &ConsumerName,
+) -> sqlx::Result<bool> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM core.processed_jobs WHERE job_id = $1 AND consumer = $2)",
+    )
+    .bind(job_id.0)
+    .bind(consumer.as_str())
+    .fetch_one(db)
+    .await
+}
+
+/// How many fences exist for `job_id` across all consumers.
+pub async fn count_fences(db: impl PgExecutor<'_>, job_id: JobId) -> sqlx::Result<i64> {
+    sqlx::query_scalar("SELECT count(*) FROM core.processed_jobs WHERE job_id = $1")
+        .bind(job_id.0)
+        .fetch_one(db)
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_floor_fits_under_the_default_ttl_of_seven_days() {
+        let floor = ttl_floor(Duration::from_secs(4 * 86_400), &RetryPolicy::default());
+        assert_eq!(floor, Duration::from_secs(5 * 86_400 + 675));
+        assert!(floor < Duration::from_secs(7 * 86_400));
+    }
+}

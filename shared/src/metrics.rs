@@ -1,0 +1,137 @@
+//! Counts of what the harness did, emitted as CloudWatch Embedded Metric Format (EMF).
+//!
+//! Successes are metrics, not rows (spec, Behaviour 9). Counters are atomic and shared by all
+//! records of a batch; [`Metrics::flush_emf`] writes one EMF line per invocation and resets them.
+
+use crate::dead_letter::ErrorKind;
+use chrono::{DateTime, Utc};
+use serde_json::{Map, Value, json};
+use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// One countable event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Metric {
+    /// Work committed with its fence.
+    Processed,
+    /// A copy of an already processed job, acked and skipped.
+    DuplicateSkipped,
+    /// A concurrent copy held the fence; the record was handed back to retry shortly.
+    FenceContended,
+    /// A transient failure scheduled for another attempt.
+    Retried,
+    /// A dead letter was written (or found, for a redelivered message) of this kind.
+    DeadLettered(ErrorKind),
+    /// A dead letter could not be written; the message was handed back, not acked.
+    DeadLetterWriteFailed,
+}
+
+const NAMES: [&str; 9] = [
+    "Processed",
+    "DuplicateSkipped",
+    "FenceContended",
+    "Retried",
+    "DeadLetteredPoison",
+    "DeadLetteredPermanent",
+    "DeadLetteredExhausted",
+    "DeadLetteredCrashed",
+    "DeadLetterWriteFailed",
+];
+
+impl Metric {
+    fn index(self) -> usize {
+        match self {
+            Metric::Processed => 0,
+            Metric::DuplicateSkipped => 1,
+            Metric::FenceContended => 2,
+            Metric::Retried => 3,
+            Metric::DeadLettered(ErrorKind::Poison) => 4,
+            Metric::DeadLettered(ErrorKind::Permanent) => 5,
+            Metric::DeadLettered(ErrorKind::Exhausted) => 6,
+            Metric::DeadLettered(ErrorKind::Crashed) => 7,
+            Metric::DeadLetterWriteFailed => 8,
+        }
+    }
+
+    /// The CloudWatch metric name.
+    pub fn name(self) -> &'static str {
+        NAMES[self.index()]
+    }
+}
+
+/// A set of counters for one consumer.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    counters: [AtomicU64; NAMES.len()],
+}
+
+impl Metrics {
+    /// Counts one `metric`.
+    pub fn increment(&self, metric: Metric) {
+        self.counters[metric.index()].fetch_add(1, Relaxed);
+    }
+
+    /// The current count of `metric`.
+    pub fn get(&self, metric: Metric) -> u64 {
+        self.counters[metric.index()].load(Relaxed)
+    }
+
+    /// Writes the counts since the last flush as one EMF JSON line and resets them.
+    /// Writes nothing when nothing happened.
+    pub fn flush_emf(
+        &self,
+        out: &mut impl Write,
+        namespace: &str,
+        consumer: &str,
+        at: DateTime<Utc>,
+    ) -> std::io::Result<()> {
+        let counts: Vec<u64> = self.counters.iter().map(|c| c.swap(0, Relaxed)).collect();
+        if counts.iter().all(|&c| c == 0) {
+            return Ok(());
+        }
+        let mut doc = Map::new();
+        doc.insert(
+            "_aws".into(),
+            json!({
+                "Timestamp": at.timestamp_millis(),
+                "CloudWatchMetrics": [{
+                    "Namespace": namespace,
+                    "Dimensions": [["Consumer"]],
+                    "Metrics": NAMES.iter().map(|n| json!({"Name": n, "Unit": "Count"})).collect::<Vec<_>>(),
+                }],
+            }),
+        );
+        doc.insert("Consumer".into(), consumer.into());
+        for (name, count) in NAMES.iter().zip(counts) {
+            doc.insert((*name).into(), count.into());
+        }
+        writeln!(out, "{}", Value::Object(doc))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flush_writes_one_emf_line_with_every_count_and_resets() {
+        let m = Metrics::default();
+        m.increment(Metric::Processed);
+        m.increment(Metric::Processed);
+        m.increment(Metric::DeadLettered(ErrorKind::Poison));
+        let mut out = Vec::new();
+        m.flush_emf(&mut out, "JobHarness", "award-points", DateTime::UNIX_EPOCH).unwrap();
+        let line: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(line["Processed"], 2);
+        assert_eq!(line["DeadLetteredPoison"], 1);
+        assert_eq!(line["Retried"], 0);
+        assert_eq!(line["Consumer"], "award-points");
+        assert_eq!(line["_aws"]["CloudWatchMetrics"][0]["Namespace"], "JobHarness");
+        assert_eq!(line["_aws"]["CloudWatchMetrics"][0]["Metrics"].as_array().unwrap().len(), NAMES.len());
+        assert_eq!(m.get(Metric::Processed), 0);
+
+        let mut again = Vec::new();
+        m.flush_emf(&mut again, "JobHarness", "award-points", DateTime::UNIX_EPOCH).unwrap();
+        assert!(again.is_empty(), "nothing happened, nothing written");
+    }
+}

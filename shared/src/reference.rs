@@ -1,0 +1,117 @@
+//! The reference consumer: awards points to an account, as a row in `reference.point_awards`.
+//!
+//! It is the example a platform engineer copies and the consumer the tests and the demo run.
+//! Its effect table has no unique constraint on `job_id` on purpose: only the fence prevents a
+//! double award, so a broken fence shows up as two rows.
+//!
+//! `demo_fault` makes a job fail on purpose, so the demo and end-to-end runs can show every path.
+
+use crate::consumer::{Consumer, Job, ProcessError};
+use crate::ids::{ConsumerName, JobId, TenantId};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sqlx::{PgConnection, PgExecutor};
+
+/// The payload of an award job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PointsAward {
+    /// The account credited.
+    pub account_id: String,
+    /// How many points; must be positive, or the job is poison.
+    pub points: i64,
+    /// A failure to simulate, for demos and end-to-end tests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub demo_fault: Option<DemoFault>,
+}
+
+/// A failure the reference consumer simulates on request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DemoFault {
+    /// Fails transiently (after writing its effect, which must roll back) on attempts before
+    /// this one, then succeeds.
+    TransientUntilAttempt(u32),
+    /// Fails transiently on every attempt.
+    AlwaysTransient,
+    /// Fails permanently.
+    Permanent,
+    /// Ends its own process after writing its effect, before the commit.
+    CrashBeforeCommit,
+}
+
+/// The reference consumer.
+#[derive(Debug, Clone)]
+pub struct AwardPoints {
+    name: ConsumerName,
+}
+
+impl AwardPoints {
+    /// A consumer that fences under `name`.
+    pub fn new(name: ConsumerName) -> Self {
+        Self { name }
+    }
+}
+
+impl Consumer for AwardPoints {
+    type Payload = PointsAward;
+
+    fn name(&self) -> &ConsumerName {
+        &self.name
+    }
+
+    async fn handle(&self, job: &Job<PointsAward>, tx: &mut PgConnection) -> Result<(), ProcessError> {
+        let award = &job.envelope.payload;
+        if award.points <= 0 {
+            return Err(ProcessError::Poison(format!("points must be positive, got {}", award.points)));
+        }
+        if award.account_id.trim().is_empty() {
+            return Err(ProcessError::Poison("account_id is blank".into()));
+        }
+        insert_award(tx, job.envelope.job_id, job.envelope.tenant_id, &award.account_id, award.points, job.started_at)
+            .await?;
+        match award.demo_fault {
+            None => Ok(()),
+            Some(DemoFault::TransientUntilAttempt(n)) if job.attempt >= n => Ok(()),
+            Some(DemoFault::TransientUntilAttempt(_)) | Some(DemoFault::AlwaysTransient) => Err(
+                ProcessError::Transient(format!("simulated provider timeout on attempt {}", job.attempt)),
+            ),
+            Some(DemoFault::Permanent) => Err(ProcessError::Permanent("simulated: account is closed".into())),
+            Some(DemoFault::CrashBeforeCommit) => {
+                tracing::error!(job_id = %job.envelope.job_id, "simulated crash before commit");
+                std::process::exit(137)
+            }
+        }
+    }
+}
+
+/// Writes one award on the caller's transaction.
+pub async fn insert_award(
+    tx: &mut PgConnection,
+    job_id: JobId,
+    tenant_id: TenantId,
+    account_id: &str,
+    points: i64,
+    at: DateTime<Utc>,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO reference.point_awards (job_id, tenant_id, account_id, points, awarded_at)
+         VALUES ($1, $2, $3, $4, $5)",
+    )
+    .bind(job_id.0)
+    .bind(tenant_id.0)
+    .bind(account_id)
+    .bind(points)
+    .bind(at)
+    .execute(tx)
+    .await
+    .map(drop)
+}
+
+/// How many awards exist for `job_id`: 1 after success, never more.
+pub async fn count_awards(db: impl PgExecutor<'_>, job_id: JobId) -> sqlx::Result<i64> {
+    sqlx::query_scalar("SELECT count(*) FROM reference.point_awards WHERE job_id = $1")
+        .bind(job_id.0)
+        .fetch_one(db)
+        .await
+}
