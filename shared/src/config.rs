@@ -65,12 +65,19 @@ impl Env<'static> {
 impl<'a> Env<'a> {
     /// Variables from `lookup`; `None` means unset.
     pub fn from_fn(lookup: impl Fn(&str) -> Option<String> + 'a) -> Self {
-        Self { lookup: Box::new(lookup) }
+        Self {
+            lookup: Box::new(lookup),
+        }
     }
 
     /// Variables from a list of pairs.
     pub fn from_pairs(pairs: &'a [(&'a str, &'a str)]) -> Self {
-        Self::from_fn(move |k| pairs.iter().find(|(name, _)| *name == k).map(|(_, v)| (*v).to_owned()))
+        Self::from_fn(move |k| {
+            pairs
+                .iter()
+                .find(|(name, _)| *name == k)
+                .map(|(_, v)| (*v).to_owned())
+        })
     }
 
     fn get(&self, name: &str) -> Option<String> {
@@ -79,7 +86,10 @@ impl<'a> Env<'a> {
 
     /// A required variable.
     pub fn required(&self, name: &'static str) -> Result<String, ConfigError> {
-        self.get(name).ok_or_else(|| ConfigError { variable: name, problem: "is not set".into() })
+        self.get(name).ok_or_else(|| ConfigError {
+            variable: name,
+            problem: "is not set".into(),
+        })
     }
 
     /// An optional variable parsed as `T`, or `default`.
@@ -98,7 +108,8 @@ impl<'a> Env<'a> {
 
     /// An optional number of seconds, or `default`.
     pub fn seconds(&self, name: &'static str, default: Duration) -> Result<Duration, ConfigError> {
-        self.parsed(name, default.as_secs()).map(Duration::from_secs)
+        self.parsed(name, default.as_secs())
+            .map(Duration::from_secs)
     }
 }
 
@@ -123,7 +134,10 @@ impl DatabaseConfig {
         }
         let pool_size = env.parsed(DATABASE_POOL_SIZE, 5u32)?;
         if !(1..=100).contains(&pool_size) {
-            return Err(ConfigError { variable: DATABASE_POOL_SIZE, problem: format!("must be 1 to 100, got {pool_size}") });
+            return Err(ConfigError {
+                variable: DATABASE_POOL_SIZE,
+                problem: format!("must be 1 to 100, got {pool_size}"),
+            });
         }
         Ok(Self { url, pool_size })
     }
@@ -165,16 +179,23 @@ impl FenceConfig {
                 problem: format!(
                     "is required because the retry policy ({attempts} attempts, base {} s, cap {} s) \
                      overrides the platform default ({} attempts, base {} s, cap {} s); say why",
-                    base.as_secs(), cap.as_secs(),
-                    default.max_attempts(), default.base().as_secs(), default.cap().as_secs()
+                    base.as_secs(),
+                    cap.as_secs(),
+                    default.max_attempts(),
+                    default.base().as_secs(),
+                    default.cap().as_secs()
                 ),
             });
         }
-        let queue_retention = env.seconds(QUEUE_RETENTION_SECONDS, Duration::from_secs(4 * 86_400))?;
+        let queue_retention =
+            env.seconds(QUEUE_RETENTION_SECONDS, Duration::from_secs(4 * 86_400))?;
         if !(60..=1_209_600).contains(&queue_retention.as_secs()) {
             return Err(ConfigError {
                 variable: QUEUE_RETENTION_SECONDS,
-                problem: format!("must be 60 to 1209600 (SQS's range), got {}", queue_retention.as_secs()),
+                problem: format!(
+                    "must be 60 to 1209600 (SQS's range), got {}",
+                    queue_retention.as_secs()
+                ),
             });
         }
         let ttl = env.seconds(FENCE_TTL_SECONDS, Duration::from_secs(7 * 86_400))?;
@@ -185,12 +206,20 @@ impl FenceConfig {
                 problem: format!(
                     "{} s is below the safe floor of {} s ({QUEUE_RETENTION_SECONDS} {} s + max retry window {} s \
                      + margin {} s): a copy of a job arriving after its fence expired would apply its effect twice",
-                    ttl.as_secs(), floor.as_secs(), queue_retention.as_secs(),
-                    policy.max_retry_window().as_secs(), crate::fence::TTL_MARGIN.as_secs()
+                    ttl.as_secs(),
+                    floor.as_secs(),
+                    queue_retention.as_secs(),
+                    policy.max_retry_window().as_secs(),
+                    crate::fence::TTL_MARGIN.as_secs()
                 ),
             });
         }
-        Ok(Self { policy, override_rationale, ttl, queue_retention })
+        Ok(Self {
+            policy,
+            override_rationale,
+            ttl,
+            queue_retention,
+        })
     }
 }
 
@@ -212,11 +241,17 @@ pub struct ConsumerConfig {
 impl ConsumerConfig {
     /// Reads and validates every variable a consumer needs; the first problem is returned.
     pub fn from_env(env: &Env<'_>) -> Result<Self, ConfigError> {
-        let consumer_name = ConsumerName::new(env.required(CONSUMER_NAME)?)
-            .map_err(|problem| ConfigError { variable: CONSUMER_NAME, problem })?;
+        let consumer_name =
+            ConsumerName::new(env.required(CONSUMER_NAME)?).map_err(|problem| ConfigError {
+                variable: CONSUMER_NAME,
+                problem,
+            })?;
         let lock_timeout = Duration::from_millis(env.parsed(FENCE_LOCK_TIMEOUT_MS, 2_000u64)?);
         if lock_timeout.is_zero() {
-            return Err(ConfigError { variable: FENCE_LOCK_TIMEOUT_MS, problem: "must be at least 1".into() });
+            return Err(ConfigError {
+                variable: FENCE_LOCK_TIMEOUT_MS,
+                problem: "must be at least 1".into(),
+            });
         }
         Ok(Self {
             database: DatabaseConfig::from_env(env)?,
@@ -232,7 +267,10 @@ impl ConsumerConfig {
 mod tests {
     use super::*;
 
-    const BASE: [(&str, &str); 2] = [(DATABASE_URL, "postgres://localhost/db"), (CONSUMER_NAME, "award-points")];
+    const BASE: [(&str, &str); 2] = [
+        (DATABASE_URL, "postgres://localhost/db"),
+        (CONSUMER_NAME, "award-points"),
+    ];
 
     fn load(extra: &[(&'static str, &'static str)]) -> Result<ConsumerConfig, ConfigError> {
         let pairs: Vec<_> = BASE.iter().chain(extra).copied().collect();
@@ -252,19 +290,36 @@ mod tests {
     fn a_ttl_under_the_floor_is_rejected_naming_the_variable() {
         let err = load(&[(FENCE_TTL_SECONDS, "86400")]).unwrap_err();
         assert_eq!(err.variable, FENCE_TTL_SECONDS);
-        assert!(err.to_string().starts_with("FENCE_TTL_SECONDS: 86400 s is below the safe floor"), "{err}");
+        assert!(
+            err.to_string()
+                .starts_with("FENCE_TTL_SECONDS: 86400 s is below the safe floor"),
+            "{err}"
+        );
         // Raising the retention raises the floor too.
         let err = load(&[(QUEUE_RETENTION_SECONDS, "1209600")]).unwrap_err();
         assert_eq!(err.variable, FENCE_TTL_SECONDS, "{err}");
-        assert!(load(&[(QUEUE_RETENTION_SECONDS, "1209600"), (FENCE_TTL_SECONDS, "1400000")]).is_ok());
+        assert!(
+            load(&[
+                (QUEUE_RETENTION_SECONDS, "1209600"),
+                (FENCE_TTL_SECONDS, "1400000")
+            ])
+            .is_ok()
+        );
     }
 
     #[test]
     fn a_policy_override_without_rationale_is_rejected_naming_the_variable() {
         let err = load(&[(RETRY_MAX_ATTEMPTS, "8")]).unwrap_err();
         assert_eq!(err.variable, RETRY_OVERRIDE_RATIONALE);
-        assert!(err.to_string().contains("overrides the platform default"), "{err}");
-        let ok = load(&[(RETRY_MAX_ATTEMPTS, "8"), (RETRY_OVERRIDE_RATIONALE, "provider outages last hours")]).unwrap();
+        assert!(
+            err.to_string().contains("overrides the platform default"),
+            "{err}"
+        );
+        let ok = load(&[
+            (RETRY_MAX_ATTEMPTS, "8"),
+            (RETRY_OVERRIDE_RATIONALE, "provider outages last hours"),
+        ])
+        .unwrap();
         assert_eq!(ok.fence.policy.max_attempts(), 8);
         // Stating the default explicitly is not an override.
         assert!(load(&[(RETRY_BASE_SECONDS, "30")]).is_ok());
@@ -274,13 +329,36 @@ mod tests {
     fn missing_and_malformed_variables_name_themselves() {
         let err = ConsumerConfig::from_env(&Env::from_pairs(&[(CONSUMER_NAME, "x")])).unwrap_err();
         assert_eq!(err.to_string(), "DATABASE_URL: is not set");
-        let err = ConsumerConfig::from_env(&Env::from_pairs(&[(DATABASE_URL, "postgres://h/d")])).unwrap_err();
+        let err = ConsumerConfig::from_env(&Env::from_pairs(&[(DATABASE_URL, "postgres://h/d")]))
+            .unwrap_err();
         assert_eq!(err.variable, CONSUMER_NAME);
-        assert_eq!(load(&[(RETRY_BASE_SECONDS, "soon")]).unwrap_err().variable, RETRY_BASE_SECONDS);
-        assert_eq!(load(&[(RETRY_CAP_SECONDS, "99999999"), (RETRY_OVERRIDE_RATIONALE, "r")]).unwrap_err().variable, RETRY_CAP_SECONDS);
-        assert_eq!(load(&[(DATABASE_POOL_SIZE, "0")]).unwrap_err().variable, DATABASE_POOL_SIZE);
-        assert_eq!(load(&[(QUEUE_RETENTION_SECONDS, "5")]).unwrap_err().variable, QUEUE_RETENTION_SECONDS);
-        let bad_url = ConsumerConfig::from_env(&Env::from_pairs(&[(CONSUMER_NAME, "x"), (DATABASE_URL, "mysql://x")]));
+        assert_eq!(
+            load(&[(RETRY_BASE_SECONDS, "soon")]).unwrap_err().variable,
+            RETRY_BASE_SECONDS
+        );
+        assert_eq!(
+            load(&[
+                (RETRY_CAP_SECONDS, "99999999"),
+                (RETRY_OVERRIDE_RATIONALE, "r")
+            ])
+            .unwrap_err()
+            .variable,
+            RETRY_CAP_SECONDS
+        );
+        assert_eq!(
+            load(&[(DATABASE_POOL_SIZE, "0")]).unwrap_err().variable,
+            DATABASE_POOL_SIZE
+        );
+        assert_eq!(
+            load(&[(QUEUE_RETENTION_SECONDS, "5")])
+                .unwrap_err()
+                .variable,
+            QUEUE_RETENTION_SECONDS
+        );
+        let bad_url = ConsumerConfig::from_env(&Env::from_pairs(&[
+            (CONSUMER_NAME, "x"),
+            (DATABASE_URL, "mysql://x"),
+        ]));
         assert_eq!(bad_url.unwrap_err().variable, DATABASE_URL);
     }
 }

@@ -30,7 +30,12 @@ pub enum ErrorKind {
 
 impl ErrorKind {
     /// Every kind, in a stable order.
-    pub const ALL: [ErrorKind; 4] = [Self::Poison, Self::Permanent, Self::Exhausted, Self::Crashed];
+    pub const ALL: [ErrorKind; 4] = [
+        Self::Poison,
+        Self::Permanent,
+        Self::Exhausted,
+        Self::Crashed,
+    ];
 
     /// The value stored in `core.dead_letters.error_kind`.
     pub fn as_str(self) -> &'static str {

@@ -63,7 +63,10 @@ mod tests {
         for attempt in 1..policy.max_attempts() {
             match decide(Err(&err), attempt, &policy, &mut rng) {
                 Disposition::Retry { after } => {
-                    assert!(after > previous, "attempt {attempt}: {after:?} <= {previous:?}");
+                    assert!(
+                        after > previous,
+                        "attempt {attempt}: {after:?} <= {previous:?}"
+                    );
                     previous = after;
                 }
                 other => panic!("attempt {attempt}: {other:?}"),
@@ -82,21 +85,33 @@ mod tests {
         for attempt in 1..=policy.max_attempts() {
             let permanent = ProcessError::Permanent("account closed".into());
             let poison = ProcessError::Poison("points must be positive".into());
-            assert_eq!(decide(Err(&permanent), attempt, &policy, &mut rng), Disposition::DeadLetter(ErrorKind::Permanent));
-            assert_eq!(decide(Err(&poison), attempt, &policy, &mut rng), Disposition::DeadLetter(ErrorKind::Poison));
+            assert_eq!(
+                decide(Err(&permanent), attempt, &policy, &mut rng),
+                Disposition::DeadLetter(ErrorKind::Permanent)
+            );
+            assert_eq!(
+                decide(Err(&poison), attempt, &policy, &mut rng),
+                Disposition::DeadLetter(ErrorKind::Poison)
+            );
         }
     }
 
     #[test]
     fn success_acks() {
         let mut rng = StdRng::seed_from_u64(3);
-        assert_eq!(decide(Ok(()), 3, &RetryPolicy::default(), &mut rng), Disposition::Ack);
+        assert_eq!(
+            decide(Ok(()), 3, &RetryPolicy::default(), &mut rng),
+            Disposition::Ack
+        );
     }
 
     #[test]
     fn a_single_attempt_policy_dead_letters_the_first_transient_failure() {
         let policy = RetryPolicy::new(1, Duration::from_secs(1), Duration::from_secs(1)).unwrap();
         let mut rng = StdRng::seed_from_u64(4);
-        assert_eq!(decide(Err(&transient()), 1, &policy, &mut rng), Disposition::DeadLetter(ErrorKind::Exhausted));
+        assert_eq!(
+            decide(Err(&transient()), 1, &policy, &mut rng),
+            Disposition::DeadLetter(ErrorKind::Exhausted)
+        );
     }
 }

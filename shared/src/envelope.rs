@@ -73,10 +73,7 @@ impl<P: DeserializeOwned> Envelope<P> {
             })?
             .map_payload(|payload| {
                 serde_json::from_value::<P>(payload).map_err(|e| Poison {
-                    reason: format!(
-                        "payload does not match {}: {e}",
-                        std::any::type_name::<P>()
-                    ),
+                    reason: format!("payload does not match {}: {e}", std::any::type_name::<P>()),
                     ids: ids.clone(),
                 })
             })
@@ -84,7 +81,10 @@ impl<P: DeserializeOwned> Envelope<P> {
 }
 
 impl Envelope<Value> {
-    fn map_payload<P>(self, f: impl FnOnce(Value) -> Result<P, Poison>) -> Result<Envelope<P>, Poison> {
+    fn map_payload<P>(
+        self,
+        f: impl FnOnce(Value) -> Result<P, Poison>,
+    ) -> Result<Envelope<P>, Poison> {
         Ok(Envelope {
             job_id: self.job_id,
             tenant_id: self.tenant_id,
@@ -101,7 +101,10 @@ impl PartialIds {
         Self {
             job_id: uuid("job_id").map(JobId),
             tenant_id: uuid("tenant_id").map(TenantId),
-            correlation_id: value.get("correlation_id").and_then(Value::as_str).map(str::to_owned),
+            correlation_id: value
+                .get("correlation_id")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
         }
     }
 }
@@ -164,7 +167,11 @@ mod tests {
     #[test]
     fn a_payload_of_the_wrong_shape_is_poison_that_keeps_the_ids() {
         let p = Envelope::<Award>::parse(&body(json!({"points": "many"}))).unwrap_err();
-        assert!(p.reason.starts_with("payload does not match"), "{}", p.reason);
+        assert!(
+            p.reason.starts_with("payload does not match"),
+            "{}",
+            p.reason
+        );
         assert_eq!(p.ids.job_id.unwrap().to_string(), JOB);
         assert_eq!(p.ids.correlation_id.as_deref(), Some("c-1"));
     }

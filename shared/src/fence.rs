@@ -79,7 +79,11 @@ pub async fn claim_fence(
         Some(code) if code == LOCK_NOT_AVAILABLE => FenceError::Contended,
         _ => FenceError::Database(e),
     })?;
-    Ok(if inserted.rows_affected() == 1 { FenceClaim::Claimed } else { FenceClaim::Duplicate })
+    Ok(if inserted.rows_affected() == 1 {
+        FenceClaim::Claimed
+    } else {
+        FenceClaim::Duplicate
+    })
 }
 
 /// Whether a committed fence exists for (`job_id`, `consumer`): if so, a replay will be a no-op.
@@ -94,6 +98,21 @@ pub async fn fence_exists(
     .bind(job_id.0)
     .bind(consumer.as_str())
     .fetch_one(db)
+    .await
+}
+
+/// When the fence of (`job_id`, `consumer`) expires, if it exists.
+pub async fn fence_expiry(
+    db: impl PgExecutor<'_>,
+    job_id: JobId,
+    consumer: &ConsumerName,
+) -> sqlx::Result<Option<DateTime<Utc>>> {
+    sqlx::query_scalar(
+        "SELECT expires_at FROM core.processed_jobs WHERE job_id = $1 AND consumer = $2",
+    )
+    .bind(job_id.0)
+    .bind(consumer.as_str())
+    .fetch_optional(db)
     .await
 }
 

@@ -79,13 +79,18 @@ pub enum RecordOutcome {
 impl RecordOutcome {
     /// Whether the message may be deleted from the queue.
     pub fn is_ack(&self) -> bool {
-        matches!(self, Self::Processed | Self::Duplicate | Self::DeadLettered { .. })
+        matches!(
+            self,
+            Self::Processed | Self::Duplicate | Self::DeadLettered { .. }
+        )
     }
 
     /// For an outcome that is not an ack: how long to hide the message before redelivery.
     pub fn redeliver_after(&self) -> Option<Duration> {
         match self {
-            Self::Contended { retry_after } | Self::DeadLetterFailed { retry_after, .. } => Some(*retry_after),
+            Self::Contended { retry_after } | Self::DeadLetterFailed { retry_after, .. } => {
+                Some(*retry_after)
+            }
             Self::Retry { after, .. } => Some(*after),
             Self::Processed | Self::Duplicate | Self::DeadLettered { .. } => None,
         }
@@ -133,8 +138,21 @@ enum AttemptError {
 
 impl<C: Consumer> Harness<C> {
     /// A harness for `consumer`. `rng` draws the backoff jitter; seed it in tests.
-    pub fn new(consumer: C, pool: PgPool, settings: HarnessSettings, clock: Arc<dyn Clock>, rng: StdRng) -> Self {
-        Self { consumer, pool, settings, clock, rng: Mutex::new(rng), metrics: Metrics::default() }
+    pub fn new(
+        consumer: C,
+        pool: PgPool,
+        settings: HarnessSettings,
+        clock: Arc<dyn Clock>,
+        rng: StdRng,
+    ) -> Self {
+        Self {
+            consumer,
+            pool,
+            settings,
+            clock,
+            rng: Mutex::new(rng),
+            metrics: Metrics::default(),
+        }
     }
 
     /// The counters of what this harness did.
@@ -154,13 +172,23 @@ impl<C: Consumer> Harness<C> {
         self.metrics.increment(outcome.metric());
         let consumer = self.consumer.name().as_str();
         match &outcome {
-            RecordOutcome::Processed | RecordOutcome::Duplicate | RecordOutcome::Contended { .. } => {
+            RecordOutcome::Processed
+            | RecordOutcome::Duplicate
+            | RecordOutcome::Contended { .. } => {
                 tracing::debug!(consumer, message_id = %msg.message_id, ?outcome, "record done")
             }
-            RecordOutcome::Retry { attempt, after, error } => {
+            RecordOutcome::Retry {
+                attempt,
+                after,
+                error,
+            } => {
                 tracing::info!(consumer, message_id = %msg.message_id, attempt, ?after, error, "retrying")
             }
-            RecordOutcome::DeadLettered { kind, letter, error } => {
+            RecordOutcome::DeadLettered {
+                kind,
+                letter,
+                error,
+            } => {
                 tracing::warn!(consumer, message_id = %msg.message_id, %kind, letter = %letter.id(), error, "dead-lettered")
             }
             RecordOutcome::DeadLetterFailed { error, .. } => {
@@ -174,7 +202,11 @@ impl<C: Consumer> Harness<C> {
         let attempt = msg.receive_count.max(1);
         let envelope = match Envelope::<C::Payload>::parse(&msg.body) {
             Ok(envelope) => envelope,
-            Err(poison) => return self.dead_letter(msg, &poison.ids, attempt, ErrorKind::Poison, poison.reason).await,
+            Err(poison) => {
+                return self
+                    .dead_letter(msg, &poison.ids, attempt, ErrorKind::Poison, poison.reason)
+                    .await;
+            }
         };
         let policy = &self.settings.policy;
         if policy.is_over_budget(attempt) {
@@ -183,22 +215,40 @@ impl<C: Consumer> Harness<C> {
                  an outcome (timeout, crash or lost acknowledgement)",
                 policy.max_attempts()
             );
-            return self.dead_letter(msg, &envelope.ids(), attempt, ErrorKind::Crashed, error).await;
+            return self
+                .dead_letter(msg, &envelope.ids(), attempt, ErrorKind::Crashed, error)
+                .await;
         }
-        let job = Job { envelope, attempt, started_at: self.clock.now() };
+        let job = Job {
+            envelope,
+            attempt,
+            started_at: self.clock.now(),
+        };
         let failure = match self.attempt(&job).await {
             Ok(FenceClaim::Claimed) => return RecordOutcome::Processed,
             Ok(FenceClaim::Duplicate) => return RecordOutcome::Duplicate,
             Err(AttemptError::Contended) => {
-                return RecordOutcome::Contended { retry_after: self.settings.contended_retry_after };
+                return RecordOutcome::Contended {
+                    retry_after: self.settings.contended_retry_after,
+                };
             }
             Err(AttemptError::Failed(failure)) => failure,
         };
-        let disposition = decide(Err(&failure), attempt, policy, &mut *self.rng.lock().expect("rng lock"));
+        let disposition = decide(
+            Err(&failure),
+            attempt,
+            policy,
+            &mut *self.rng.lock().expect("rng lock"),
+        );
         match disposition {
-            Disposition::Retry { after } => RecordOutcome::Retry { attempt, after, error: failure.to_string() },
+            Disposition::Retry { after } => RecordOutcome::Retry {
+                attempt,
+                after,
+                error: failure.to_string(),
+            },
             Disposition::DeadLetter(kind) => {
-                self.dead_letter(msg, &job.envelope.ids(), attempt, kind, failure.to_string()).await
+                self.dead_letter(msg, &job.envelope.ids(), attempt, kind, failure.to_string())
+                    .await
             }
             Disposition::Ack => unreachable!("decide acks only success"),
         }
@@ -208,7 +258,9 @@ impl<C: Consumer> Harness<C> {
     async fn attempt(&self, job: &Job<C::Payload>) -> Result<FenceClaim, AttemptError> {
         let failed = |e: sqlx::Error| AttemptError::Failed(e.into());
         let mut tx = self.pool.begin().await.map_err(failed)?;
-        set_lock_timeout(&mut tx, self.settings.lock_timeout).await.map_err(failed)?;
+        set_lock_timeout(&mut tx, self.settings.lock_timeout)
+            .await
+            .map_err(failed)?;
         let envelope = &job.envelope;
         let claim = claim_fence(
             &mut tx,
@@ -234,7 +286,9 @@ impl<C: Consumer> Harness<C> {
                 return Err(failed(e));
             }
         }
-        let work = AssertUnwindSafe(self.consumer.handle(job, &mut tx)).catch_unwind().await;
+        let work = AssertUnwindSafe(self.consumer.handle(job, &mut tx))
+            .catch_unwind()
+            .await;
         match work {
             Ok(Ok(())) => {
                 tx.commit().await.map_err(|e| {
@@ -253,7 +307,9 @@ impl<C: Consumer> Harness<C> {
                     .map(|s| s.to_string())
                     .or_else(|| panic.downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "non-string panic".into());
-                Err(AttemptError::Failed(ProcessError::Transient(format!("handler panicked: {what}"))))
+                Err(AttemptError::Failed(ProcessError::Transient(format!(
+                    "handler panicked: {what}"
+                ))))
             }
         }
     }
@@ -285,10 +341,16 @@ impl<C: Consumer> Harness<C> {
             record_dead_letter(&mut conn, &letter, self.clock.now()).await
         };
         match written.await {
-            Ok(letter) => RecordOutcome::DeadLettered { kind, letter, error },
+            Ok(letter) => RecordOutcome::DeadLettered {
+                kind,
+                letter,
+                error,
+            },
             Err(e) => RecordOutcome::DeadLetterFailed {
                 retry_after: self.settings.policy.base(),
-                error: format!("writing the {kind} dead letter failed: {e}; original error: {error}"),
+                error: format!(
+                    "writing the {kind} dead letter failed: {e}; original error: {error}"
+                ),
             },
         }
     }

@@ -44,12 +44,15 @@ impl ConsumerName {
     /// Validates `name`; the error says what is wrong with it.
     pub fn new(name: impl Into<String>) -> Result<Self, String> {
         let name = name.into();
-        let valid_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || "._-".contains(c);
+        let valid_char =
+            |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || "._-".contains(c);
         if name.is_empty() || name.len() > 128 {
             return Err(format!("must be 1 to 128 characters, got {}", name.len()));
         }
         if !name.chars().all(valid_char) {
-            return Err(format!("{name:?} may only contain a-z, 0-9, '.', '_' and '-'"));
+            return Err(format!(
+                "{name:?} may only contain a-z, 0-9, '.', '_' and '-'"
+            ));
         }
         Ok(Self(name))
     }

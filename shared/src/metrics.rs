@@ -120,18 +120,34 @@ mod tests {
         m.increment(Metric::Processed);
         m.increment(Metric::DeadLettered(ErrorKind::Poison));
         let mut out = Vec::new();
-        m.flush_emf(&mut out, "JobHarness", "award-points", DateTime::UNIX_EPOCH).unwrap();
+        m.flush_emf(&mut out, "JobHarness", "award-points", DateTime::UNIX_EPOCH)
+            .unwrap();
         let line: Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(line["Processed"], 2);
         assert_eq!(line["DeadLetteredPoison"], 1);
         assert_eq!(line["Retried"], 0);
         assert_eq!(line["Consumer"], "award-points");
-        assert_eq!(line["_aws"]["CloudWatchMetrics"][0]["Namespace"], "JobHarness");
-        assert_eq!(line["_aws"]["CloudWatchMetrics"][0]["Metrics"].as_array().unwrap().len(), NAMES.len());
+        assert_eq!(
+            line["_aws"]["CloudWatchMetrics"][0]["Namespace"],
+            "JobHarness"
+        );
+        assert_eq!(
+            line["_aws"]["CloudWatchMetrics"][0]["Metrics"]
+                .as_array()
+                .unwrap()
+                .len(),
+            NAMES.len()
+        );
         assert_eq!(m.get(Metric::Processed), 0);
 
         let mut again = Vec::new();
-        m.flush_emf(&mut again, "JobHarness", "award-points", DateTime::UNIX_EPOCH).unwrap();
+        m.flush_emf(
+            &mut again,
+            "JobHarness",
+            "award-points",
+            DateTime::UNIX_EPOCH,
+        )
+        .unwrap();
         assert!(again.is_empty(), "nothing happened, nothing written");
     }
 }

@@ -60,23 +60,42 @@ impl Consumer for AwardPoints {
         &self.name
     }
 
-    async fn handle(&self, job: &Job<PointsAward>, tx: &mut PgConnection) -> Result<(), ProcessError> {
+    async fn handle(
+        &self,
+        job: &Job<PointsAward>,
+        tx: &mut PgConnection,
+    ) -> Result<(), ProcessError> {
         let award = &job.envelope.payload;
         if award.points <= 0 {
-            return Err(ProcessError::Poison(format!("points must be positive, got {}", award.points)));
+            return Err(ProcessError::Poison(format!(
+                "points must be positive, got {}",
+                award.points
+            )));
         }
         if award.account_id.trim().is_empty() {
             return Err(ProcessError::Poison("account_id is blank".into()));
         }
-        insert_award(tx, job.envelope.job_id, job.envelope.tenant_id, &award.account_id, award.points, job.started_at)
-            .await?;
+        insert_award(
+            tx,
+            job.envelope.job_id,
+            job.envelope.tenant_id,
+            &award.account_id,
+            award.points,
+            job.started_at,
+        )
+        .await?;
         match award.demo_fault {
             None => Ok(()),
             Some(DemoFault::TransientUntilAttempt(n)) if job.attempt >= n => Ok(()),
-            Some(DemoFault::TransientUntilAttempt(_)) | Some(DemoFault::AlwaysTransient) => Err(
-                ProcessError::Transient(format!("simulated provider timeout on attempt {}", job.attempt)),
-            ),
-            Some(DemoFault::Permanent) => Err(ProcessError::Permanent("simulated: account is closed".into())),
+            Some(DemoFault::TransientUntilAttempt(_)) | Some(DemoFault::AlwaysTransient) => {
+                Err(ProcessError::Transient(format!(
+                    "simulated provider timeout on attempt {}",
+                    job.attempt
+                )))
+            }
+            Some(DemoFault::Permanent) => Err(ProcessError::Permanent(
+                "simulated: account is closed".into(),
+            )),
             Some(DemoFault::CrashBeforeCommit) => {
                 tracing::error!(job_id = %job.envelope.job_id, "simulated crash before commit");
                 std::process::exit(137)

@@ -64,7 +64,11 @@ impl RetryPolicy {
         if cap < base || cap > MAX_DELAY {
             return Err(PolicyError::Cap { base, cap });
         }
-        Ok(Self { max_attempts, base, cap })
+        Ok(Self {
+            max_attempts,
+            base,
+            cap,
+        })
     }
 
     /// How many executions a job gets; the last failing one writes the dead letter.
@@ -103,12 +107,17 @@ impl RetryPolicy {
     /// The longest a job can spend waiting between its first and last attempt: the sum of the
     /// largest delays after attempts `1..max_attempts`.
     pub fn max_retry_window(&self) -> Duration {
-        (1..self.max_attempts).map(|n| self.max_delay_after(n)).sum()
+        (1..self.max_attempts)
+            .map(|n| self.max_delay_after(n))
+            .sum()
     }
 
     fn exponential(&self, attempt: u32) -> Duration {
         let doublings = attempt.saturating_sub(1).min(40);
-        self.base.checked_mul(1u32 << doublings.min(31)).unwrap_or(MAX_DELAY).min(MAX_DELAY)
+        self.base
+            .checked_mul(1u32 << doublings.min(31))
+            .unwrap_or(MAX_DELAY)
+            .min(MAX_DELAY)
     }
 }
 
@@ -127,7 +136,10 @@ mod tests {
     #[test]
     fn the_default_is_the_spec_policy() {
         let p = RetryPolicy::default();
-        assert_eq!((p.max_attempts(), p.base(), p.cap()), (5, secs(30), secs(3600)));
+        assert_eq!(
+            (p.max_attempts(), p.base(), p.cap()),
+            (5, secs(30), secs(3600))
+        );
         // 45 + 90 + 180 + 360 seconds at most between the five attempts.
         assert_eq!(p.max_retry_window(), secs(675));
     }
@@ -140,9 +152,19 @@ mod tests {
             let delays: Vec<_> = (1..12).map(|n| policy.delay_after(n, &mut rng)).collect();
             for (n, pair) in delays.windows(2).enumerate() {
                 if pair[0] < policy.cap() {
-                    assert!(pair[1] > pair[0], "seed {seed}: delay {} {:?} >= next {:?}", n + 1, pair[0], pair[1]);
+                    assert!(
+                        pair[1] > pair[0],
+                        "seed {seed}: delay {} {:?} >= next {:?}",
+                        n + 1,
+                        pair[0],
+                        pair[1]
+                    );
                 } else {
-                    assert_eq!(pair[1], policy.cap(), "seed {seed}: once capped, stays capped");
+                    assert_eq!(
+                        pair[1],
+                        policy.cap(),
+                        "seed {seed}: once capped, stays capped"
+                    );
                 }
             }
         }
@@ -156,7 +178,10 @@ mod tests {
             for n in 1..=20 {
                 let d = policy.delay_after(n, &mut rng);
                 let floor = policy.exponential(n).min(policy.cap());
-                assert!(d >= floor && d <= policy.cap(), "seed {seed} attempt {n}: {d:?}");
+                assert!(
+                    d >= floor && d <= policy.cap(),
+                    "seed {seed} attempt {n}: {d:?}"
+                );
                 assert!(d <= policy.max_delay_after(n));
             }
         }
@@ -166,8 +191,9 @@ mod tests {
     fn jitter_spreads_jobs_apart() {
         let policy = RetryPolicy::default();
         let mut rng = StdRng::seed_from_u64(7);
-        let firsts: std::collections::BTreeSet<_> =
-            (0..1_000).map(|_| policy.delay_after(1, &mut rng).as_millis()).collect();
+        let firsts: std::collections::BTreeSet<_> = (0..1_000)
+            .map(|_| policy.delay_after(1, &mut rng).as_millis())
+            .collect();
         // 1,000 jobs failing at once must not all come back in the same second.
         assert!(firsts.len() > 900, "only {} distinct delays", firsts.len());
         let spread = firsts.last().unwrap() - firsts.first().unwrap();
@@ -176,10 +202,22 @@ mod tests {
 
     #[test]
     fn invalid_policies_are_rejected() {
-        assert_eq!(RetryPolicy::new(0, secs(30), secs(60)), Err(PolicyError::Attempts(0)));
-        assert_eq!(RetryPolicy::new(5, secs(0), secs(60)), Err(PolicyError::Base));
-        assert!(matches!(RetryPolicy::new(5, secs(60), secs(30)), Err(PolicyError::Cap { .. })));
-        assert!(matches!(RetryPolicy::new(5, secs(1), secs(13 * 3600)), Err(PolicyError::Cap { .. })));
+        assert_eq!(
+            RetryPolicy::new(0, secs(30), secs(60)),
+            Err(PolicyError::Attempts(0))
+        );
+        assert_eq!(
+            RetryPolicy::new(5, secs(0), secs(60)),
+            Err(PolicyError::Base)
+        );
+        assert!(matches!(
+            RetryPolicy::new(5, secs(60), secs(30)),
+            Err(PolicyError::Cap { .. })
+        ));
+        assert!(matches!(
+            RetryPolicy::new(5, secs(1), secs(13 * 3600)),
+            Err(PolicyError::Cap { .. })
+        ));
     }
 
     #[test]

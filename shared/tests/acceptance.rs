@@ -1,0 +1,493 @@
+//! The spec's acceptance criteria owned by the harness, each a named test against real
+//! PostgreSQL (a fresh migrated database per test).
+
+mod support;
+
+use shared::dead_letter::{ErrorKind, Recorded, letter_for_message, letters_for_job};
+use shared::fence::{count_fences, fence_exists};
+use shared::harness::{HarnessSettings, RecordOutcome};
+use shared::reference::count_awards;
+use shared::retry::RetryPolicy;
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use std::sync::Arc;
+use std::time::Duration;
+use support::*;
+use tokio::sync::Barrier;
+
+const COPIES: usize = 24;
+const ROUNDS: usize = 25;
+
+/// AC1: the same `job_id` processed concurrently produces exactly one effect.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn ac1_same_job_processed_concurrently_has_exactly_one_effect(
+    _: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    // One connection per copy, so every copy runs its own transaction at the same time.
+    let pool = PgPoolOptions::new()
+        .max_connections(COPIES as u32)
+        .connect_with(connect)
+        .await
+        .unwrap();
+    let harness = Arc::new(harness(&pool, award_points()));
+    for round in 0..ROUNDS {
+        let (job_id, body) = job(award(10));
+        let start = Arc::new(Barrier::new(COPIES));
+        let copies: Vec<_> = (0..COPIES)
+            .map(|_| {
+                let (harness, start, msg) = (harness.clone(), start.clone(), message(&body, 1));
+                tokio::spawn(async move {
+                    start.wait().await;
+                    harness.process(&msg).await
+                })
+            })
+            .collect();
+        let mut outcomes = Vec::new();
+        for copy in copies {
+            outcomes.push(copy.await.unwrap());
+        }
+        let processed = outcomes
+            .iter()
+            .filter(|o| **o == RecordOutcome::Processed)
+            .count();
+        let duplicates = outcomes
+            .iter()
+            .filter(|o| **o == RecordOutcome::Duplicate)
+            .count();
+        assert_eq!(
+            (processed, duplicates),
+            (1, COPIES - 1),
+            "round {round}: {outcomes:?}"
+        );
+        assert_eq!(
+            count_awards(&pool, job_id).await.unwrap(),
+            1,
+            "round {round}: effects"
+        );
+        assert_eq!(
+            count_fences(&pool, job_id).await.unwrap(),
+            1,
+            "round {round}: fences"
+        );
+    }
+    let metrics = harness.metrics();
+    assert_eq!(
+        metrics.get(shared::metrics::Metric::Processed),
+        ROUNDS as u64
+    );
+    assert_eq!(
+        metrics.get(shared::metrics::Metric::DuplicateSkipped),
+        (ROUNDS * (COPIES - 1)) as u64
+    );
+}
+
+/// AC1, sequential form: a redelivered copy is acked as a duplicate without calling the handler.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn ac1_a_redelivered_job_is_skipped_as_a_duplicate_without_running(pool: PgPool) {
+    let harness = harness(&pool, Counting::new());
+    let (job_id, body) = job(award(3));
+    assert_eq!(
+        harness.process(&message(&body, 1)).await,
+        RecordOutcome::Processed
+    );
+    let again = harness.process(&message(&body, 1)).await;
+    assert_eq!(again, RecordOutcome::Duplicate);
+    assert!(again.is_ack());
+    assert_eq!(harness.consumer().calls(), 1);
+    assert_eq!(count_awards(&pool, job_id).await.unwrap(), 1);
+}
+
+/// AC2: a failure between the work and the commit leaves neither effect nor fence.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn ac2_failpoint_between_work_and_commit_leaves_neither_effect_nor_fence(pool: PgPool) {
+    let harness = harness(&pool, PanicAfterWork(award_points()));
+    let (job_id, body) = job(award(5));
+    let outcome = harness.process(&message(&body, 1)).await;
+    assert!(
+        matches!(&outcome, RecordOutcome::Retry { attempt: 1, error, .. } if error.contains("failpoint")),
+        "a panic is a transient failure, retried: {outcome:?}"
+    );
+    assert!(!outcome.is_ack());
+    assert_eq!(
+        count_awards(&pool, job_id).await.unwrap(),
+        0,
+        "the effect rolled back"
+    );
+    assert!(
+        !fence_exists(&pool, job_id, &consumer_name()).await.unwrap(),
+        "the fence rolled back"
+    );
+
+    // The retry then does the work exactly once.
+    let retried = support::harness(&pool, award_points())
+        .process(&message(&body, 2))
+        .await;
+    assert_eq!(retried, RecordOutcome::Processed);
+    assert_eq!(count_awards(&pool, job_id).await.unwrap(), 1);
+}
+
+/// AC2, control: without a failure, effect and fence commit together.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn ac2_control_work_and_fence_commit_together(pool: PgPool) {
+    let harness = harness(&pool, award_points());
+    let (job_id, body) = job(award(5));
+    assert_eq!(
+        harness.process(&message(&body, 1)).await,
+        RecordOutcome::Processed
+    );
+    assert_eq!(count_awards(&pool, job_id).await.unwrap(), 1);
+    assert!(fence_exists(&pool, job_id, &consumer_name()).await.unwrap());
+}
+
+/// AC3: a transient failure retries with growing intervals, then dead-letters on attempt 5.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn ac3_transient_failure_retries_with_growing_delays_then_dead_letters_on_attempt_5(
+    pool: PgPool,
+) {
+    let harness = harness(&pool, award_points());
+    let (job_id, body) =
+        job(serde_json::json!({"account_id": "a", "points": 1, "demo_fault": "always_transient"}));
+    let msg = message(&body, 1);
+    let mut delays = Vec::new();
+    for attempt in 1..=4 {
+        let delivery = shared::harness::IncomingMessage {
+            receive_count: attempt,
+            ..msg.clone()
+        };
+        match harness.process(&delivery).await {
+            RecordOutcome::Retry {
+                attempt: a, after, ..
+            } if a == attempt => delays.push(after),
+            other => panic!("attempt {attempt}: {other:?}"),
+        }
+    }
+    assert!(
+        delays.windows(2).all(|w| w[1] > w[0]),
+        "delays grow: {delays:?}"
+    );
+    assert!(
+        delays[0] >= Duration::from_secs(30) && delays[0] < Duration::from_secs(45),
+        "{delays:?}"
+    );
+
+    let last = shared::harness::IncomingMessage {
+        receive_count: 5,
+        ..msg.clone()
+    };
+    let outcome = harness.process(&last).await;
+    assert!(
+        matches!(
+            outcome,
+            RecordOutcome::DeadLettered {
+                kind: ErrorKind::Exhausted,
+                letter: Recorded::New(_),
+                ..
+            }
+        ),
+        "{outcome:?}"
+    );
+    assert!(outcome.is_ack());
+    let letters = letters_for_job(&pool, job_id, &consumer_name())
+        .await
+        .unwrap();
+    assert_eq!(letters.len(), 1);
+    let letter = &letters[0];
+    assert_eq!(
+        (letter.attempts, letter.error_kind.as_str()),
+        (5, "exhausted")
+    );
+    assert!(
+        letter.last_error.contains("attempt 5"),
+        "{}",
+        letter.last_error
+    );
+    assert_eq!(
+        letter.payload,
+        serde_json::from_str::<serde_json::Value>(&body).unwrap(),
+        "the full envelope"
+    );
+    assert_eq!(
+        letter.correlation_id.as_deref(),
+        Some(format!("corr-{job_id}").as_str())
+    );
+    assert_eq!(
+        (letter.queue.as_str(), letter.status.as_str()),
+        (QUEUE, "pending_review")
+    );
+    assert_eq!(
+        count_awards(&pool, job_id).await.unwrap(),
+        0,
+        "every failed attempt rolled back its work"
+    );
+    assert!(!fence_exists(&pool, job_id, &consumer_name()).await.unwrap());
+}
+
+/// AC3, jitter: two jobs failing at the same moment do not come back at the same moment.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn ac3_jitter_spreads_the_retries_of_different_jobs(pool: PgPool) {
+    let harness = harness(&pool, award_points());
+    let mut firsts = std::collections::BTreeSet::new();
+    for _ in 0..20 {
+        let (_, body) = job(
+            serde_json::json!({"account_id": "a", "points": 1, "demo_fault": "always_transient"}),
+        );
+        match harness.process(&message(&body, 1)).await {
+            RecordOutcome::Retry { after, .. } => firsts.insert(after),
+            other => panic!("{other:?}"),
+        };
+    }
+    assert!(
+        firsts.len() >= 19,
+        "20 jobs, {} distinct delays",
+        firsts.len()
+    );
+}
+
+async fn assert_poison_without_retry(pool: &PgPool, body: &str, expect_job: bool, reason: &str) {
+    let harness = harness(pool, Counting::new());
+    let msg = message(body, 1);
+    let outcome = harness.process(&msg).await;
+    assert!(
+        matches!(&outcome, RecordOutcome::DeadLettered { kind: ErrorKind::Poison, error, .. } if error.contains(reason)),
+        "{outcome:?}"
+    );
+    assert!(outcome.is_ack(), "poison is acked: zero retries");
+    assert_eq!(harness.consumer().calls(), 0, "the handler is never called");
+    let letter = letter_for_message(pool, &consumer_name(), &msg.message_id)
+        .await
+        .unwrap()
+        .expect("a letter");
+    assert_eq!((letter.attempts, letter.error_kind.as_str()), (1, "poison"));
+    assert_eq!(letter.job_id.is_some(), expect_job);
+    assert_eq!(
+        letter.payload,
+        shared::envelope::body_as_json(body),
+        "the body is kept in full"
+    );
+}
+
+/// AC4: a payload that does not match the consumer's schema is dead-lettered at once.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn ac4_schema_invalid_payload_is_dead_lettered_on_the_first_attempt(pool: PgPool) {
+    let (_, body) = job(serde_json::json!({"account_id": "a", "points": "ten"}));
+    assert_poison_without_retry(&pool, &body, true, "payload does not match").await;
+}
+
+/// AC4: a body that is not JSON is dead-lettered at once, kept verbatim.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn ac4_non_json_body_is_dead_lettered_on_the_first_attempt(pool: PgPool) {
+    assert_poison_without_retry(&pool, "<xml>not json</xml>", false, "not JSON").await;
+}
+
+/// AC4: an envelope without `job_id` is dead-lettered at once.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn ac4_missing_job_id_is_dead_lettered_on_the_first_attempt(pool: PgPool) {
+    let body = serde_json::json!({"tenant_id": uuid::Uuid::new_v4(), "correlation_id": "c", "payload": {}});
+    assert_poison_without_retry(&pool, &body.to_string(), false, "job_id").await;
+}
+
+/// AC4: a payload the handler finds meaningless is poison too: dead-lettered, not retried.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn ac4_a_handler_reporting_poison_is_not_retried(pool: PgPool) {
+    let harness = harness(&pool, award_points());
+    let (job_id, body) = job(award(-5));
+    let outcome = harness.process(&message(&body, 1)).await;
+    assert!(
+        matches!(
+            outcome,
+            RecordOutcome::DeadLettered {
+                kind: ErrorKind::Poison,
+                ..
+            }
+        ),
+        "{outcome:?}"
+    );
+    assert!(!fence_exists(&pool, job_id, &consumer_name()).await.unwrap());
+}
+
+/// AC8 (negative): a successful job writes its fence and its own effect, and nothing else.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn ac8_a_successful_job_writes_only_its_fence_and_its_effect(pool: PgPool) {
+    let harness = harness(&pool, award_points());
+    let before = table_counts(&pool).await;
+    assert!(before.contains_key("core.dead_letters") && before.contains_key("core.processed_jobs"));
+    let (_, body) = job(award(1));
+    assert_eq!(
+        harness.process(&message(&body, 1)).await,
+        RecordOutcome::Processed
+    );
+    let after = table_counts(&pool).await;
+    let changed: Vec<_> = after
+        .iter()
+        .filter(|(table, n)| before.get(*table) != Some(n))
+        .map(|(table, n)| (table.as_str(), n - before.get(table).copied().unwrap_or(0)))
+        .collect();
+    assert_eq!(
+        changed,
+        [("core.processed_jobs", 1), ("reference.point_awards", 1)]
+    );
+}
+
+/// A permanent failure is dead-lettered on its first attempt and nothing of its work remains.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_permanent_failure_is_dead_lettered_at_once(pool: PgPool) {
+    let harness = harness(&pool, award_points());
+    let (job_id, body) =
+        job(serde_json::json!({"account_id": "a", "points": 1, "demo_fault": "permanent"}));
+    let outcome = harness.process(&message(&body, 1)).await;
+    assert!(
+        matches!(
+            outcome,
+            RecordOutcome::DeadLettered {
+                kind: ErrorKind::Permanent,
+                ..
+            }
+        ),
+        "{outcome:?}"
+    );
+    let letters = letters_for_job(&pool, job_id, &consumer_name())
+        .await
+        .unwrap();
+    assert_eq!((letters.len(), letters[0].attempts), (1, 1));
+    assert_eq!(count_awards(&pool, job_id).await.unwrap(), 0);
+}
+
+/// A message whose letter was written but whose ack was lost comes back: no second letter.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_redelivered_dead_lettered_message_writes_no_second_letter(pool: PgPool) {
+    let harness = harness(&pool, award_points());
+    let msg = message("garbage", 1);
+    let first = harness.process(&msg).await;
+    let again = harness
+        .process(&shared::harness::IncomingMessage {
+            receive_count: 2,
+            ..msg.clone()
+        })
+        .await;
+    match (first, again) {
+        (
+            RecordOutcome::DeadLettered {
+                letter: Recorded::New(a),
+                ..
+            },
+            RecordOutcome::DeadLettered {
+                letter: Recorded::AlreadyRecorded(b),
+                ..
+            },
+        ) => assert_eq!(a, b),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A delivery past the budget means earlier attempts died without an outcome: it is
+/// dead-lettered as `crashed` without running the work again.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_delivery_past_the_attempt_budget_is_dead_lettered_as_crashed_without_running(
+    pool: PgPool,
+) {
+    let harness = harness(&pool, Counting::new());
+    let (job_id, body) = job(award(1));
+    let outcome = harness.process(&message(&body, 6)).await;
+    assert!(
+        matches!(
+            outcome,
+            RecordOutcome::DeadLettered {
+                kind: ErrorKind::Crashed,
+                ..
+            }
+        ),
+        "{outcome:?}"
+    );
+    assert_eq!(harness.consumer().calls(), 0);
+    assert_eq!(
+        letters_for_job(&pool, job_id, &consumer_name())
+            .await
+            .unwrap()[0]
+            .attempts,
+        6
+    );
+}
+
+/// A copy that cannot get the fence within the lock timeout is handed back, not acked; once the
+/// holder rolls back, the next delivery does the work.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_copy_blocked_on_a_held_fence_is_handed_back_then_processed(pool: PgPool) {
+    let settings = HarnessSettings {
+        lock_timeout: Duration::from_millis(200),
+        ..settings(RetryPolicy::default())
+    };
+    let (harness, _) = harness_with(&pool, award_points(), settings);
+    let (job_id, body) = job(award(1));
+    let envelope = shared::envelope::Envelope::<serde_json::Value>::parse(&body).unwrap();
+
+    let mut holder = pool.begin().await.unwrap();
+    let claim = shared::fence::claim_fence(
+        &mut holder,
+        job_id,
+        &consumer_name(),
+        envelope.tenant_id,
+        t0(),
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
+    assert_eq!(claim, shared::fence::FenceClaim::Claimed);
+
+    let outcome = harness.process(&message(&body, 1)).await;
+    assert_eq!(
+        outcome,
+        RecordOutcome::Contended {
+            retry_after: Duration::from_secs(2)
+        }
+    );
+    assert!(!outcome.is_ack());
+
+    holder.rollback().await.unwrap();
+    assert_eq!(
+        harness.process(&message(&body, 2)).await,
+        RecordOutcome::Processed
+    );
+    assert_eq!(count_awards(&pool, job_id).await.unwrap(), 1);
+}
+
+/// The fence expires one TTL after the attempt started, by the injected clock.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn the_fence_expires_one_ttl_after_the_attempt(pool: PgPool) {
+    let (harness, clock) = harness_with(&pool, award_points(), settings(RetryPolicy::default()));
+    clock.advance(chrono::Duration::minutes(3));
+    let (job_id, body) = job(award(1));
+    harness.process(&message(&body, 1)).await;
+    let expires = shared::fence::fence_expiry(&pool, job_id, &consumer_name())
+        .await
+        .unwrap();
+    assert_eq!(
+        expires,
+        Some(t0() + chrono::Duration::minutes(3) + chrono::Duration::days(7))
+    );
+}
+
+/// With the database unreachable nothing is acked: the message comes back later.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn with_the_database_unreachable_nothing_is_acked(_: PgPool) {
+    let unreachable = PgPoolOptions::new()
+        .acquire_timeout(Duration::from_millis(500))
+        .connect_lazy("postgres://postgres@127.0.0.1:1/none")
+        .unwrap();
+    let harness = harness(&unreachable, award_points());
+    let (_, body) = job(award(1));
+    let first = harness.process(&message(&body, 1)).await;
+    assert!(matches!(first, RecordOutcome::Retry { .. }), "{first:?}");
+    let last = harness.process(&message(&body, 5)).await;
+    assert!(
+        matches!(last, RecordOutcome::DeadLetterFailed { .. }),
+        "{last:?}"
+    );
+    assert!(!first.is_ack() && !last.is_ack());
+    assert_eq!(
+        harness
+            .metrics()
+            .get(shared::metrics::Metric::DeadLetterWriteFailed),
+        1
+    );
+}
