@@ -44,9 +44,11 @@ pub struct ConfigError {
     pub problem: String,
 }
 
+type Lookup<'a> = Box<dyn Fn(&str) -> Option<String> + 'a>;
+
 /// Reads variables through a lookup function, so tests need not touch the process environment.
 pub struct Env<'a> {
-    lookup: Box<dyn Fn(&str) -> Option<String> + 'a>,
+    lookup: Lookup<'a>,
 }
 
 impl fmt::Debug for Env<'_> {
