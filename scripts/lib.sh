@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Helpers for the README's commands: say what is happening, and bring up what they need.
+set -euo pipefail
+
+step() { printf '\n==> %s\n' "$*"; }
+note() { printf '    %s\n' "$*"; }
+die()  { printf '\nFAILED: %s\n' "$*" >&2; exit 1; }
+
+as_root() {
+  if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
+    die "need root to run: $*"; fi
+}
+
+apt_install() {
+  step "Installing $* from Debian's packages"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq || die "apt-get update failed"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null || die "apt-get install $* failed"
+}
+
+can_connect() { psql "$1" -Atqc 'SELECT 1' >/dev/null 2>&1; }
+
+# Sets DATABASE_URL to a PostgreSQL server we can create databases on:
+# the one in DATABASE_URL if set; else 127.0.0.1:5432 with trust auth; else the local
+# cluster, started (and installed first if missing), with a password set for TCP.
+ensure_postgres() {
+  command -v psql >/dev/null || apt_install postgresql-client
+  if [ -n "${DATABASE_URL:-}" ]; then
+    step "Using PostgreSQL from DATABASE_URL"
+    can_connect "$DATABASE_URL" || die "cannot connect to DATABASE_URL (${DATABASE_URL%%@*}@…)"
+    return
+  fi
+  local trust=postgres://postgres@127.0.0.1:5432/postgres
+  local password=postgres://postgres:postgres@127.0.0.1:5432/postgres
+  step "Looking for PostgreSQL on 127.0.0.1:5432"
+  for url in "$trust" "$password"; do
+    if can_connect "$url"; then export DATABASE_URL=$url; note "found it"; return; fi
+  done
+  if ! command -v pg_ctlcluster >/dev/null || [ -z "$(ls /etc/postgresql 2>/dev/null)" ]; then
+    apt_install postgresql
+  fi
+  local version
+  version=$(ls /etc/postgresql | sort -V | tail -n 1)
+  step "Starting PostgreSQL $version (cluster main)"
+  as_root pg_ctlcluster --skip-systemctl-redirect "$version" main start 2>/dev/null || true
+  for _ in $(seq 1 30); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 1; done
+  pg_isready -q -h 127.0.0.1 -p 5432 || die "PostgreSQL $version did not start; see /var/log/postgresql/"
+  if can_connect "$trust"; then export DATABASE_URL=$trust; return; fi
+  note "TCP needs a password here: setting one for the local postgres user"
+  as_root runuser -u postgres -- psql -qc "ALTER USER postgres PASSWORD 'postgres'" >/dev/null ||
+    die "could not set the postgres user's password"
+  can_connect "$password" || die "cannot connect to PostgreSQL on 127.0.0.1:5432"
+  export DATABASE_URL=$password
+}
+
+# Prints DATABASE_URL with its database replaced by $1, creating that database if needed.
+database_url_for() {
+  local name=$1 server=${DATABASE_URL%%\?*}
+  local url="${server%/*}/$name"
+  if ! can_connect "$url"; then
+    psql "$DATABASE_URL" -qc "CREATE DATABASE \"$name\"" >/dev/null || die "could not create database $name"
+  fi
+  printf '%s' "$url"
+}
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The whole test suite: formatting, lints, and every test of the workspace against real
+# PostgreSQL (each database test gets a fresh migrated database of its own).
+source "$(dirname "$0")/lib.sh"
+
+command -v cargo >/dev/null || die "cargo is not installed (the Rust toolchain comes with the machine)"
+ensure_postgres
+
+step "Checking formatting (cargo fmt --check)"
+cargo fmt --all -- --check || die "code is not formatted: run cargo fmt --all"
+
+step "Linting (cargo clippy --all-targets -- -D warnings)"
+cargo clippy --workspace --all-targets --quiet -- -D warnings || die "clippy found problems"
+
+step "Running the tests against ${DATABASE_URL%%@*}@… (cargo test --workspace)"
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+status=0
+cargo test --workspace 2>&1 | tee "$log" || status=$?
+# One closing line for the whole suite (cargo's own last line is the empty doc-test run).
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
+     END { printf "\ntests: %d passed, %d failed\n", p, f }' "$log"
+[ "$status" = 0 ] || die "tests failed (see above)"
