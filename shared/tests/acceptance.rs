@@ -98,36 +98,8 @@ async fn ac1_a_redelivered_job_is_skipped_as_a_duplicate_without_running(pool: P
     assert_eq!(count_awards(&pool, job_id).await.unwrap(), 1);
 }
 
-/// AC2: a failure between the work and the commit leaves neither effect nor fence.
-#[sqlx::test(migrator = "shared::MIGRATOR")]
-async fn ac2_failpoint_between_work_and_commit_leaves_neither_effect_nor_fence(pool: PgPool) {
-    let harness = harness(&pool, PanicAfterWork(award_points()));
-    let (job_id, body) = job(award(5));
-    let outcome = harness.process(&message(&body, 1)).await;
-    assert!(
-        matches!(&outcome, RecordOutcome::Retry { attempt: 1, error, .. } if error.contains("failpoint")),
-        "a panic is a transient failure, retried: {outcome:?}"
-    );
-    assert!(!outcome.is_ack());
-    assert_eq!(
-        count_awards(&pool, job_id).await.unwrap(),
-        0,
-        "the effect rolled back"
-    );
-    assert!(
-        !fence_exists(&pool, job_id, &consumer_name()).await.unwrap(),
-        "the fence rolled back"
-    );
-
-    // The retry then does the work exactly once.
-    let retried = support::harness(&pool, award_points())
-        .process(&message(&body, 2))
-        .await;
-    assert_eq!(retried, RecordOutcome::Processed);
-    assert_eq!(count_awards(&pool, job_id).await.unwrap(), 1);
-}
-
-/// AC2, control: without a failure, effect and fence commit together.
+/// AC2, control: without a failure, effect and fence commit together. (The crash and failpoint
+/// halves of AC2 are in `tests/tests/ac2_crash.rs`.)
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn ac2_control_work_and_fence_commit_together(pool: PgPool) {
     let harness = harness(&pool, award_points());

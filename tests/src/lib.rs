@@ -1,21 +1,40 @@
-//! Cross-crate test support: consumers that misbehave on purpose around the reference
-//! consumer's real effect, and the local demo runner.
+//! Cross-crate test support: a consumer that misbehaves on purpose right after the reference
+//! consumer's real effect, a harness for tests, and the local demo runner.
 
 pub mod demo;
 
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use shared::clock::SystemClock;
 use shared::consumer::{Consumer, Job, ProcessError};
+use shared::harness::{Harness, HarnessSettings};
 use shared::ids::ConsumerName;
 use shared::reference::{AwardPoints, PointsAward};
-use sqlx::PgConnection;
+use sqlx::{PgConnection, PgPool};
+use std::sync::Arc;
+use std::time::Duration;
 
-/// What [`HangAfterWork`] prints once its work is written but not committed.
+/// What [`AfterWork::Hang`] prints once its work is written but not committed.
 pub const WORK_WRITTEN: &str = "WORK_WRITTEN_NOT_COMMITTED";
 
-/// Does the reference consumer's real work, announces it on stdout, then waits forever inside
-/// the open transaction, so a test can kill the process between the work and the commit.
-pub struct HangAfterWork(pub AwardPoints);
+/// The consumer name every test here fences under.
+pub fn consumer_name() -> ConsumerName {
+    ConsumerName::new("award-points").expect("valid name")
+}
 
-impl Consumer for HangAfterWork {
+/// What [`FailAfterWork`] does between the work and the commit.
+#[derive(Debug, Clone, Copy)]
+pub enum AfterWork {
+    /// Panic: a failpoint inside the process.
+    Panic,
+    /// Announce [`WORK_WRITTEN`] on stdout and wait forever, for a test to kill the process.
+    Hang,
+}
+
+/// Does the reference consumer's real work, then fails as told before the harness can commit.
+pub struct FailAfterWork(pub AwardPoints, pub AfterWork);
+
+impl Consumer for FailAfterWork {
     type Payload = PointsAward;
 
     fn name(&self) -> &ConsumerName {
@@ -28,8 +47,30 @@ impl Consumer for HangAfterWork {
         tx: &mut PgConnection,
     ) -> Result<(), ProcessError> {
         self.0.handle(job, tx).await?;
-        println!("{WORK_WRITTEN} {}", job.envelope.job_id);
-        std::future::pending::<()>().await;
-        unreachable!("killed while waiting")
+        match self.1 {
+            AfterWork::Panic => panic!("failpoint: between the work and the commit"),
+            AfterWork::Hang => {
+                println!("{WORK_WRITTEN} {}", job.envelope.job_id);
+                std::future::pending::<()>().await;
+                unreachable!("killed while waiting")
+            }
+        }
     }
+}
+
+/// A harness with the platform's retry policy, the wall clock and a seeded RNG.
+pub fn harness<C: Consumer>(pool: PgPool, consumer: C) -> Harness<C> {
+    let settings = HarnessSettings {
+        policy: Default::default(),
+        fence_ttl: Duration::from_secs(7 * 86_400),
+        lock_timeout: Duration::from_secs(30),
+        contended_retry_after: Duration::from_secs(2),
+    };
+    Harness::new(
+        consumer,
+        pool,
+        settings,
+        Arc::new(SystemClock),
+        StdRng::seed_from_u64(5),
+    )
 }

@@ -123,24 +123,6 @@ impl Consumer for Counting {
     }
 }
 
-/// Does the reference consumer's real work, then panics: a failpoint between work and commit.
-pub struct PanicAfterWork(pub AwardPoints);
-
-impl Consumer for PanicAfterWork {
-    type Payload = PointsAward;
-    fn name(&self) -> &ConsumerName {
-        self.0.name()
-    }
-    async fn handle(
-        &self,
-        job: &Job<PointsAward>,
-        tx: &mut PgConnection,
-    ) -> Result<(), ProcessError> {
-        self.0.handle(job, tx).await?;
-        panic!("failpoint: between the work and the commit");
-    }
-}
-
 /// Row counts of every table in every user schema, keyed `schema.table`.
 pub async fn table_counts(pool: &PgPool) -> std::collections::BTreeMap<String, i64> {
     sqlx::query_as::<_, (String, i64)>(
