@@ -15,6 +15,8 @@ use std::time::Duration;
 pub const DATABASE_URL: &str = "DATABASE_URL";
 /// Connections the function's pool may open (and so records processed at once).
 pub const DATABASE_POOL_SIZE: &str = "DATABASE_POOL_SIZE";
+/// How long a record waits for a database connection before failing transiently, in ms.
+pub const DATABASE_ACQUIRE_TIMEOUT_MS: &str = "DATABASE_ACQUIRE_TIMEOUT_MS";
 /// The fence's consumer name.
 pub const CONSUMER_NAME: &str = "CONSUMER_NAME";
 /// Attempts before a transiently failing job is dead-lettered.
@@ -33,6 +35,22 @@ pub const QUEUE_RETENTION_SECONDS: &str = "QUEUE_RETENTION_SECONDS";
 pub const FENCE_LOCK_TIMEOUT_MS: &str = "FENCE_LOCK_TIMEOUT_MS";
 /// The CloudWatch namespace of the EMF metrics.
 pub const METRICS_NAMESPACE: &str = "METRICS_NAMESPACE";
+/// A record is started only with at least this many milliseconds left before the Lambda deadline.
+pub const DEADLINE_MARGIN_MS: &str = "DEADLINE_MARGIN_MS";
+/// The job queue a DLQ belongs to (the backstop ingester's letters name it; replay sends there).
+pub const JOB_QUEUE_NAME: &str = "JOB_QUEUE_NAME";
+/// The job queue's redrive `maxReceiveCount`.
+pub const REDRIVE_MAX_RECEIVE_COUNT: &str = "REDRIVE_MAX_RECEIVE_COUNT";
+
+/// Unwraps a configuration, or stops the process with the error (which names the variable).
+/// A Lambda function that stops here fails its init, and the message is in its log.
+pub fn or_exit<T>(loaded: Result<T, ConfigError>) -> T {
+    loaded.unwrap_or_else(|e| {
+        tracing::error!(variable = e.variable, error = %e, "configuration error");
+        eprintln!("configuration error: {e}");
+        std::process::exit(78) // EX_CONFIG
+    })
+}
 
 /// A configuration error: which variable, and what is wrong with it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -122,10 +140,13 @@ pub struct DatabaseConfig {
     pub url: String,
     /// Pool size.
     pub pool_size: u32,
+    /// How long to wait for a connection.
+    pub acquire_timeout: Duration,
 }
 
 impl DatabaseConfig {
-    /// Reads [`DATABASE_URL`] and [`DATABASE_POOL_SIZE`] (default 5).
+    /// Reads [`DATABASE_URL`], [`DATABASE_POOL_SIZE`] (default 5) and
+    /// [`DATABASE_ACQUIRE_TIMEOUT_MS`] (default 5000).
     pub fn from_env(env: &Env<'_>) -> Result<Self, ConfigError> {
         let url = env.required(DATABASE_URL)?;
         if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
@@ -141,7 +162,26 @@ impl DatabaseConfig {
                 problem: format!("must be 1 to 100, got {pool_size}"),
             });
         }
-        Ok(Self { url, pool_size })
+        let acquire_timeout =
+            Duration::from_millis(env.parsed(DATABASE_ACQUIRE_TIMEOUT_MS, 5_000u64)?);
+        Ok(Self {
+            url,
+            pool_size,
+            acquire_timeout,
+        })
+    }
+
+    /// A lazily connecting pool: a function starts even while the database is down, and each
+    /// record then fails transiently instead of the whole function failing its init.
+    pub fn lazy_pool(&self) -> Result<sqlx::PgPool, ConfigError> {
+        sqlx::postgres::PgPoolOptions::new()
+            .max_connections(self.pool_size)
+            .acquire_timeout(self.acquire_timeout)
+            .connect_lazy(&self.url)
+            .map_err(|e| ConfigError {
+                variable: DATABASE_URL,
+                problem: format!("is not a valid connection URL: {e}"),
+            })
     }
 }
 
@@ -238,6 +278,8 @@ pub struct ConsumerConfig {
     pub lock_timeout: Duration,
     /// The EMF namespace (default `JobHarness`).
     pub metrics_namespace: String,
+    /// Time to keep free before the Lambda deadline (default 5 s).
+    pub deadline_margin: Duration,
 }
 
 impl ConsumerConfig {
@@ -260,6 +302,71 @@ impl ConsumerConfig {
             consumer_name,
             fence: FenceConfig::from_env(env)?,
             lock_timeout,
+            metrics_namespace: env.parsed(METRICS_NAMESPACE, "JobHarness".to_owned())?,
+            deadline_margin: Duration::from_millis(env.parsed(DEADLINE_MARGIN_MS, 5_000u64)?),
+        })
+    }
+
+    /// The harness settings this configuration describes. A contended fence is retried after
+    /// the lock timeout plus a second, when the copy holding it has usually finished.
+    pub fn harness_settings(&self) -> crate::harness::HarnessSettings {
+        crate::harness::HarnessSettings {
+            policy: self.fence.policy,
+            fence_ttl: self.fence.ttl,
+            lock_timeout: self.lock_timeout,
+            contended_retry_after: self.lock_timeout + Duration::from_secs(1),
+        }
+    }
+
+    /// How batches are processed: as many records at once as the pool has connections.
+    pub fn batch_settings(&self) -> crate::sqs::BatchSettings {
+        crate::sqs::BatchSettings {
+            concurrency: self.database.pool_size as usize,
+            deadline_margin: self.deadline_margin,
+        }
+    }
+}
+
+/// Everything the backstop DLQ ingester needs at start-up.
+#[derive(Debug, Clone)]
+pub struct BackstopConfig {
+    /// The database.
+    pub database: DatabaseConfig,
+    /// The consumer whose DLQ this is.
+    pub consumer_name: ConsumerName,
+    /// The job queue the DLQ belongs to.
+    pub job_queue: String,
+    /// The job queue's redrive `maxReceiveCount` (default: the policy's attempts + 2).
+    pub max_receive_count: u32,
+    /// The EMF namespace.
+    pub metrics_namespace: String,
+}
+
+impl BackstopConfig {
+    /// Reads and validates every variable the ingester needs. `maxReceiveCount` must exceed the
+    /// retry policy's attempts, or the backstop would pre-empt the harness's own retries.
+    pub fn from_env(env: &Env<'_>) -> Result<Self, ConfigError> {
+        let consumer_name =
+            ConsumerName::new(env.required(CONSUMER_NAME)?).map_err(|problem| ConfigError {
+                variable: CONSUMER_NAME,
+                problem,
+            })?;
+        let fence = FenceConfig::from_env(env)?;
+        let attempts = fence.policy.max_attempts();
+        let max_receive_count = env.parsed(REDRIVE_MAX_RECEIVE_COUNT, attempts + 2)?;
+        if max_receive_count <= attempts {
+            return Err(ConfigError {
+                variable: REDRIVE_MAX_RECEIVE_COUNT,
+                problem: format!(
+                    "{max_receive_count} must exceed the retry policy's {attempts} attempts"
+                ),
+            });
+        }
+        Ok(Self {
+            database: DatabaseConfig::from_env(env)?,
+            consumer_name,
+            job_queue: env.required(JOB_QUEUE_NAME)?,
+            max_receive_count,
             metrics_namespace: env.parsed(METRICS_NAMESPACE, "JobHarness".to_owned())?,
         })
     }
@@ -325,6 +432,28 @@ mod tests {
         assert_eq!(ok.fence.policy.max_attempts(), 8);
         // Stating the default explicitly is not an override.
         assert!(load(&[(RETRY_BASE_SECONDS, "30")]).is_ok());
+    }
+
+    #[test]
+    fn the_redrive_count_must_exceed_the_attempts() {
+        let base = [
+            (DATABASE_URL, "postgres://h/d"),
+            (CONSUMER_NAME, "award-points"),
+            (JOB_QUEUE_NAME, "jobs"),
+        ];
+        let with = |extra: &[(&'static str, &'static str)]| {
+            let pairs: Vec<_> = base.iter().chain(extra).copied().collect();
+            BackstopConfig::from_env(&Env::from_pairs(&pairs))
+        };
+        assert_eq!(with(&[]).unwrap().max_receive_count, 7);
+        assert_eq!(
+            with(&[(REDRIVE_MAX_RECEIVE_COUNT, "5")])
+                .unwrap_err()
+                .variable,
+            REDRIVE_MAX_RECEIVE_COUNT
+        );
+        let no_queue = BackstopConfig::from_env(&Env::from_pairs(&base[..2])).unwrap_err();
+        assert_eq!(no_queue.variable, JOB_QUEUE_NAME);
     }
 
     #[test]

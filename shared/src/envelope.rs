@@ -109,6 +109,13 @@ impl PartialIds {
     }
 }
 
+/// The identifiers that can be read from a body, whatever its shape.
+pub fn read_ids(body: &str) -> PartialIds {
+    serde_json::from_str::<Value>(body)
+        .map(|v| PartialIds::read(&v))
+        .unwrap_or_default()
+}
+
 /// The message body as it is stored in a dead letter's `payload`: the JSON itself, or, for a
 /// body that is not JSON, a JSON string holding it verbatim.
 ///

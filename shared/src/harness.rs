@@ -160,6 +160,11 @@ impl<C: Consumer> Harness<C> {
         &self.metrics
     }
 
+    /// The current time by the harness's clock.
+    pub fn now(&self) -> chrono::DateTime<chrono::Utc> {
+        self.clock.now()
+    }
+
     /// The consumer.
     pub fn consumer(&self) -> &C {
         &self.consumer

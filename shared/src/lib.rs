@@ -10,6 +10,7 @@
 //! Everything that touches SQL lives in this crate; the Lambda binaries only wire it up.
 #![warn(missing_docs)]
 
+pub mod backstop;
 pub mod clock;
 pub mod config;
 pub mod consumer;
@@ -22,6 +23,8 @@ pub mod ids;
 pub mod metrics;
 pub mod reference;
 pub mod retry;
+pub mod sqs;
+pub mod telemetry;
 
 /// The migrations of schema `core` (and the reference consumer's table), embedded at build time.
 ///

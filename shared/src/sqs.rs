@@ -1,0 +1,237 @@
+//! The SQS side of the harness: an SQS batch in, a partial batch response out.
+//!
+//! Invariants: a record is reported as a batch-item failure unless its outcome is an ack
+//! (processed, duplicate, or dead letter committed), so nothing is deleted that is not done.
+//! A retry sets the message's visibility to the backoff delay; if that call fails the record
+//! is still reported and comes back after the queue's visibility timeout. Records not started
+//! when the Lambda deadline is near are handed back untouched rather than cut off mid-work.
+
+use crate::consumer::Consumer;
+use crate::envelope::read_ids;
+use crate::harness::{Harness, IncomingMessage};
+use crate::ids::DeadLetterId;
+use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsMessage};
+use chrono::{DateTime, Utc};
+use futures_util::StreamExt;
+use std::future::Future;
+use std::time::Duration;
+
+/// The message attribute a replay sets to the id of the dead letter it republishes.
+pub const REPLAY_OF_ATTRIBUTE: &str = "replay_of";
+
+/// Hides a message for a while: the one SQS call the consumer makes (`ChangeMessageVisibility`).
+pub trait Visibility: Send + Sync {
+    /// Makes the message reappear after `after`.
+    fn delay(
+        &self,
+        queue_url: &str,
+        receipt_handle: &str,
+        after: Duration,
+    ) -> impl Future<Output = Result<(), String>> + Send;
+}
+
+/// [`Visibility`] through the AWS SDK.
+#[derive(Debug, Clone)]
+pub struct SqsVisibility(pub aws_sdk_sqs::Client);
+
+impl Visibility for SqsVisibility {
+    async fn delay(
+        &self,
+        queue_url: &str,
+        receipt_handle: &str,
+        after: Duration,
+    ) -> Result<(), String> {
+        self.0
+            .change_message_visibility()
+            .queue_url(queue_url)
+            .receipt_handle(receipt_handle)
+            .visibility_timeout(visibility_seconds(after))
+            .send()
+            .await
+            .map(drop)
+            .map_err(|e| aws_sdk_sqs::error::DisplayErrorContext(e).to_string())
+    }
+}
+
+/// A delay as SQS visibility seconds: rounded up, at most 12 hours.
+pub fn visibility_seconds(after: Duration) -> i32 {
+    let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+    secs.min(crate::retry::MAX_DELAY.as_secs()) as i32
+}
+
+/// A queue named by an SQS ARN (`arn:aws:sqs:<region>:<account>:<name>`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueRef {
+    /// The queue's name.
+    pub name: String,
+    /// The queue's URL.
+    pub url: String,
+}
+
+impl QueueRef {
+    /// Parses an SQS queue ARN; `None` if it is not one.
+    pub fn from_arn(arn: &str) -> Option<Self> {
+        let parts: Vec<&str> = arn.split(':').collect();
+        match parts.as_slice() {
+            ["arn", partition, "sqs", region, account, name] if !name.is_empty() => {
+                let domain = if partition.starts_with("aws-cn") {
+                    "amazonaws.com.cn"
+                } else {
+                    "amazonaws.com"
+                };
+                Some(Self {
+                    name: (*name).to_owned(),
+                    url: format!("https://sqs.{region}.{domain}/{account}/{name}"),
+                })
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The transport-independent view of one SQS record.
+pub fn incoming(record: &SqsMessage) -> IncomingMessage {
+    let queue = record
+        .event_source_arn
+        .as_deref()
+        .and_then(QueueRef::from_arn);
+    IncomingMessage {
+        message_id: record
+            .message_id
+            .clone()
+            .filter(|m| !m.is_empty())
+            .unwrap_or_else(|| "missing-message-id".into()),
+        queue: queue.map(|q| q.name).unwrap_or_else(|| "unknown".into()),
+        body: record.body.clone().unwrap_or_default(),
+        receive_count: receive_count(record),
+        replay_of: record
+            .message_attributes
+            .get(REPLAY_OF_ATTRIBUTE)
+            .and_then(|a| a.string_value.as_deref())
+            .and_then(|v| v.parse().ok())
+            .map(DeadLetterId),
+    }
+}
+
+/// `ApproximateReceiveCount`, at least 1.
+pub fn receive_count(record: &SqsMessage) -> u32 {
+    record
+        .attributes
+        .get("ApproximateReceiveCount")
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(1)
+        .max(1)
+}
+
+/// How a batch is processed.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchSettings {
+    /// Records processed at once (at most the pool size).
+    pub concurrency: usize,
+    /// A record is started only if at least this much time is left before the deadline.
+    pub deadline_margin: Duration,
+}
+
+/// Processes an SQS batch and returns the records to leave on the queue.
+pub async fn process_batch<C: Consumer>(
+    harness: &Harness<C>,
+    visibility: &impl Visibility,
+    records: Vec<SqsMessage>,
+    deadline: DateTime<Utc>,
+    settings: BatchSettings,
+) -> SqsBatchResponse {
+    let margin =
+        chrono::Duration::from_std(settings.deadline_margin).unwrap_or(chrono::Duration::MAX);
+    let failures: Vec<String> = futures_util::stream::iter(records)
+        .map(|record| async move {
+            let msg = incoming(&record);
+            if harness.now() + margin >= deadline {
+                tracing::warn!(message_id = %msg.message_id, "deadline near: handing the record back unstarted");
+                return Some(msg.message_id);
+            }
+            let outcome = harness.process(&msg).await;
+            let after = outcome.redeliver_after()?;
+            let queue = record.event_source_arn.as_deref().and_then(QueueRef::from_arn);
+            if let (Some(queue), Some(receipt)) = (queue, record.receipt_handle.as_deref())
+                && let Err(error) = visibility.delay(&queue.url, receipt, after).await
+            {
+                tracing::warn!(message_id = %msg.message_id, error, "ChangeMessageVisibility failed; the message returns after the queue's visibility timeout");
+            }
+            Some(msg.message_id)
+        })
+        .buffer_unordered(settings.concurrency.max(1))
+        .filter_map(|failed| async move { failed })
+        .collect()
+        .await;
+    batch_response(failures)
+}
+
+/// A partial batch response reporting `message_ids` as failed.
+pub fn batch_response(message_ids: Vec<String>) -> SqsBatchResponse {
+    let mut response = SqsBatchResponse::default();
+    response.batch_item_failures = message_ids
+        .into_iter()
+        .map(|id| {
+            let mut failure = BatchItemFailure::default();
+            failure.item_identifier = id;
+            failure
+        })
+        .collect();
+    response
+}
+
+/// The identifiers a backstop letter can carry, read leniently from a record's body.
+pub fn record_ids(record: &SqsMessage) -> crate::envelope::PartialIds {
+    read_ids(record.body.as_deref().unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queue_urls_come_from_arns() {
+        let q = QueueRef::from_arn("arn:aws:sqs:eu-west-1:123456789012:points-award-jobs").unwrap();
+        assert_eq!(q.name, "points-award-jobs");
+        assert_eq!(
+            q.url,
+            "https://sqs.eu-west-1.amazonaws.com/123456789012/points-award-jobs"
+        );
+        assert_eq!(QueueRef::from_arn("arn:aws:sns:eu-west-1:1:topic"), None);
+        assert_eq!(QueueRef::from_arn("nonsense"), None);
+    }
+
+    #[test]
+    fn visibility_rounds_up_and_caps_at_twelve_hours() {
+        assert_eq!(visibility_seconds(Duration::from_millis(1_200)), 2);
+        assert_eq!(visibility_seconds(Duration::from_secs(30)), 30);
+        assert_eq!(visibility_seconds(Duration::from_secs(100_000)), 43_200);
+    }
+
+    #[test]
+    fn records_map_to_incoming_messages() {
+        let record: SqsMessage = serde_json::from_value(serde_json::json!({
+            "messageId": "m-1", "receiptHandle": "r", "body": "{}",
+            "attributes": {"ApproximateReceiveCount": "3"},
+            "messageAttributes": {"replay_of": {"stringValue": "6f1f2b1c-5a3e-4d55-9f0a-1a2b3c4d5e6f", "dataType": "String"}},
+            "eventSourceARN": "arn:aws:sqs:us-east-1:000000000000:jobs", "eventSource": "aws:sqs"
+        }))
+        .unwrap();
+        let msg = incoming(&record);
+        assert_eq!(
+            (
+                msg.message_id.as_str(),
+                msg.queue.as_str(),
+                msg.receive_count
+            ),
+            ("m-1", "jobs", 3)
+        );
+        assert_eq!(
+            msg.replay_of.unwrap().to_string(),
+            "6f1f2b1c-5a3e-4d55-9f0a-1a2b3c4d5e6f"
+        );
+        let bare: SqsMessage = serde_json::from_value(serde_json::json!({})).unwrap();
+        let msg = incoming(&bare);
+        assert_eq!((msg.receive_count, msg.body.as_str()), (1, ""));
+    }
+}
