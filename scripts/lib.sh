@@ -62,4 +62,40 @@ database_url_for() {
   printf '%s' "$url"
 }
 
+# The local SQS API: moto's server from PyPI, in a venv of the project's own (.tools/), on
+# 127.0.0.1:$SQS_PORT. Started here and stopped when the calling script exits, unless one was
+# already answering there. Exports the AWS SDK variables that point the functions at it.
+MOTO_VERSION=5.2.5
+SQS_PORT=${SQS_PORT:-9324}
+TOOLS=$PWD/.tools
+
+sqs_api_up() { python3 - "$1" <<'PY' 2>/dev/null
+import sys, urllib.request
+urllib.request.urlopen(sys.argv[1] + "/moto-api/", timeout=2)
+PY
+}
+
+ensure_sqs_api() {
+  export AWS_ENDPOINT_URL_SQS=http://127.0.0.1:$SQS_PORT AWS_REGION=us-east-1 AWS_DEFAULT_REGION=us-east-1
+  export AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test AWS_EC2_METADATA_DISABLED=true
+  if sqs_api_up "$AWS_ENDPOINT_URL_SQS"; then
+    step "Using the local SQS API already answering on 127.0.0.1:$SQS_PORT"
+    return
+  fi
+  command -v python3 >/dev/null || apt_install python3 python3-venv
+  if [ ! -x "$TOOLS/venv/bin/moto_server" ] || ! "$TOOLS/venv/bin/pip" show moto 2>/dev/null | grep -qx "Version: $MOTO_VERSION"; then
+    step "Installing the local SQS API (moto[server]==$MOTO_VERSION) into .tools/venv"
+    mkdir -p "$TOOLS"
+    python3 -m venv "$TOOLS/venv" 2>/dev/null || { apt_install python3-venv; python3 -m venv "$TOOLS/venv"; } ||
+      die "could not create a Python venv in $TOOLS/venv"
+    "$TOOLS/venv/bin/pip" install -q "moto[server]==$MOTO_VERSION" || die "pip install moto[server]==$MOTO_VERSION failed"
+  fi
+  step "Starting the local SQS API (moto) on 127.0.0.1:$SQS_PORT (log: .tools/moto.log)"
+  "$TOOLS/venv/bin/moto_server" -H 127.0.0.1 -p "$SQS_PORT" >"$TOOLS/moto.log" 2>&1 &
+  MOTO_PID=$!
+  trap 'kill "$MOTO_PID" 2>/dev/null || true' EXIT
+  for _ in $(seq 1 60); do sqs_api_up "$AWS_ENDPOINT_URL_SQS" && return; sleep 0.5; done
+  die "the local SQS API did not answer on 127.0.0.1:$SQS_PORT; see .tools/moto.log"
+}
+
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, and every test of the workspace against real
-# PostgreSQL (each database test gets a fresh migrated database of its own).
+# PostgreSQL (each database test gets a fresh migrated database of its own) and a real SQS API
+# (moto's server, started here and stopped at exit).
 source "$(dirname "$0")/lib.sh"
 
 command -v cargo >/dev/null || die "cargo is not installed (the Rust toolchain comes with the machine)"
 ensure_postgres
+ensure_sqs_api
 
 step "Checking formatting (cargo fmt --check)"
 cargo fmt --all -- --check || die "code is not formatted: run cargo fmt --all"
 
 step "Linting (cargo clippy --all-targets -- -D warnings)"
 cargo clippy --workspace --all-targets --quiet -- -D warnings || die "clippy found problems"
+
+step "Building the Lambda binaries the end-to-end tests run (cargo build --workspace --bins)"
+cargo build --workspace --bins --quiet || die "the build failed"
 
 step "Running the tests against ${DATABASE_URL%%@*}@… (cargo test --workspace)"
 log=$(mktemp)

@@ -2,6 +2,9 @@
 //! consumer's real effect, a harness for tests, and the local demo runner.
 
 pub mod demo;
+pub mod event_source;
+pub mod lambda_host;
+pub mod stack;
 
 use rand::SeedableRng;
 use rand::rngs::StdRng;

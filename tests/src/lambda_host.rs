@@ -1,0 +1,323 @@
+//! A local Lambda: runs a real function binary as a child process and serves it the Lambda
+//! Runtime API (`/2018-06-01/runtime/...`, the protocol `lambda_runtime` speaks on AWS and under
+//! `cargo lambda watch`). One invocation at a time, as in one Lambda sandbox.
+//!
+//! Like Lambda, a process that dies or overruns its timeout is discarded and the next invocation
+//! starts a fresh one. Each sandbox has its own listener, so nothing a dead process was waiting
+//! for can leak into the next. EMF lines on the function's stdout are summed as metrics.
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::path::PathBuf;
+use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::net::TcpListener;
+use tokio::process::{Child, Command};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::{JoinHandle, JoinSet};
+
+/// What to run and how.
+#[derive(Debug, Clone)]
+pub struct FunctionSpec {
+    /// The function's name (`AWS_LAMBDA_FUNCTION_NAME`).
+    pub name: String,
+    /// The binary.
+    pub binary: PathBuf,
+    /// Its environment, on top of this process's.
+    pub env: Vec<(String, String)>,
+    /// The function timeout: the deadline each invocation gets.
+    pub timeout: Duration,
+    /// Where its stderr (the logs) goes; `None` discards it.
+    pub log_file: Option<PathBuf>,
+}
+
+/// Why an invocation produced no response.
+#[derive(Debug, thiserror::Error)]
+pub enum InvokeError {
+    /// The process could not be started.
+    #[error("could not start {0}")]
+    Start(String),
+    /// The function returned an error.
+    #[error("function error: {0}")]
+    Function(String),
+    /// The process died during init or the invocation.
+    #[error("process exited ({status}){init_error}")]
+    Crashed {
+        /// How it ended.
+        status: ExitStatus,
+        /// What it reported to `/runtime/init/error`, if anything.
+        init_error: String,
+    },
+    /// The invocation overran the timeout; the process was killed.
+    #[error("timed out after {0:?}")]
+    Timeout(Duration),
+}
+
+struct Invocation {
+    id: String,
+    body: Bytes,
+    deadline_ms: u128,
+}
+
+type Reply = Result<Bytes, String>;
+
+struct SandboxState {
+    function_arn: String,
+    next: tokio::sync::Mutex<mpsc::Receiver<Invocation>>,
+    reply: Mutex<Option<(String, oneshot::Sender<Reply>)>>,
+    init_error: Mutex<Option<String>>,
+}
+
+struct Sandbox {
+    child: Child,
+    server: JoinHandle<()>,
+    invocations: mpsc::Sender<Invocation>,
+    state: Arc<SandboxState>,
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        self.server.abort();
+        let _ = self.child.start_kill();
+    }
+}
+
+/// A function that can be invoked; starts its process on first use and after every crash.
+pub struct LambdaHost {
+    spec: FunctionSpec,
+    sandbox: tokio::sync::Mutex<Option<Sandbox>>,
+    metrics: Arc<Mutex<BTreeMap<String, u64>>>,
+    starts: Mutex<u32>,
+}
+
+impl LambdaHost {
+    /// A host for `spec`; nothing runs until the first invocation.
+    pub fn new(spec: FunctionSpec) -> Self {
+        Self {
+            spec,
+            sandbox: Default::default(),
+            metrics: Default::default(),
+            starts: Mutex::new(0),
+        }
+    }
+
+    /// The sum of every EMF metric the function's processes printed so far.
+    pub fn metrics(&self) -> BTreeMap<String, u64> {
+        self.metrics.lock().unwrap().clone()
+    }
+
+    /// How many processes were started (1 + crashes and timeouts).
+    pub fn starts(&self) -> u32 {
+        *self.starts.lock().unwrap()
+    }
+
+    /// Invokes the function with `event` and returns its response.
+    pub async fn invoke(&self, event: &Value) -> Result<Value, InvokeError> {
+        let mut slot = self.sandbox.lock().await;
+        if let Some(sandbox) = slot.as_mut()
+            && sandbox.child.try_wait().ok().flatten().is_some()
+        {
+            *slot = None;
+        }
+        if slot.is_none() {
+            *slot = Some(self.start().await?);
+        }
+        let sandbox = slot.as_mut().expect("started");
+        let id = uuid::Uuid::new_v4().to_string();
+        let (tx, rx) = oneshot::channel();
+        *sandbox.state.reply.lock().unwrap() = Some((id.clone(), tx));
+        let deadline_ms = (SystemTime::now() + self.spec.timeout)
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis();
+        let body = Bytes::from(serde_json::to_vec(event).expect("event serializes"));
+        let _ = sandbox
+            .invocations
+            .send(Invocation {
+                id,
+                body,
+                deadline_ms,
+            })
+            .await;
+        tokio::select! {
+            reply = rx => match reply {
+                Ok(Ok(bytes)) => serde_json::from_slice(&bytes).map_err(|e| InvokeError::Function(format!("response is not JSON: {e}"))),
+                Ok(Err(error)) => Err(InvokeError::Function(error)),
+                Err(_) => Err(InvokeError::Function("no reply".into())),
+            },
+            status = sandbox.child.wait() => {
+                let init_error = sandbox.state.init_error.lock().unwrap().take().map(|e| format!(": {e}")).unwrap_or_default();
+                *slot = None;
+                Err(InvokeError::Crashed { status: status.expect("wait"), init_error })
+            }
+            _ = tokio::time::sleep(self.spec.timeout) => {
+                *slot = None; // kills the process
+                Err(InvokeError::Timeout(self.spec.timeout))
+            }
+        }
+    }
+
+    async fn start(&self) -> Result<Sandbox, InvokeError> {
+        let start_error =
+            |e: std::io::Error| InvokeError::Start(format!("{}: {e}", self.spec.binary.display()));
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(start_error)?;
+        let addr = listener.local_addr().map_err(start_error)?;
+        let (invocations, next) = mpsc::channel(1);
+        let state = Arc::new(SandboxState {
+            function_arn: format!(
+                "arn:aws:lambda:us-east-1:123456789012:function:{}",
+                self.spec.name
+            ),
+            next: tokio::sync::Mutex::new(next),
+            reply: Mutex::new(None),
+            init_error: Mutex::new(None),
+        });
+        let server = tokio::spawn(serve(listener, state.clone()));
+        let stderr = match &self.spec.log_file {
+            Some(path) => Stdio::from(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .map_err(start_error)?,
+            ),
+            None => Stdio::null(),
+        };
+        let mut child = Command::new(&self.spec.binary)
+            .envs(self.spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .env("AWS_LAMBDA_RUNTIME_API", addr.to_string())
+            .env("AWS_LAMBDA_FUNCTION_NAME", &self.spec.name)
+            .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "256")
+            .env("AWS_LAMBDA_FUNCTION_VERSION", "$LATEST")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(start_error)?;
+        let stdout = child.stdout.take().expect("piped");
+        tokio::spawn(sum_emf(stdout, self.metrics.clone()));
+        *self.starts.lock().unwrap() += 1;
+        Ok(Sandbox {
+            child,
+            server,
+            invocations,
+            state,
+        })
+    }
+}
+
+async fn sum_emf(stdout: tokio::process::ChildStdout, metrics: Arc<Mutex<BTreeMap<String, u64>>>) {
+    let mut lines = BufReader::new(stdout).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        let Ok(doc) = serde_json::from_str::<Value>(&line) else {
+            continue;
+        };
+        let Some(names) = doc
+            .pointer("/_aws/CloudWatchMetrics/0/Metrics")
+            .and_then(Value::as_array)
+        else {
+            continue;
+        };
+        let mut sums = metrics.lock().unwrap();
+        for name in names
+            .iter()
+            .filter_map(|m| m.get("Name").and_then(Value::as_str))
+        {
+            *sums.entry(name.to_owned()).or_default() +=
+                doc.get(name).and_then(Value::as_u64).unwrap_or(0);
+        }
+    }
+}
+
+async fn serve(listener: TcpListener, state: Arc<SandboxState>) {
+    let mut connections = JoinSet::new();
+    while let Ok((stream, _)) = listener.accept().await {
+        let state = state.clone();
+        connections.spawn(async move {
+            let service = hyper::service::service_fn(move |req| route(state.clone(), req));
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+async fn route(
+    state: Arc<SandboxState>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let (method, path) = (req.method().clone(), req.uri().path().to_owned());
+    let parts: Vec<&str> = path
+        .trim_start_matches("/2018-06-01/runtime/")
+        .split('/')
+        .collect();
+    let response = match (method, parts.as_slice()) {
+        (Method::GET, ["invocation", "next"]) => {
+            let Some(inv) = state.next.lock().await.recv().await else {
+                return Ok(status(StatusCode::GONE));
+            };
+            Response::builder()
+                .header("lambda-runtime-aws-request-id", inv.id)
+                .header("lambda-runtime-deadline-ms", inv.deadline_ms.to_string())
+                .header(
+                    "lambda-runtime-invoked-function-arn",
+                    state.function_arn.as_str(),
+                )
+                .header(
+                    "lambda-runtime-trace-id",
+                    "Root=1-00000000-000000000000000000000000",
+                )
+                .body(Full::new(inv.body))
+                .expect("response")
+        }
+        (Method::POST, ["invocation", id, outcome @ ("response" | "error")]) => {
+            let body = req
+                .into_body()
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            let mut reply = state.reply.lock().unwrap();
+            if reply.as_ref().is_some_and(|(pending, _)| pending == id) {
+                let (_, tx) = reply.take().expect("checked");
+                let result = if *outcome == "response" {
+                    Ok(body)
+                } else {
+                    Err(String::from_utf8_lossy(&body).into_owned())
+                };
+                let _ = tx.send(result);
+            }
+            status(StatusCode::ACCEPTED)
+        }
+        (Method::POST, ["init", "error"]) => {
+            let body = req
+                .into_body()
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            *state.init_error.lock().unwrap() = Some(String::from_utf8_lossy(&body).into_owned());
+            status(StatusCode::ACCEPTED)
+        }
+        _ => status(StatusCode::NOT_FOUND),
+    };
+    Ok(response)
+}
+
+fn status(code: StatusCode) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(code)
+        .body(Full::new(Bytes::new()))
+        .expect("response")
+}

@@ -1,0 +1,186 @@
+//! The local stack: a job queue and its DLQ on the local SQS API (redrive as in
+//! `template.yaml`), the consumer and the backstop ingester as real Lambda binaries, and an
+//! event source for each queue. The tests and the demo both run on it.
+
+use crate::event_source::{
+    EventSource, PollReport, Queue, create_queue_pair, depth, sqs_client, workspace_binary,
+};
+use crate::lambda_host::{FunctionSpec, LambdaHost};
+use std::future::Future;
+use std::path::PathBuf;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// How to set the stack up.
+#[derive(Debug, Clone)]
+pub struct StackSpec {
+    /// The database the functions use.
+    pub database_url: String,
+    /// The job queue's name; the DLQ is `<name>-dlq`.
+    pub queue_name: String,
+    /// The consumer name (`CONSUMER_NAME`).
+    pub consumer_name: String,
+    /// The job queue's visibility timeout: how soon a crashed delivery comes back.
+    pub visibility_timeout: Duration,
+    /// The redrive `maxReceiveCount`.
+    pub max_receive_count: u32,
+    /// Extra environment for the consumer (the retry policy, faults, …).
+    pub consumer_env: Vec<(String, String)>,
+    /// The consumer's function timeout.
+    pub consumer_timeout: Duration,
+    /// Where the functions' logs go.
+    pub log_dir: Option<PathBuf>,
+}
+
+impl StackSpec {
+    /// A stack whose retry policy is the platform's shape at base 1 s, so a run takes seconds.
+    pub fn time_scaled(database_url: &str, queue_name: &str) -> Self {
+        Self {
+            database_url: database_url.to_owned(),
+            queue_name: queue_name.to_owned(),
+            consumer_name: "award-points".into(),
+            visibility_timeout: Duration::from_secs(2),
+            max_receive_count: 7,
+            consumer_env: vec![
+                ("RETRY_BASE_SECONDS".into(), "1".into()),
+                ("RETRY_CAP_SECONDS".into(), "60".into()),
+                (
+                    "RETRY_OVERRIDE_RATIONALE".into(),
+                    "local stack: the default policy's shape at base 1 s".into(),
+                ),
+                ("DEADLINE_MARGIN_MS".into(), "1000".into()),
+            ],
+            consumer_timeout: Duration::from_secs(20),
+            log_dir: None,
+        }
+    }
+}
+
+/// A running local stack.
+pub struct Stack {
+    /// The SQS client.
+    pub sqs: aws_sdk_sqs::Client,
+    /// The job queue.
+    pub jobs: Queue,
+    /// Its backstop DLQ.
+    pub dlq: Queue,
+    /// The consumer function.
+    pub consumer: LambdaHost,
+    /// The DLQ ingester function.
+    pub ingester: LambdaHost,
+}
+
+impl Stack {
+    /// Creates the queues and prepares the functions (they start on their first invocation).
+    pub async fn start(spec: StackSpec) -> Self {
+        let sqs = sqs_client().await;
+        let (jobs, dlq) = create_queue_pair(
+            &sqs,
+            &spec.queue_name,
+            spec.visibility_timeout,
+            spec.max_receive_count,
+        )
+        .await;
+        let common = [
+            ("DATABASE_URL".to_owned(), spec.database_url.clone()),
+            ("CONSUMER_NAME".to_owned(), spec.consumer_name.clone()),
+            ("DATABASE_POOL_SIZE".to_owned(), "4".to_owned()),
+        ];
+        let log = |name: &str| spec.log_dir.as_ref().map(|d| d.join(format!("{name}.log")));
+        let consumer = LambdaHost::new(FunctionSpec {
+            name: "consumer".into(),
+            binary: workspace_binary("consumer"),
+            env: common
+                .iter()
+                .cloned()
+                .chain(spec.consumer_env.iter().cloned())
+                .collect(),
+            timeout: spec.consumer_timeout,
+            log_file: log("consumer"),
+        });
+        let ingester_env = [
+            ("JOB_QUEUE_NAME".to_owned(), jobs.name.clone()),
+            (
+                "REDRIVE_MAX_RECEIVE_COUNT".to_owned(),
+                spec.max_receive_count.to_string(),
+            ),
+        ];
+        let ingester = LambdaHost::new(FunctionSpec {
+            name: "dlq-ingester".into(),
+            binary: workspace_binary("dlq-ingester"),
+            env: common.iter().cloned().chain(ingester_env).collect(),
+            timeout: Duration::from_secs(20),
+            log_file: log("dlq-ingester"),
+        });
+        Self {
+            sqs,
+            jobs,
+            dlq,
+            consumer,
+            ingester,
+        }
+    }
+
+    /// Sends `body` to the job queue; returns the message id.
+    pub async fn send(&self, body: &str) -> String {
+        let out = self
+            .sqs
+            .send_message()
+            .queue_url(&self.jobs.url)
+            .message_body(body)
+            .send()
+            .await
+            .expect("SendMessage");
+        out.message_id.expect("message id")
+    }
+
+    /// One poll of each queue: (jobs, dlq).
+    pub async fn poll(&self) -> (PollReport, PollReport) {
+        let jobs = EventSource {
+            sqs: &self.sqs,
+            queue: &self.jobs,
+            function: &self.consumer,
+            batch_size: 10,
+        };
+        let dlq = EventSource {
+            sqs: &self.sqs,
+            queue: &self.dlq,
+            function: &self.ingester,
+            batch_size: 10,
+        };
+        tokio::join!(jobs.poll_once(), dlq.poll_once())
+    }
+
+    /// Messages on both queues, visible or in flight.
+    pub async fn in_flight(&self) -> u64 {
+        depth(&self.sqs, &self.jobs).await + depth(&self.sqs, &self.dlq).await
+    }
+
+    /// Polls both queues until `done()` holds and both are empty, or `timeout` passes.
+    /// Returns every poll report of the job queue, with when it happened.
+    pub async fn run_until<F, Fut>(
+        &self,
+        timeout: Duration,
+        mut done: F,
+    ) -> Vec<(Instant, PollReport)>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = bool>,
+    {
+        let start = Instant::now();
+        let mut reports = Vec::new();
+        loop {
+            let (jobs, _) = self.poll().await;
+            if jobs.received > 0 {
+                reports.push((Instant::now(), jobs));
+            }
+            if done().await && self.in_flight().await == 0 {
+                return reports;
+            }
+            assert!(
+                start.elapsed() < timeout,
+                "not settled within {timeout:?}; job polls so far: {reports:#?}"
+            );
+        }
+    }
+}

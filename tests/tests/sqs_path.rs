@@ -1,0 +1,344 @@
+//! The whole message path against a real SQS API (moto's server, which the test command starts)
+//! and the real Lambda binaries: queue → consumer → fence/work → ack, retry with backoff, or
+//! dead letter; and the redrive backstop through the DLQ ingester.
+
+use e2e::stack::{Stack, StackSpec};
+use serde_json::{Value, json};
+use shared::dead_letter::{DeadLetter, letter_for_message, letters_for_job};
+use shared::fence::fence_exists;
+use shared::ids::{ConsumerName, JobId, TenantId};
+use shared::reference::count_awards;
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use std::time::Duration;
+use uuid::Uuid;
+
+const SETTLE: Duration = Duration::from_secs(90);
+
+fn consumer() -> ConsumerName {
+    ConsumerName::new("award-points").unwrap()
+}
+
+/// `DATABASE_URL` (credentials and all) pointed at the test's own database.
+fn url_of(opts: &PgConnectOptions) -> String {
+    let server = std::env::var("DATABASE_URL").expect("DATABASE_URL");
+    let server = server.split('?').next().unwrap_or_default();
+    let (head, _) = server
+        .rsplit_once('/')
+        .expect("DATABASE_URL has a database path");
+    format!(
+        "{head}/{}",
+        opts.get_database().expect("test database name")
+    )
+}
+
+async fn setup(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+    tweak: impl FnOnce(&mut StackSpec),
+) -> (PgPool, Stack) {
+    let pool = pool_opts.connect_with(connect.clone()).await.unwrap();
+    let mut spec = StackSpec::time_scaled(
+        &url_of(&connect),
+        &format!("jobs-{}", &Uuid::new_v4().simple().to_string()[..12]),
+    );
+    tweak(&mut spec);
+    (pool, Stack::start(spec).await)
+}
+
+fn job(payload: Value) -> (JobId, String) {
+    let job_id = JobId(Uuid::new_v4());
+    let body = json!({"job_id": job_id, "tenant_id": TenantId(Uuid::new_v4()), "correlation_id": "e2e", "payload": payload});
+    (job_id, body.to_string())
+}
+
+async fn letters(pool: &PgPool, job_id: JobId) -> Vec<DeadLetter> {
+    letters_for_job(pool, job_id, &consumer()).await.unwrap()
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_message_is_processed_once_and_deleted(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let (pool, stack) = setup(pool_opts, connect, |_| {}).await;
+    let (job_id, body) = job(json!({"account_id": "a", "points": 5}));
+    stack.send(&body).await;
+    let polls = stack
+        .run_until(SETTLE, || async {
+            count_awards(&pool, job_id).await.unwrap() == 1
+        })
+        .await;
+    assert_eq!(
+        polls.iter().map(|(_, p)| p.received).sum::<usize>(),
+        1,
+        "delivered once: {polls:?}"
+    );
+    assert!(fence_exists(&pool, job_id, &consumer()).await.unwrap());
+    assert_eq!(stack.consumer.metrics().get("Processed"), Some(&1));
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_duplicate_send_is_acked_as_a_duplicate(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let (pool, stack) = setup(pool_opts, connect, |_| {}).await;
+    let (job_id, body) = job(json!({"account_id": "a", "points": 5}));
+    stack.send(&body).await;
+    stack.send(&body).await;
+    stack
+        .run_until(SETTLE, || async {
+            let m = stack.consumer.metrics();
+            m.get("Processed").copied().unwrap_or(0)
+                + m.get("DuplicateSkipped").copied().unwrap_or(0)
+                == 2
+        })
+        .await;
+    assert_eq!(
+        count_awards(&pool, job_id).await.unwrap(),
+        1,
+        "one effect for two sends"
+    );
+    let m = stack.consumer.metrics();
+    assert_eq!((m["Processed"], m["DuplicateSkipped"]), (1, 1));
+    assert!(
+        letters(&pool, job_id).await.is_empty(),
+        "a duplicate is not an error"
+    );
+}
+
+/// With the policy at base 1 s: the message reappears after ≥ 1, 2, 4, 8 s (the backoff's
+/// lower bounds, set with ChangeMessageVisibility), is counted as attempts 1..5, and the fifth
+/// failure writes the dead letter.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_transient_failure_reappears_after_the_backoff_then_dead_letters_after_the_last_attempt(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let (pool, stack) = setup(pool_opts, connect, |_| {}).await;
+    let (job_id, body) =
+        job(json!({"account_id": "a", "points": 5, "demo_fault": "always_transient"}));
+    stack.send(&body).await;
+    let polls = stack
+        .run_until(SETTLE, || async {
+            !letters(&pool, job_id).await.is_empty()
+        })
+        .await;
+    let deliveries: Vec<_> = polls.iter().map(|(at, _)| *at).collect();
+    assert_eq!(deliveries.len(), 5, "five attempts: {polls:?}");
+    for (n, pair) in deliveries.windows(2).enumerate() {
+        let floor = Duration::from_secs(1 << n);
+        let gap = pair[1] - pair[0];
+        assert!(
+            gap >= floor,
+            "attempt {} came back after {gap:?}, before the backoff's {floor:?}",
+            n + 2
+        );
+    }
+    let letters = letters(&pool, job_id).await;
+    assert_eq!(letters.len(), 1);
+    assert_eq!(
+        (letters[0].attempts, letters[0].error_kind.as_str()),
+        (5, "exhausted")
+    );
+    assert!(
+        letters[0].last_error.contains("attempt 5"),
+        "{}",
+        letters[0].last_error
+    );
+    assert_eq!(letters[0].queue, stack.jobs.name);
+    assert_eq!(count_awards(&pool, job_id).await.unwrap(), 0);
+    let m = stack.consumer.metrics();
+    assert_eq!((m["Retried"], m["DeadLetteredExhausted"]), (4, 1));
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_job_that_fails_twice_then_succeeds_is_processed_once_on_attempt_3(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let (pool, stack) = setup(pool_opts, connect, |_| {}).await;
+    let (job_id, body) =
+        job(json!({"account_id": "a", "points": 5, "demo_fault": {"transient_until_attempt": 3}}));
+    stack.send(&body).await;
+    let polls = stack
+        .run_until(SETTLE, || async {
+            count_awards(&pool, job_id).await.unwrap() == 1
+        })
+        .await;
+    assert_eq!(polls.len(), 3, "{polls:?}");
+    assert!(letters(&pool, job_id).await.is_empty());
+    assert_eq!(stack.consumer.metrics()["Retried"], 2);
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_poison_message_is_dead_lettered_with_zero_retries(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let (pool, stack) = setup(pool_opts, connect, |_| {}).await;
+    let message_id = stack.send("{\"this is\": \"not an envelope\"}").await;
+    let polls = stack
+        .run_until(SETTLE, || async {
+            letter_for_message(&pool, &consumer(), &message_id)
+                .await
+                .unwrap()
+                .is_some()
+        })
+        .await;
+    assert_eq!(polls.len(), 1, "delivered once, never retried: {polls:?}");
+    let letter = letter_for_message(&pool, &consumer(), &message_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((letter.attempts, letter.error_kind.as_str()), (1, "poison"));
+    assert_eq!(letter.payload, json!({"this is": "not an envelope"}));
+}
+
+/// The handler kills its own process on every delivery. Each crash leaves the message to come
+/// back after the visibility timeout; the delivery past the attempt budget is dead-lettered as
+/// `crashed` without running the work again.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_consumer_that_crashes_every_time_ends_as_a_crashed_dead_letter(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let (pool, stack) = setup(pool_opts, connect, |_| {}).await;
+    let (job_id, body) =
+        job(json!({"account_id": "a", "points": 5, "demo_fault": "crash_before_commit"}));
+    stack.send(&body).await;
+    let polls = stack
+        .run_until(SETTLE, || async {
+            !letters(&pool, job_id).await.is_empty()
+        })
+        .await;
+    let crashes = polls
+        .iter()
+        .filter(|(_, p)| p.invoke_error.is_some())
+        .count();
+    assert_eq!(crashes, 5, "{polls:?}");
+    assert!(
+        stack.consumer.starts() >= 6,
+        "a new process after every crash"
+    );
+    let letters = letters(&pool, job_id).await;
+    assert_eq!(
+        (
+            letters.len(),
+            letters[0].attempts,
+            letters[0].error_kind.as_str()
+        ),
+        (1, 6, "crashed")
+    );
+    assert_eq!(count_awards(&pool, job_id).await.unwrap(), 0);
+    assert!(!fence_exists(&pool, job_id, &consumer()).await.unwrap());
+}
+
+/// When the consumer cannot even record its failure (its database is unreachable), the redrive
+/// moves the message to the DLQ after `maxReceiveCount` deliveries and the ingester writes the
+/// `crashed` letter. A DLQ message delivered twice still yields one letter.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_message_redriven_to_the_dlq_becomes_one_crashed_dead_letter(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let (pool, stack) = setup(pool_opts, connect, |spec| {
+        spec.consumer_env.push((
+            "DATABASE_URL".into(),
+            "postgres://postgres@127.0.0.1:1/unreachable".into(),
+        ));
+        spec.consumer_env
+            .push(("DATABASE_ACQUIRE_TIMEOUT_MS".into(), "300".into()));
+    })
+    .await;
+    let (job_id, body) = job(json!({"account_id": "a", "points": 5}));
+    stack.send(&body).await;
+    let polls = stack
+        .run_until(SETTLE, || async {
+            !letters(&pool, job_id).await.is_empty()
+        })
+        .await;
+    assert!(
+        polls.len() >= 7,
+        "delivered maxReceiveCount times before the redrive: {polls:?}"
+    );
+    let found = letters(&pool, job_id).await;
+    assert_eq!(found.len(), 1);
+    let letter = &found[0];
+    assert_eq!(
+        (letter.error_kind.as_str(), letter.attempts),
+        ("crashed", 7)
+    );
+    assert_eq!(
+        letter.queue, stack.jobs.name,
+        "the letter names the job queue, where a replay goes"
+    );
+    assert_eq!(
+        letter.payload,
+        serde_json::from_str::<Value>(&body).unwrap()
+    );
+    assert_eq!(stack.ingester.metrics()["DeadLetteredCrashed"], 1);
+
+    // SQS delivers at least once: the same DLQ record again must not write a second letter.
+    let record = json!({"messageId": letter.message_id, "receiptHandle": "r", "body": body,
+        "attributes": {"ApproximateReceiveCount": "2"}, "messageAttributes": {},
+        "eventSource": "aws:sqs", "eventSourceARN": stack.dlq.arn});
+    let response = stack
+        .ingester
+        .invoke(&json!({"Records": [record]}))
+        .await
+        .unwrap();
+    assert_eq!(response["batchItemFailures"], json!([]));
+    assert_eq!(letters(&pool, job_id).await.len(), 1);
+}
+
+/// A batch whose deadline is already too near is handed back whole, without running anything.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn records_not_started_before_the_deadline_are_handed_back(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let (pool, stack) = setup(pool_opts, connect, |spec| {
+        spec.consumer_env
+            .push(("DEADLINE_MARGIN_MS".into(), "60000".into())); // more than the 20 s timeout
+    })
+    .await;
+    let (job_id, body) = job(json!({"account_id": "a", "points": 5}));
+    stack.send(&body).await;
+    let (report, _) = stack.poll().await;
+    assert_eq!(
+        (report.received, report.deleted, report.left),
+        (1, 0, 1),
+        "{report:?}"
+    );
+    assert_eq!(count_awards(&pool, job_id).await.unwrap(), 0);
+    assert!(!fence_exists(&pool, job_id, &consumer()).await.unwrap());
+}
+
+/// A misconfigured function does not start, and says which variable is wrong.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_misconfigured_consumer_stops_at_start_naming_the_variable(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let logs = std::env::temp_dir().join(format!("e2e-{}", Uuid::new_v4()));
+    std::fs::create_dir_all(&logs).unwrap();
+    let (_pool, stack) = setup(pool_opts, connect, |spec| {
+        spec.consumer_env
+            .push(("FENCE_TTL_SECONDS".into(), "3600".into()));
+        spec.log_dir = Some(logs.clone());
+    })
+    .await;
+    let error = stack
+        .consumer
+        .invoke(&json!({"Records": []}))
+        .await
+        .unwrap_err();
+    assert!(error.to_string().contains("exit status: 78"), "{error}");
+    let log = std::fs::read_to_string(logs.join("consumer.log")).unwrap();
+    assert!(
+        log.contains("FENCE_TTL_SECONDS: 3600 s is below the safe floor"),
+        "{log}"
+    );
+}
