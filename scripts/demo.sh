@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# The main job on a local default: PostgreSQL, the migrations, and a sample workload through
-# the harness and the reference consumer, with a summary. Pass --check to exit non-zero when
-# an outcome differs from the expected one.
+# The main job on a local default: PostgreSQL, a local SQS API (moto), the consumer and the
+# DLQ ingester running as Lambda binaries fed like the event source mapping, and a sample
+# workload with a summary. Pass --check to exit non-zero when an outcome differs.
 source "$(dirname "$0")/lib.sh"
 
 command -v cargo >/dev/null || die "cargo is not installed (the Rust toolchain comes with the machine)"
 ensure_postgres
+ensure_sqs_api
 DATABASE_URL=$(database_url_for jobs_demo)
 export DATABASE_URL
-step "Building and running the demo against database jobs_demo"
-cargo run --quiet -p e2e --bin demo -- "$@" || die "the demo failed"
+step "Building the functions and the demo (cargo build -p e2e --bins)"
+cargo build -p e2e --bins --quiet || die "the build failed"
+step "Running the demo workload against database jobs_demo"
+target/debug/demo "$@" || die "the demo failed"

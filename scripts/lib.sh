@@ -2,6 +2,12 @@
 # Helpers for the README's commands: say what is happening, and bring up what they need.
 set -euo pipefail
 
+# Commands to run when the calling script exits, however it exits (one EXIT trap for all).
+CLEANUP=()
+on_exit() { CLEANUP+=("$1"); }
+run_cleanup() { local c; for c in "${CLEANUP[@]}"; do eval "$c" || true; done; }
+trap run_cleanup EXIT
+
 step() { printf '\n==> %s\n' "$*"; }
 note() { printf '    %s\n' "$*"; }
 die()  { printf '\nFAILED: %s\n' "$*" >&2; exit 1; }
@@ -93,7 +99,8 @@ ensure_sqs_api() {
   step "Starting the local SQS API (moto) on 127.0.0.1:$SQS_PORT (log: .tools/moto.log)"
   "$TOOLS/venv/bin/moto_server" -H 127.0.0.1 -p "$SQS_PORT" >"$TOOLS/moto.log" 2>&1 &
   MOTO_PID=$!
-  trap 'kill "$MOTO_PID" 2>/dev/null || true' EXIT
+  on_exit 'kill "$MOTO_PID" 2>/dev/null'
+
   for _ in $(seq 1 60); do sqs_api_up "$AWS_ENDPOINT_URL_SQS" && return; sleep 0.5; done
   die "the local SQS API did not answer on 127.0.0.1:$SQS_PORT; see .tools/moto.log"
 }

@@ -14,12 +14,9 @@ cargo fmt --all -- --check || die "code is not formatted: run cargo fmt --all"
 step "Linting (cargo clippy --all-targets -- -D warnings)"
 cargo clippy --workspace --all-targets --quiet -- -D warnings || die "clippy found problems"
 
-step "Building the Lambda binaries the end-to-end tests run (cargo build --workspace --bins)"
-cargo build --workspace --bins --quiet || die "the build failed"
-
 step "Running the tests against ${DATABASE_URL%%@*}@… (cargo test --workspace)"
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+on_exit 'rm -f "$log"'
 status=0
 cargo test --workspace 2>&1 | tee "$log" || status=$?
 # One closing line for the whole suite (cargo's own last line is the empty doc-test run).

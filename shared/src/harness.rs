@@ -10,7 +10,7 @@ use crate::consumer::{Consumer, Job, ProcessError};
 use crate::dead_letter::{ErrorKind, NewDeadLetter, Recorded, record_dead_letter};
 use crate::decision::{Disposition, decide};
 use crate::envelope::{Envelope, PartialIds, body_as_json};
-use crate::fence::{FenceClaim, FenceError, claim_fence, set_lock_timeout};
+use crate::fence::{FenceClaim, FenceError, claim_fence, fence_exists, set_lock_timeout};
 use crate::ids::DeadLetterId;
 use crate::metrics::{Metric, Metrics};
 use crate::retry::RetryPolicy;
@@ -215,6 +215,18 @@ impl<C: Consumer> Harness<C> {
         };
         let policy = &self.settings.policy;
         if policy.is_over_budget(attempt) {
+            // A duplicate is always acked: a job processed by an earlier copy or delivery (whose
+            // ack was lost in a crash of its batch) is done, however often it was delivered.
+            match fence_exists(&self.pool, envelope.job_id, self.consumer.name()).await {
+                Ok(true) => return RecordOutcome::Duplicate,
+                Ok(false) => {}
+                Err(e) => {
+                    return RecordOutcome::DeadLetterFailed {
+                        retry_after: policy.base(),
+                        error: format!("checking the fence of an over-budget delivery failed: {e}"),
+                    };
+                }
+            }
             let error = format!(
                 "delivered {attempt} times with a budget of {} attempts: earlier attempts ended without \
                  an outcome (timeout, crash or lost acknowledgement)",

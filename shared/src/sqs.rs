@@ -5,6 +5,12 @@
 //! A retry sets the message's visibility to the backoff delay; if that call fails the record
 //! is still reported and comes back after the queue's visibility timeout. Records not started
 //! when the Lambda deadline is near are handed back untouched rather than cut off mid-work.
+//!
+//! A process crash (an abort, out of memory, a timeout) fails the whole invocation, as Lambda
+//! does, and every record not yet committed comes back. So records on their first delivery,
+//! which cannot have crashed anything yet, run first and concurrently; records seen before
+//! (retries, survivors of a crash) run afterwards one at a time. A crash-looping job then cannot
+//! take down the fresh records of its batch: they have committed before it runs.
 
 use crate::consumer::Consumer;
 use crate::envelope::read_ids;
@@ -132,7 +138,8 @@ pub struct BatchSettings {
     pub deadline_margin: Duration,
 }
 
-/// Processes an SQS batch and returns the records to leave on the queue.
+/// Processes an SQS batch and returns the records to leave on the queue: first deliveries
+/// concurrently (up to `settings.concurrency`), then repeat deliveries one at a time.
 pub async fn process_batch<C: Consumer>(
     harness: &Harness<C>,
     visibility: &impl Visibility,
@@ -142,27 +149,37 @@ pub async fn process_batch<C: Consumer>(
 ) -> SqsBatchResponse {
     let margin =
         chrono::Duration::from_std(settings.deadline_margin).unwrap_or(chrono::Duration::MAX);
-    let failures: Vec<String> = futures_util::stream::iter(records)
-        .map(|record| async move {
-            let msg = incoming(&record);
-            if harness.now() + margin >= deadline {
-                tracing::warn!(message_id = %msg.message_id, "deadline near: handing the record back unstarted");
-                return Some(msg.message_id);
-            }
-            let outcome = harness.process(&msg).await;
-            let after = outcome.redeliver_after()?;
-            let queue = record.event_source_arn.as_deref().and_then(QueueRef::from_arn);
-            if let (Some(queue), Some(receipt)) = (queue, record.receipt_handle.as_deref())
-                && let Err(error) = visibility.delay(&queue.url, receipt, after).await
-            {
-                tracing::warn!(message_id = %msg.message_id, error, "ChangeMessageVisibility failed; the message returns after the queue's visibility timeout");
-            }
-            Some(msg.message_id)
-        })
+    let run = |record: SqsMessage| async move {
+        let msg = incoming(&record);
+        if harness.now() + margin >= deadline {
+            tracing::warn!(message_id = %msg.message_id, "deadline near: handing the record back unstarted");
+            return Some(msg.message_id);
+        }
+        let outcome = harness.process(&msg).await;
+        let after = outcome.redeliver_after()?;
+        let queue = record
+            .event_source_arn
+            .as_deref()
+            .and_then(QueueRef::from_arn);
+        if let (Some(queue), Some(receipt)) = (queue, record.receipt_handle.as_deref())
+            && let Err(error) = visibility.delay(&queue.url, receipt, after).await
+        {
+            tracing::warn!(message_id = %msg.message_id, error, "ChangeMessageVisibility failed; the message returns after the queue's visibility timeout");
+        }
+        Some(msg.message_id)
+    };
+    let (fresh, mut seen_before): (Vec<_>, Vec<_>) =
+        records.into_iter().partition(|r| receive_count(r) == 1);
+    seen_before.sort_by_key(receive_count);
+    let mut failures: Vec<String> = futures_util::stream::iter(fresh)
+        .map(run)
         .buffer_unordered(settings.concurrency.max(1))
         .filter_map(|failed| async move { failed })
         .collect()
         .await;
+    for record in seen_before {
+        failures.extend(run(record).await);
+    }
     batch_response(failures)
 }
 

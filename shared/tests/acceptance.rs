@@ -381,6 +381,28 @@ async fn a_delivery_past_the_attempt_budget_is_dead_lettered_as_crashed_without_
     );
 }
 
+/// A job that was processed but whose ack was lost (its batch crashed) keeps coming back; past the
+/// budget it is still a duplicate, never a `crashed` letter.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_processed_job_delivered_past_the_budget_is_still_a_duplicate(pool: PgPool) {
+    let harness = harness(&pool, award_points());
+    let (job_id, body) = job(award(1));
+    assert_eq!(
+        harness.process(&message(&body, 1)).await,
+        RecordOutcome::Processed
+    );
+    assert_eq!(
+        harness.process(&message(&body, 9)).await,
+        RecordOutcome::Duplicate
+    );
+    assert!(
+        letters_for_job(&pool, job_id, &consumer_name())
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
 /// A copy that cannot get the fence within the lock timeout is handed back, not acked; once the
 /// holder rolls back, the next delivery does the work.
 #[sqlx::test(migrator = "shared::MIGRATOR")]

@@ -1,81 +1,20 @@
-//! The local demo: a sample workload through the real harness and the reference consumer on
-//! local PostgreSQL, with redeliveries scheduled as SQS would (after the policy's delay, with
-//! the receive count raised). Issue 3 replaces the in-memory redelivery with a local SQS API.
+//! The local demo: the sample workload through the local stack (a local SQS API, the consumer
+//! and DLQ ingester as real Lambda binaries fed like the event source mapping, PostgreSQL),
+//! with progress while it waits and a summary of the functions' own metrics.
 
-use rand::SeedableRng;
+use crate::stack::{Binaries, Stack, StackSpec};
 use serde_json::{Value, json};
-use shared::clock::SystemClock;
-use shared::dead_letter::ErrorKind;
-use shared::harness::{Harness, HarnessSettings, IncomingMessage, RecordOutcome};
-use shared::ids::ConsumerName;
-use shared::metrics::Metric;
-use shared::reference::AwardPoints;
-use shared::retry::RetryPolicy;
-use sqlx::PgPool;
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::path::PathBuf;
 use std::time::Duration;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-/// The queue name the demo uses.
+/// The job queue's name, as in `template.yaml`; the DLQ is `<name>-dlq`.
 pub const QUEUE: &str = "points-award-jobs";
 
-/// One message of the workload, with what it is meant to show.
-struct Sample {
-    label: &'static str,
-    body: String,
-}
-
-fn envelope(payload: Value) -> (Uuid, String) {
-    let job_id = Uuid::new_v4();
-    let body = json!({"job_id": job_id, "tenant_id": Uuid::from_u128(1), "correlation_id": format!("demo-{job_id}"), "payload": payload});
-    (job_id, body.to_string())
-}
-
-fn workload() -> Vec<Sample> {
-    let mut samples = Vec::new();
-    for i in 1..=5 {
-        let (_, body) = envelope(json!({"account_id": format!("acct-{i}"), "points": 10 * i}));
-        samples.push(Sample {
-            label: "normal",
-            body,
-        });
-    }
-    let duplicate = samples[0].body.clone();
-    samples.push(Sample {
-        label: "duplicate of normal #1",
-        body: duplicate,
-    });
-    let faults = [
-        (
-            "fails twice, then succeeds",
-            json!({"transient_until_attempt": 3}),
-        ),
-        ("always fails transiently", json!("always_transient")),
-        ("fails permanently", json!("permanent")),
-    ];
-    for (label, fault) in faults {
-        let (_, body) = envelope(json!({"account_id": "acct-x", "points": 1, "demo_fault": fault}));
-        samples.push(Sample { label, body });
-    }
-    samples.push(Sample {
-        label: "poison: not JSON",
-        body: "this is not an envelope".into(),
-    });
-    let (_, bad) = envelope(json!({"account_id": "acct-y", "points": "lots"}));
-    samples.push(Sample {
-        label: "poison: payload fails its schema",
-        body: bad,
-    });
-    samples
-}
-
-/// What the demo counted, by metric name.
-pub type Summary = BTreeMap<&'static str, u64>;
-
-/// The counts the workload must produce.
-pub fn expected() -> Summary {
+/// The metric counts the workload must produce.
+pub fn expected() -> BTreeMap<&'static str, u64> {
     BTreeMap::from([
         ("Processed", 6),
         ("DuplicateSkipped", 1),
@@ -83,108 +22,145 @@ pub fn expected() -> Summary {
         ("DeadLetteredExhausted", 1),
         ("DeadLetteredPermanent", 1),
         ("DeadLetteredPoison", 2),
+        ("DeadLetteredCrashed", 1),
     ])
 }
 
-/// Runs the workload against `pool` (already migrated) and prints what happens; returns counts.
-pub async fn run(pool: PgPool, consumer: ConsumerName) -> Summary {
-    // Time-scaled so the demo takes seconds: the same shape as the platform default, base 1 s.
-    let policy =
-        RetryPolicy::new(5, Duration::from_secs(1), Duration::from_secs(60)).expect("demo policy");
-    let settings = HarnessSettings {
-        policy,
-        fence_ttl: Duration::from_secs(7 * 86_400),
-        lock_timeout: Duration::from_secs(2),
-        contended_retry_after: Duration::from_secs(1),
-    };
-    let harness = Harness::new(
-        AwardPoints::new(consumer),
-        pool,
-        settings,
-        Arc::new(SystemClock),
-        rand::rngs::StdRng::from_rng(&mut rand::rng()),
-    );
-    let start = Instant::now();
-    let mut queue: Vec<(Instant, &'static str, IncomingMessage)> = workload()
-        .into_iter()
-        .map(|s| {
-            let msg = IncomingMessage {
-                message_id: Uuid::new_v4().to_string(),
-                queue: QUEUE.into(),
-                body: s.body,
-                receive_count: 1,
-                replay_of: None,
-            };
-            (start, s.label, msg)
+fn envelope(payload: Value) -> String {
+    let job_id = Uuid::new_v4();
+    json!({"job_id": job_id, "tenant_id": Uuid::from_u128(1), "correlation_id": format!("demo-{job_id}"), "payload": payload})
+        .to_string()
+}
+
+/// The messages of the workload, each with what it shows.
+fn workload() -> Vec<(&'static str, String)> {
+    let mut samples: Vec<(&'static str, String)> = (1..=5)
+        .map(|i| {
+            (
+                "normal job",
+                envelope(json!({"account_id": format!("acct-{i}"), "points": 10 * i})),
+            )
         })
         .collect();
-    println!("published {} messages to {QUEUE}", queue.len());
-    while !queue.is_empty() {
-        queue.sort_by_key(|(due, ..)| *due);
-        let (due, label, msg) = queue.remove(0);
-        if due > Instant::now() + Duration::from_millis(50) {
-            println!(
-                "  … waiting {:.1} s for {} message(s) in backoff",
-                (due - Instant::now()).as_secs_f64(),
-                queue.len() + 1
-            );
-            tokio::time::sleep_until(due).await;
-        }
-        let outcome = harness.process(&msg).await;
+    samples.push(("the first job, sent again", samples[0].1.clone()));
+    let faulty = [
+        (
+            "fails twice, then succeeds",
+            json!({"transient_until_attempt": 3}),
+        ),
+        ("always fails transiently", json!("always_transient")),
+        ("fails permanently", json!("permanent")),
+    ];
+    for (label, fault) in faulty {
+        samples.push((
+            label,
+            envelope(json!({"account_id": "acct-x", "points": 1, "demo_fault": fault})),
+        ));
+    }
+    samples.push(("poison: not JSON", "this is not an envelope".into()));
+    samples.push((
+        "poison: payload fails its schema",
+        envelope(json!({"account_id": "acct-y", "points": "lots"})),
+    ));
+    samples
+}
+
+/// Runs the workload on a fresh stack over `database_url` (already migrated) and prints what
+/// happens. A job that kills its process fails its whole batch, as on Lambda, so it runs in a
+/// second phase of its own. Returns the summed metrics of both functions.
+pub async fn run(database_url: &str, queue: &str, log_dir: PathBuf) -> BTreeMap<String, u64> {
+    let mut spec = StackSpec::time_scaled(Binaries::beside_current_exe(), database_url, queue);
+    spec.log_dir = Some(log_dir.clone());
+    let stack = Stack::start(spec).await;
+    for q in [&stack.jobs, &stack.dlq] {
+        let _ = stack.sqs.purge_queue().queue_url(&q.url).send().await;
+    }
+    println!(
+        "queues: {} (visibility 2 s) → redrive after 7 receives → {}",
+        stack.jobs.name, stack.dlq.name
+    );
+    println!(
+        "function logs: {}/{{consumer,dlq-ingester}}.log",
+        log_dir.display()
+    );
+    println!(
+        "retry policy: 5 attempts, backoff base 1 s (the platform default's shape, time-scaled)"
+    );
+    let start = Instant::now();
+    let mut sent = 0;
+    println!("\nphase 1: the workload");
+    sent += send_all(&stack, workload()).await;
+    settle(&stack, sent, start).await;
+    println!("\nphase 2: a job that kills its process on every delivery");
+    let crasher =
+        envelope(json!({"account_id": "acct-z", "points": 1, "demo_fault": "crash_before_commit"}));
+    sent += send_all(&stack, vec![("kills its process every time", crasher)]).await;
+    settle(&stack, sent, start).await;
+    totals(&stack)
+}
+
+async fn send_all(stack: &Stack, samples: Vec<(&'static str, String)>) -> u64 {
+    for (label, body) in &samples {
+        stack.send(body).await;
+        println!("  sent: {label}");
+    }
+    samples.len() as u64
+}
+
+/// Polls until `sent` messages have a final outcome and both queues are empty.
+async fn settle(stack: &Stack, sent: u64, start: Instant) {
+    let mut last_progress = Instant::now();
+    loop {
+        let (jobs, dlq) = stack.poll().await;
         let t = start.elapsed().as_secs_f64();
-        match &outcome {
-            RecordOutcome::Processed => println!(
-                "[{t:5.1}s] {label:<34} attempt {} → processed",
-                msg.receive_count
-            ),
-            RecordOutcome::Duplicate => println!("[{t:5.1}s] {label:<34} → duplicate, skipped"),
-            RecordOutcome::DeadLettered {
-                kind,
-                letter,
-                error,
-            } => {
-                println!(
-                    "[{t:5.1}s] {label:<34} attempt {} → dead letter {} ({kind}): {error}",
-                    msg.receive_count,
-                    letter.id()
-                )
-            }
-            RecordOutcome::Retry { after, error, .. } => {
-                println!(
-                    "[{t:5.1}s] {label:<34} attempt {} → retry in {:.1} s: {error}",
-                    msg.receive_count,
-                    after.as_secs_f64()
-                )
-            }
-            other => println!(
-                "[{t:5.1}s] {label:<34} attempt {} → {other:?}",
-                msg.receive_count
-            ),
+        if jobs.received > 0 {
+            let crash = jobs
+                .invoke_error
+                .as_deref()
+                .map(|e| format!(" — invocation failed: {e}"))
+                .unwrap_or_default();
+            println!(
+                "[{t:5.1}s] consumer: {} record(s), {} done, {} back to the queue{crash}",
+                jobs.received, jobs.deleted, jobs.left
+            );
         }
-        if let Some(after) = outcome.redeliver_after() {
-            let next = IncomingMessage {
-                receive_count: msg.receive_count + 1,
-                ..msg
-            };
-            queue.push((Instant::now() + after, label, next));
+        if dlq.received > 0 {
+            println!(
+                "[{t:5.1}s] dlq-ingester: {} record(s) written as dead letters",
+                dlq.deleted
+            );
         }
-    }
-    let m = harness.metrics();
-    let mut summary = Summary::new();
-    for metric in [
-        Metric::Processed,
-        Metric::DuplicateSkipped,
-        Metric::Retried,
-        Metric::FenceContended,
-        Metric::DeadLetterWriteFailed,
-    ]
-    .into_iter()
-    .chain(ErrorKind::ALL.map(Metric::DeadLettered))
-    {
-        let n = m.get(metric);
-        if n > 0 || expected().contains_key(metric.name()) {
-            summary.insert(metric.name(), n);
+        let settled: u64 = totals(stack)
+            .iter()
+            .filter(|(k, _)| is_terminal(k))
+            .map(|(_, v)| v)
+            .sum();
+        let in_flight = stack.in_flight().await;
+        if settled >= sent && in_flight == 0 {
+            return;
+        }
+        if last_progress.elapsed() > Duration::from_secs(3) {
+            println!(
+                "[{t:5.1}s] … {in_flight} message(s) waiting out their backoff or visibility timeout"
+            );
+            last_progress = Instant::now();
+        }
+        if start.elapsed() > Duration::from_secs(240) {
+            println!("[{t:5.1}s] giving up: not settled after 240 s");
+            return;
         }
     }
-    summary
+}
+
+fn is_terminal(metric: &str) -> bool {
+    metric == "Processed" || metric == "DuplicateSkipped" || metric.starts_with("DeadLettered")
+}
+
+fn totals(stack: &Stack) -> BTreeMap<String, u64> {
+    let mut sum = stack.consumer.metrics();
+    for (k, v) in stack.ingester.metrics() {
+        *sum.entry(k).or_default() += v;
+    }
+    sum.retain(|_, v| *v > 0);
+    sum
 }

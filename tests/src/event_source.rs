@@ -9,7 +9,6 @@ use aws_sdk_sqs::types::{
 };
 use serde_json::{Map, Value, json};
 use std::collections::HashSet;
-use std::path::PathBuf;
 use std::time::Duration;
 
 /// An SQS client for the local API named by `AWS_ENDPOINT_URL_SQS`.
@@ -229,18 +228,4 @@ impl EventSource<'_> {
             "eventSourceARN": self.queue.arn, "awsRegion": "us-east-1",
         })
     }
-}
-
-/// A workspace binary built by `cargo build --workspace --bins` (the test command does that).
-pub fn workspace_binary(name: &str) -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    let path = target.join("debug").join(name);
-    assert!(
-        path.exists(),
-        "{} is missing: run `cargo build --workspace --bins` first (scripts/test.sh does)",
-        path.display()
-    );
-    path
 }

@@ -2,18 +2,50 @@
 //! `template.yaml`), the consumer and the backstop ingester as real Lambda binaries, and an
 //! event source for each queue. The tests and the demo both run on it.
 
-use crate::event_source::{
-    EventSource, PollReport, Queue, create_queue_pair, depth, sqs_client, workspace_binary,
-};
+use crate::event_source::{EventSource, PollReport, Queue, create_queue_pair, depth, sqs_client};
 use crate::lambda_host::{FunctionSpec, LambdaHost};
 use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
 use tokio::time::Instant;
 
+/// The function binaries: this package's `local-consumer` and `local-dlq-ingester`.
+#[derive(Debug, Clone)]
+pub struct Binaries {
+    /// The consumer.
+    pub consumer: PathBuf,
+    /// The DLQ ingester.
+    pub ingester: PathBuf,
+}
+
+impl Binaries {
+    /// The binaries next to the running executable (for this package's own binaries).
+    pub fn beside_current_exe() -> Self {
+        let exe = std::env::current_exe().expect("current exe");
+        let dir = exe.parent().expect("exe dir");
+        Self {
+            consumer: dir.join("local-consumer"),
+            ingester: dir.join("local-dlq-ingester"),
+        }
+    }
+}
+
+/// The binaries as cargo built them for this package's integration tests.
+#[macro_export]
+macro_rules! test_binaries {
+    () => {
+        $crate::stack::Binaries {
+            consumer: env!("CARGO_BIN_EXE_local-consumer").into(),
+            ingester: env!("CARGO_BIN_EXE_local-dlq-ingester").into(),
+        }
+    };
+}
+
 /// How to set the stack up.
 #[derive(Debug, Clone)]
 pub struct StackSpec {
+    /// The function binaries.
+    pub binaries: Binaries,
     /// The database the functions use.
     pub database_url: String,
     /// The job queue's name; the DLQ is `<name>-dlq`.
@@ -34,8 +66,9 @@ pub struct StackSpec {
 
 impl StackSpec {
     /// A stack whose retry policy is the platform's shape at base 1 s, so a run takes seconds.
-    pub fn time_scaled(database_url: &str, queue_name: &str) -> Self {
+    pub fn time_scaled(binaries: Binaries, database_url: &str, queue_name: &str) -> Self {
         Self {
+            binaries,
             database_url: database_url.to_owned(),
             queue_name: queue_name.to_owned(),
             consumer_name: "award-points".into(),
@@ -89,7 +122,7 @@ impl Stack {
         let log = |name: &str| spec.log_dir.as_ref().map(|d| d.join(format!("{name}.log")));
         let consumer = LambdaHost::new(FunctionSpec {
             name: "consumer".into(),
-            binary: workspace_binary("consumer"),
+            binary: spec.binaries.consumer.clone(),
             env: common
                 .iter()
                 .cloned()
@@ -107,7 +140,7 @@ impl Stack {
         ];
         let ingester = LambdaHost::new(FunctionSpec {
             name: "dlq-ingester".into(),
-            binary: workspace_binary("dlq-ingester"),
+            binary: spec.binaries.ingester.clone(),
             env: common.iter().cloned().chain(ingester_env).collect(),
             timeout: Duration::from_secs(20),
             log_file: log("dlq-ingester"),

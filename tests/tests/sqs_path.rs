@@ -39,6 +39,7 @@ async fn setup(
 ) -> (PgPool, Stack) {
     let pool = pool_opts.connect_with(connect.clone()).await.unwrap();
     let mut spec = StackSpec::time_scaled(
+        e2e::test_binaries!(),
         &url_of(&connect),
         &format!("jobs-{}", &Uuid::new_v4().simple().to_string()[..12]),
     );
@@ -340,5 +341,70 @@ async fn a_misconfigured_consumer_stops_at_start_naming_the_variable(
     assert!(
         log.contains("FENCE_TTL_SECONDS: 3600 s is below the safe floor"),
         "{log}"
+    );
+}
+
+/// A process crash fails the whole batch. Fresh records run before repeat deliveries, so when a
+/// crash-looping job comes back in a batch of fresh jobs, they all commit before it runs (and
+/// their redeliveries after the crash are acked as duplicates).
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn fresh_jobs_commit_before_a_crash_looping_batch_mate_runs(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let (pool, stack) = setup(pool_opts, connect, |_| {}).await;
+    let (crasher, body) =
+        job(json!({"account_id": "a", "points": 5, "demo_fault": "crash_before_commit"}));
+    stack.send(&body).await;
+    let (first, _) = stack.poll().await;
+    assert!(
+        first.invoke_error.is_some(),
+        "the first delivery crashes: {first:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(2_500)).await; // the crasher is visible again
+    // More fresh jobs than the consumer runs at once (its pool has 4 connections).
+    let mut fresh = Vec::new();
+    for i in 0..9 {
+        let (job_id, body) = job(json!({"account_id": format!("b{i}"), "points": 1}));
+        stack.send(&body).await;
+        fresh.push(job_id);
+    }
+    let (shared_batch, _) = stack.poll().await;
+    assert_eq!(
+        shared_batch.received, 10,
+        "the crasher and the fresh jobs in one batch: {shared_batch:?}"
+    );
+    assert!(
+        shared_batch.invoke_error.is_some(),
+        "the crasher crashed the batch: {shared_batch:?}"
+    );
+    for job_id in &fresh {
+        assert_eq!(
+            count_awards(&pool, *job_id).await.unwrap(),
+            1,
+            "fresh job {job_id} committed before the crash"
+        );
+    }
+
+    stack
+        .run_until(SETTLE, || async {
+            !letters(&pool, crasher).await.is_empty()
+        })
+        .await;
+    for job_id in fresh {
+        assert_eq!(
+            count_awards(&pool, job_id).await.unwrap(),
+            1,
+            "fresh job {job_id} processed once"
+        );
+        assert!(
+            letters(&pool, job_id).await.is_empty(),
+            "fresh job {job_id} is no collateral"
+        );
+    }
+    assert_eq!(letters(&pool, crasher).await[0].error_kind, "crashed");
+    assert!(
+        stack.consumer.metrics()["DuplicateSkipped"] >= 9,
+        "redeliveries after the crash are duplicates"
     );
 }

@@ -1,52 +1,6 @@
-//! The reference consumer as a Lambda on an SQS event source (with `ReportBatchItemFailures`).
-//! Wiring only: configuration, pool and SQS client are built once; every record goes through
-//! `shared::sqs::process_batch`.
-
-use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
-use lambda_runtime::{Error, LambdaEvent, run, service_fn};
-use shared::clock::SystemClock;
-use shared::config::{ConsumerConfig, Env, or_exit};
-use shared::harness::Harness;
-use shared::reference::AwardPoints;
-use shared::sqs::{SqsVisibility, process_batch};
-use std::sync::Arc;
+//! The Lambda entry point; everything is in [`consumer::run`].
 
 #[tokio::main]
-async fn main() -> Result<(), Error> {
-    shared::telemetry::init();
-    let config = or_exit(ConsumerConfig::from_env(&Env::process()));
-    let pool = or_exit(config.database.lazy_pool());
-    let visibility = SqsVisibility(aws_sdk_sqs::Client::new(&aws_config::load_from_env().await));
-    let consumer = AwardPoints::new(config.consumer_name.clone());
-    let clock = Arc::new(SystemClock);
-    let harness = Harness::new(
-        consumer,
-        pool,
-        config.harness_settings(),
-        clock,
-        rand::make_rng(),
-    );
-    let (harness, visibility, config) = (&harness, &visibility, &config);
-
-    run(service_fn(move |event: LambdaEvent<SqsEvent>| async move {
-        let deadline = chrono::DateTime::from_timestamp_millis(event.context.deadline as i64)
-            .unwrap_or_default();
-        let response: SqsBatchResponse = process_batch(
-            harness,
-            visibility,
-            event.payload.records,
-            deadline,
-            config.batch_settings(),
-        )
-        .await;
-        let consumer = config.consumer_name.as_str();
-        harness.metrics().flush_emf(
-            &mut std::io::stdout().lock(),
-            &config.metrics_namespace,
-            consumer,
-            harness.now(),
-        )?;
-        Ok::<_, Error>(response)
-    }))
-    .await
+async fn main() -> Result<(), lambda_runtime::Error> {
+    consumer::run().await
 }

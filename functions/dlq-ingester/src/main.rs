@@ -1,38 +1,6 @@
-//! The backstop: a Lambda on the job queue's SQS DLQ that turns every message the harness never
-//! saw finish into a `crashed` dead letter. Wiring only; the logic is `shared::backstop`.
-
-use aws_lambda_events::event::sqs::SqsEvent;
-use lambda_runtime::{Error, LambdaEvent, run, service_fn};
-use shared::backstop::Backstop;
-use shared::clock::SystemClock;
-use shared::config::{BackstopConfig, Env, or_exit};
-use std::sync::Arc;
+//! The Lambda entry point; everything is in [`dlq_ingester::run`].
 
 #[tokio::main]
-async fn main() -> Result<(), Error> {
-    shared::telemetry::init();
-    let config = or_exit(BackstopConfig::from_env(&Env::process()));
-    let pool = or_exit(config.database.lazy_pool());
-    let backstop = Backstop {
-        pool,
-        consumer: config.consumer_name.clone(),
-        job_queue: config.job_queue.clone(),
-        max_receive_count: config.max_receive_count,
-        clock: Arc::new(SystemClock),
-        metrics: Default::default(),
-    };
-    let (backstop, config) = (&backstop, &config);
-
-    run(service_fn(move |event: LambdaEvent<SqsEvent>| async move {
-        let response = backstop.ingest(event.payload.records).await;
-        let (namespace, consumer) = (&config.metrics_namespace, config.consumer_name.as_str());
-        backstop.metrics.flush_emf(
-            &mut std::io::stdout().lock(),
-            namespace,
-            consumer,
-            chrono::Utc::now(),
-        )?;
-        Ok::<_, Error>(response)
-    }))
-    .await
+async fn main() -> Result<(), lambda_runtime::Error> {
+    dlq_ingester::run().await
 }

@@ -1,8 +1,9 @@
-//! `demo [--check]`: migrates `DATABASE_URL`, runs the sample workload through the harness and
-//! prints a summary. With `--check` it exits 1 when any count differs from the expected one.
+//! `demo [--check]`: the README's main job. Migrates `DATABASE_URL`, runs the sample workload
+//! through the local stack, and prints a summary. With `--check` it exits 1 when any outcome
+//! differs from the expected one. The job queue is `DEMO_QUEUE_NAME` (default
+//! `points-award-jobs`).
 
 use shared::config::{DatabaseConfig, Env};
-use shared::ids::ConsumerName;
 
 #[tokio::main]
 async fn main() {
@@ -15,20 +16,35 @@ async fn main() {
         .run(&pool)
         .await
         .unwrap_or_else(|e| fail(&format!("migrations failed: {e}")));
-    let summary = e2e::demo::run(pool, ConsumerName::new("award-points").expect("name")).await;
+    let queue = std::env::var("DEMO_QUEUE_NAME").unwrap_or_else(|_| e2e::demo::QUEUE.into());
+    let logs = std::env::temp_dir().join("job-harness-demo");
+    std::fs::create_dir_all(&logs)
+        .unwrap_or_else(|e| fail(&format!("cannot create {}: {e}", logs.display())));
+    let counts = e2e::demo::run(&db.url, &queue, logs).await;
 
     let expected = e2e::demo::expected();
     println!("\n{:<24} {:>6} {:>9}", "outcome", "count", "expected");
+    let names: std::collections::BTreeSet<&str> = counts
+        .keys()
+        .map(String::as_str)
+        .chain(expected.keys().copied())
+        .collect();
     let mut mismatches = 0;
-    for (name, count) in &summary {
-        let want = expected.get(name).copied().unwrap_or(0);
-        let mark = if *count == want { "" } else { "  ← differs" };
-        mismatches += usize::from(*count != want);
-        println!("{name:<24} {count:>6} {want:>9}{mark}");
+    for name in names {
+        let (got, want) = (
+            counts.get(name).copied().unwrap_or(0),
+            expected.get(name).copied().unwrap_or(0),
+        );
+        mismatches += usize::from(got != want);
+        println!(
+            "{name:<24} {got:>6} {want:>9}{}",
+            if got == want { "" } else { "  ← differs" }
+        );
     }
-    println!("\nList the dead letters of this run and before:");
+    println!("\nList the dead letters waiting for review:");
     println!(
-        "  psql \"$DATABASE_URL\" -c \"SELECT created_at, error_kind, attempts, job_id, last_error FROM core.dead_letters ORDER BY created_at DESC LIMIT 10\""
+        "  psql \"{}\" -c \"SELECT created_at, error_kind, attempts, job_id, left(last_error, 60) FROM core.dead_letters WHERE status = 'pending_review' ORDER BY created_at DESC LIMIT 20\"",
+        db.url
     );
     if check && mismatches > 0 {
         fail(&format!(

@@ -1,0 +1,36 @@
+//! The README's main job, as a new user runs it: the demo binary with `--check` exits 0 only
+//! when every outcome of the workload is the expected one.
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn the_demo_workload_produces_the_expected_outcomes(
+    _: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let server = std::env::var("DATABASE_URL").expect("DATABASE_URL");
+    let (head, _) = server
+        .split('?')
+        .next()
+        .unwrap_or_default()
+        .rsplit_once('/')
+        .expect("a database path");
+    let url = format!("{head}/{}", connect.get_database().expect("test database"));
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_demo"))
+        .arg("--check")
+        .env("DATABASE_URL", url)
+        .env(
+            "DEMO_QUEUE_NAME",
+            format!("demo-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]),
+        )
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "demo --check failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("DeadLetteredCrashed"), "{stdout}");
+}
