@@ -29,6 +29,8 @@ pub struct Backstop {
     pub clock: Arc<dyn Clock>,
     /// `DeadLetteredCrashed` and `DeadLetterWriteFailed` counts.
     pub metrics: Metrics,
+    /// Pages BetterStack after the batch's letters are committed, if configured.
+    pub alerter: Option<crate::alerting::Alerter>,
 }
 
 impl Backstop {
@@ -80,6 +82,11 @@ impl Backstop {
                     failed.push(msg.message_id);
                 }
             }
+        }
+        if let Some(alerter) = &self.alerter {
+            alerter
+                .deliver_pending(crate::harness::ALERTS_PER_ROUND)
+                .await;
         }
         batch_response(failed)
     }

@@ -42,6 +42,95 @@ pub const JOB_QUEUE_NAME: &str = "JOB_QUEUE_NAME";
 /// The job queue's redrive `maxReceiveCount`.
 pub const REDRIVE_MAX_RECEIVE_COUNT: &str = "REDRIVE_MAX_RECEIVE_COUNT";
 
+/// `true` runs without BetterStack alerts (the local stack); anything else requires the token.
+pub const ALERTING_DISABLED: &str = "ALERTING_DISABLED";
+/// The BetterStack Uptime API token (team-scoped), from Secrets Manager in production.
+pub const BETTERSTACK_API_TOKEN: &str = "BETTERSTACK_API_TOKEN";
+/// The BetterStack Uptime API base URL.
+pub const BETTERSTACK_BASE_URL: &str = "BETTERSTACK_BASE_URL";
+/// The e-mail incidents are requested as (optional).
+pub const BETTERSTACK_REQUESTER_EMAIL: &str = "BETTERSTACK_REQUESTER_EMAIL";
+/// How long one alert delivery round may take, in ms.
+pub const ALERT_TIMEOUT_MS: &str = "ALERT_TIMEOUT_MS";
+
+/// BetterStack alerting settings.
+#[derive(Clone)]
+pub struct AlertConfig {
+    /// The API base URL.
+    pub base_url: String,
+    /// The API token; never logged.
+    token: String,
+    /// The requester e-mail, if any.
+    pub requester_email: Option<String>,
+    /// Time budget of one delivery round.
+    pub budget: Duration,
+}
+
+impl fmt::Debug for AlertConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AlertConfig")
+            .field("base_url", &self.base_url)
+            .field("token", &"<redacted>")
+            .finish()
+    }
+}
+
+impl AlertConfig {
+    /// Alerting settings, or `None` when [`ALERTING_DISABLED`] is `true`. Without that, a
+    /// missing [`BETTERSTACK_API_TOKEN`] is an error: silence must be chosen, never defaulted.
+    pub fn from_env(env: &Env<'_>) -> Result<Option<Self>, ConfigError> {
+        if env.parsed(ALERTING_DISABLED, false)? {
+            return Ok(None);
+        }
+        let token = env.get(BETTERSTACK_API_TOKEN).ok_or_else(|| ConfigError {
+            variable: BETTERSTACK_API_TOKEN,
+            problem: format!(
+                "is not set; set {ALERTING_DISABLED}=true to run without alerts (locally only)"
+            ),
+        })?;
+        let base_url = env.parsed(
+            BETTERSTACK_BASE_URL,
+            "https://uptime.betterstack.com".to_owned(),
+        )?;
+        if !(base_url.starts_with("https://") || base_url.starts_with("http://")) {
+            return Err(ConfigError {
+                variable: BETTERSTACK_BASE_URL,
+                problem: "must be an http(s) URL".into(),
+            });
+        }
+        let budget = Duration::from_millis(env.parsed(ALERT_TIMEOUT_MS, 2_000u64)?);
+        Ok(Some(Self {
+            base_url,
+            token,
+            requester_email: env.get(BETTERSTACK_REQUESTER_EMAIL),
+            budget,
+        }))
+    }
+
+    /// The alerter these settings describe, over `pool`.
+    pub fn alerter(
+        &self,
+        pool: sqlx::PgPool,
+        clock: std::sync::Arc<dyn crate::clock::Clock>,
+    ) -> Result<crate::alerting::Alerter, ConfigError> {
+        let client = crate::alerting::BetterStack::new(
+            &self.base_url,
+            self.token.clone(),
+            self.requester_email.clone(),
+        )
+        .map_err(|e| ConfigError {
+            variable: BETTERSTACK_BASE_URL,
+            problem: format!("cannot build an HTTP client: {e}"),
+        })?;
+        Ok(crate::alerting::Alerter::new(
+            pool,
+            client,
+            clock,
+            self.budget,
+        ))
+    }
+}
+
 /// Unwraps a configuration, or stops the process with the error (which names the variable).
 /// A Lambda function that stops here fails its init, and the message is in its log.
 pub fn or_exit<T>(loaded: Result<T, ConfigError>) -> T {
@@ -100,7 +189,8 @@ impl<'a> Env<'a> {
         })
     }
 
-    fn get(&self, name: &str) -> Option<String> {
+    /// An optional variable; blank counts as unset.
+    pub fn get(&self, name: &str) -> Option<String> {
         (self.lookup)(name).filter(|v| !v.trim().is_empty())
     }
 
@@ -280,6 +370,8 @@ pub struct ConsumerConfig {
     pub metrics_namespace: String,
     /// Time to keep free before the Lambda deadline (default 5 s).
     pub deadline_margin: Duration,
+    /// BetterStack alerting, unless disabled.
+    pub alerts: Option<AlertConfig>,
 }
 
 impl ConsumerConfig {
@@ -304,6 +396,7 @@ impl ConsumerConfig {
             lock_timeout,
             metrics_namespace: env.parsed(METRICS_NAMESPACE, "JobHarness".to_owned())?,
             deadline_margin: Duration::from_millis(env.parsed(DEADLINE_MARGIN_MS, 5_000u64)?),
+            alerts: AlertConfig::from_env(env)?,
         })
     }
 
@@ -340,6 +433,8 @@ pub struct BackstopConfig {
     pub max_receive_count: u32,
     /// The EMF namespace.
     pub metrics_namespace: String,
+    /// BetterStack alerting, unless disabled.
+    pub alerts: Option<AlertConfig>,
 }
 
 impl BackstopConfig {
@@ -368,6 +463,7 @@ impl BackstopConfig {
             job_queue: env.required(JOB_QUEUE_NAME)?,
             max_receive_count,
             metrics_namespace: env.parsed(METRICS_NAMESPACE, "JobHarness".to_owned())?,
+            alerts: AlertConfig::from_env(env)?,
         })
     }
 }
@@ -376,9 +472,10 @@ impl BackstopConfig {
 mod tests {
     use super::*;
 
-    const BASE: [(&str, &str); 2] = [
+    const BASE: [(&str, &str); 3] = [
         (DATABASE_URL, "postgres://localhost/db"),
         (CONSUMER_NAME, "award-points"),
+        (BETTERSTACK_API_TOKEN, "t0ken"),
     ];
 
     fn load(extra: &[(&'static str, &'static str)]) -> Result<ConsumerConfig, ConfigError> {
@@ -435,11 +532,39 @@ mod tests {
     }
 
     #[test]
+    fn alerting_needs_a_token_unless_explicitly_disabled() {
+        let pairs = [(DATABASE_URL, "postgres://h/d"), (CONSUMER_NAME, "c")];
+        let err = ConsumerConfig::from_env(&Env::from_pairs(&pairs)).unwrap_err();
+        assert_eq!(err.variable, BETTERSTACK_API_TOKEN);
+        assert!(err.to_string().contains("ALERTING_DISABLED=true"), "{err}");
+        let disabled = [pairs[0], pairs[1], (ALERTING_DISABLED, "true")];
+        assert!(
+            ConsumerConfig::from_env(&Env::from_pairs(&disabled))
+                .unwrap()
+                .alerts
+                .is_none()
+        );
+        let on = load(&[]).unwrap().alerts.expect("alerting on");
+        assert_eq!(on.base_url, "https://uptime.betterstack.com");
+        assert!(
+            !format!("{on:?}").contains("t0ken"),
+            "the token never shows in Debug"
+        );
+        assert_eq!(
+            load(&[(BETTERSTACK_BASE_URL, "ftp://x")])
+                .unwrap_err()
+                .variable,
+            BETTERSTACK_BASE_URL
+        );
+    }
+
+    #[test]
     fn the_redrive_count_must_exceed_the_attempts() {
         let base = [
             (DATABASE_URL, "postgres://h/d"),
             (CONSUMER_NAME, "award-points"),
             (JOB_QUEUE_NAME, "jobs"),
+            (ALERTING_DISABLED, "true"),
         ];
         let with = |extra: &[(&'static str, &'static str)]| {
             let pairs: Vec<_> = base.iter().chain(extra).copied().collect();
@@ -452,7 +577,8 @@ mod tests {
                 .variable,
             REDRIVE_MAX_RECEIVE_COUNT
         );
-        let no_queue = BackstopConfig::from_env(&Env::from_pairs(&base[..2])).unwrap_err();
+        let no_queue =
+            BackstopConfig::from_env(&Env::from_pairs(&[base[0], base[1], base[3]])).unwrap_err();
         assert_eq!(no_queue.variable, JOB_QUEUE_NAME);
     }
 

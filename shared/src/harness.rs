@@ -5,6 +5,7 @@
 //! - nothing is acked unless it committed, was a duplicate, or has its dead letter committed;
 //! - a panic or a database fault in the work is a transient failure, never a lost message.
 
+use crate::alerting::Alerter;
 use crate::clock::Clock;
 use crate::consumer::{Consumer, Job, ProcessError};
 use crate::dead_letter::{ErrorKind, NewDeadLetter, Recorded, record_dead_letter};
@@ -20,6 +21,9 @@ use sqlx::PgPool;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+/// Alert groups one delivery round sends at most.
+pub const ALERTS_PER_ROUND: i64 = 10;
 
 /// One delivery of a queue message, independent of the transport.
 #[derive(Debug, Clone)]
@@ -129,6 +133,7 @@ pub struct Harness<C> {
     clock: Arc<dyn Clock>,
     rng: Mutex<StdRng>,
     metrics: Metrics,
+    alerter: Option<Alerter>,
 }
 
 enum AttemptError {
@@ -152,7 +157,15 @@ impl<C: Consumer> Harness<C> {
             clock,
             rng: Mutex::new(rng),
             metrics: Metrics::default(),
+            alerter: None,
         }
+    }
+
+    /// Pages BetterStack after each new dead letter (within the alerter's budget; what fails is
+    /// left for the scheduled run). Without an alerter, letters wait for the scheduled run.
+    pub fn with_alerter(mut self, alerter: Option<Alerter>) -> Self {
+        self.alerter = alerter;
+        self
     }
 
     /// The counters of what this harness did.
@@ -358,11 +371,16 @@ impl<C: Consumer> Harness<C> {
             record_dead_letter(&mut conn, &letter, self.clock.now()).await
         };
         match written.await {
-            Ok(letter) => RecordOutcome::DeadLettered {
-                kind,
-                letter,
-                error,
-            },
+            Ok(letter) => {
+                if let (Recorded::New(_), Some(alerter)) = (letter, &self.alerter) {
+                    alerter.deliver_pending(ALERTS_PER_ROUND).await;
+                }
+                RecordOutcome::DeadLettered {
+                    kind,
+                    letter,
+                    error,
+                }
+            }
             Err(e) => RecordOutcome::DeadLetterFailed {
                 retry_after: self.settings.policy.base(),
                 error: format!(

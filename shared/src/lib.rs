@@ -10,6 +10,8 @@
 //! Everything that touches SQL lives in this crate; the Lambda binaries only wire it up.
 #![warn(missing_docs)]
 
+pub mod alert_store;
+pub mod alerting;
 pub mod backstop;
 pub mod clock;
 pub mod config;

@@ -51,13 +51,20 @@ async fn deleting_a_dead_letter_is_rejected(pool: PgPool) {
     let id = a_letter(&pool).await;
     let err = refused(&pool, "DELETE FROM core.dead_letters WHERE id = $1", id).await;
     assert!(err.contains("append-only"), "{err}");
-    let err = sqlx::query("TRUNCATE core.dead_letters")
-        .execute(&pool)
-        .await
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("append-only"), "{err}");
-    assert_eq!(status_of(&pool, id).await.0, "pending_review");
+    // Refused by the alert groups' foreign key, and with CASCADE by the append-only guard.
+    let pool = &pool;
+    let truncate = |sql: &'static str| async move {
+        sqlx::query(sql)
+            .execute(pool)
+            .await
+            .unwrap_err()
+            .to_string()
+    };
+    let plain = truncate("TRUNCATE core.dead_letters").await;
+    assert!(plain.contains("foreign key"), "{plain}");
+    let cascade = truncate("TRUNCATE core.dead_letters CASCADE").await;
+    assert!(cascade.contains("append-only"), "{cascade}");
+    assert_eq!(status_of(pool, id).await.0, "pending_review");
 }
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]

@@ -1,6 +1,7 @@
 //! Cross-crate test support: a consumer that misbehaves on purpose right after the reference
 //! consumer's real effect, a harness for tests, and the local demo runner.
 
+pub mod alert_receiver;
 pub mod demo;
 pub mod event_source;
 pub mod lambda_host;

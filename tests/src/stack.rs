@@ -118,6 +118,7 @@ impl Stack {
             ("DATABASE_URL".to_owned(), spec.database_url.clone()),
             ("CONSUMER_NAME".to_owned(), spec.consumer_name.clone()),
             ("DATABASE_POOL_SIZE".to_owned(), "4".to_owned()),
+            ("ALERTING_DISABLED".to_owned(), "true".to_owned()),
         ];
         let log = |name: &str| spec.log_dir.as_ref().map(|d| d.join(format!("{name}.log")));
         let consumer = LambdaHost::new(FunctionSpec {

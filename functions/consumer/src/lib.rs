@@ -19,14 +19,14 @@ pub async fn run() -> Result<(), Error> {
     let pool = or_exit(config.database.lazy_pool());
     let visibility = SqsVisibility(aws_sdk_sqs::Client::new(&aws_config::load_from_env().await));
     let consumer = AwardPoints::new(config.consumer_name.clone());
-    let clock = Arc::new(SystemClock);
-    let harness = Harness::new(
-        consumer,
-        pool,
-        config.harness_settings(),
-        clock,
-        rand::make_rng(),
-    );
+    let clock: Arc<dyn shared::clock::Clock> = Arc::new(SystemClock);
+    let alerter = config
+        .alerts
+        .as_ref()
+        .map(|a| or_exit(a.alerter(pool.clone(), clock.clone())));
+    let settings = config.harness_settings();
+    let harness =
+        Harness::new(consumer, pool, settings, clock, rand::make_rng()).with_alerter(alerter);
     let (harness, visibility, config) = (&harness, &visibility, &config);
 
     lambda_runtime::run(service_fn(move |event: LambdaEvent<SqsEvent>| async move {

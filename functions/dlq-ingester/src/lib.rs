@@ -14,13 +14,19 @@ pub async fn run() -> Result<(), Error> {
     shared::telemetry::init();
     let config = or_exit(BackstopConfig::from_env(&Env::process()));
     let pool = or_exit(config.database.lazy_pool());
+    let clock: Arc<dyn shared::clock::Clock> = Arc::new(SystemClock);
+    let alerter = config
+        .alerts
+        .as_ref()
+        .map(|a| or_exit(a.alerter(pool.clone(), clock.clone())));
     let backstop = Backstop {
         pool,
         consumer: config.consumer_name.clone(),
         job_queue: config.job_queue.clone(),
         max_receive_count: config.max_receive_count,
-        clock: Arc::new(SystemClock),
+        clock,
         metrics: Default::default(),
+        alerter,
     };
     let (backstop, config) = (&backstop, &config);
 

@@ -1,0 +1,144 @@
+//! A local HTTP server standing in for BetterStack's incidents API: it records every request
+//! and answers `201` with an incident id, or the statuses it was told to answer first.
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+/// One request the receiver got.
+#[derive(Debug, Clone)]
+pub struct Received {
+    /// `POST /api/v3/incidents` and the like.
+    pub method: String,
+    /// The path.
+    pub path: String,
+    /// The `Authorization` header.
+    pub authorization: Option<String>,
+    /// The JSON body.
+    pub body: Value,
+    /// The status it was answered with.
+    pub status: u16,
+}
+
+#[derive(Default)]
+struct State {
+    received: Vec<Received>,
+    refuse: VecDeque<u16>,
+    latency: std::time::Duration,
+}
+
+/// The running receiver; stops when dropped.
+pub struct AlertReceiver {
+    /// Its base URL, for `BETTERSTACK_BASE_URL`.
+    pub url: String,
+    state: Arc<Mutex<State>>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for AlertReceiver {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl AlertReceiver {
+    /// Listens on a free port of 127.0.0.1.
+    pub async fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let state = Arc::new(Mutex::new(State::default()));
+        let shared = state.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let state = shared.clone();
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |req| answer(state.clone(), req));
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Self { url, state, task }
+    }
+
+    /// Answers the next requests with these statuses (then `201` again).
+    pub fn refuse_next(&self, statuses: &[u16]) {
+        self.state.lock().unwrap().refuse.extend(statuses);
+    }
+
+    /// Answers every request after `latency`, as a remote API does.
+    pub fn set_latency(&self, latency: std::time::Duration) {
+        self.state.lock().unwrap().latency = latency;
+    }
+
+    /// Stops refusing: every request from now on creates an incident.
+    pub fn accept_all(&self) {
+        self.state.lock().unwrap().refuse.clear();
+    }
+
+    /// Every request so far.
+    pub fn received(&self) -> Vec<Received> {
+        self.state.lock().unwrap().received.clone()
+    }
+
+    /// The requests that created an incident (answered `201`).
+    pub fn incidents(&self) -> Vec<Received> {
+        self.received()
+            .into_iter()
+            .filter(|r| r.status == 201)
+            .collect()
+    }
+}
+
+async fn answer(
+    state: Arc<Mutex<State>>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let method = req.method().to_string();
+    let path = req.uri().path().to_owned();
+    let authorization = req
+        .headers()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let bytes = req
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    let latency = state.lock().unwrap().latency;
+    tokio::time::sleep(latency).await;
+    let mut state = state.lock().unwrap();
+    let refused = state.refuse.pop_front();
+    state.received.push(Received {
+        method,
+        path,
+        authorization,
+        body,
+        status: refused.unwrap_or(201),
+    });
+    let id = state.received.len();
+    let response = match refused {
+        Some(code) => Response::builder()
+            .status(code)
+            .body(Full::new(Bytes::from_static(b"{\"errors\":\"try later\"}"))),
+        None => Response::builder()
+            .status(201)
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(
+                json!({"data": {"id": id.to_string(), "type": "incident"}}).to_string(),
+            ))),
+    };
+    Ok(response.expect("response"))
+}
