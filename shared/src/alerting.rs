@@ -72,15 +72,27 @@ impl BetterStack {
         })
     }
 
-    /// Creates an incident for `group`, retrying 429 and 5xx with backoff (or `Retry-After`)
-    /// while `budget` lasts. Returns the incident id.
+    /// Creates an incident for `group` (see [`BetterStack::send`]).
     pub async fn create_incident(
         &self,
         group: &AlertGroup,
         budget: Duration,
     ) -> Result<String, AlertError> {
+        self.send(&incident_body(group), budget).await
+    }
+
+    /// Creates the incident `incident` (`name`, `summary`, `description`), retrying 429 and 5xx
+    /// with backoff (or `Retry-After`) while `budget` lasts. Returns the incident id.
+    pub async fn send(
+        &self,
+        incident: &serde_json::Value,
+        budget: Duration,
+    ) -> Result<String, AlertError> {
         let deadline = Instant::now() + budget;
-        let body = incident_body(group, self.requester_email.as_deref());
+        let mut body = incident.clone();
+        if let Some(email) = &self.requester_email {
+            body["requester_email"] = json!(email);
+        }
         let mut delay = Duration::from_millis(100);
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -141,7 +153,7 @@ impl BetterStack {
 }
 
 /// The incident for a group: what failed, how often, an example, and where to look.
-pub fn incident_body(group: &AlertGroup, requester_email: Option<&str>) -> serde_json::Value {
+pub fn incident_body(group: &AlertGroup) -> serde_json::Value {
     let sample = group
         .sample_job_id
         .map(|j| j.to_string())
@@ -162,15 +174,11 @@ pub fn incident_body(group: &AlertGroup, requester_email: Option<&str>) -> serde
         corr = group.sample_correlation_id.as_deref().unwrap_or("(none)"),
         id = group.id,
     );
-    let mut body = json!({
+    json!({
         "name": format!("Dead letters: {} / {}", group.queue, group.error_kind),
         "summary": format!("{} {} dead letter(s) on {}", group.letter_count, group.error_kind, group.queue),
         "description": description,
-    });
-    if let Some(email) = requester_email {
-        body["requester_email"] = json!(email);
-    }
-    body
+    })
 }
 
 /// What one delivery round did.

@@ -107,13 +107,9 @@ impl AlertConfig {
         }))
     }
 
-    /// The alerter these settings describe, over `pool`.
-    pub fn alerter(
-        &self,
-        pool: sqlx::PgPool,
-        clock: std::sync::Arc<dyn crate::clock::Clock>,
-    ) -> Result<crate::alerting::Alerter, ConfigError> {
-        let client = crate::alerting::BetterStack::new(
+    /// The BetterStack client these settings describe.
+    pub fn client(&self) -> Result<crate::alerting::BetterStack, ConfigError> {
+        crate::alerting::BetterStack::new(
             &self.base_url,
             self.token.clone(),
             self.requester_email.clone(),
@@ -121,13 +117,76 @@ impl AlertConfig {
         .map_err(|e| ConfigError {
             variable: BETTERSTACK_BASE_URL,
             problem: format!("cannot build an HTTP client: {e}"),
-        })?;
+        })
+    }
+
+    /// The alerter these settings describe, over `pool`.
+    pub fn alerter(
+        &self,
+        pool: sqlx::PgPool,
+        clock: std::sync::Arc<dyn crate::clock::Clock>,
+    ) -> Result<crate::alerting::Alerter, ConfigError> {
         Ok(crate::alerting::Alerter::new(
             pool,
-            client,
+            self.client()?,
             clock,
             self.budget,
         ))
+    }
+}
+
+/// Fences deleted per sweep statement.
+pub const SWEEP_BATCH_SIZE: &str = "SWEEP_BATCH_SIZE";
+/// How long one scheduled run may sweep, in seconds.
+pub const SWEEP_TIME_BUDGET_SECONDS: &str = "SWEEP_TIME_BUDGET_SECONDS";
+/// Days a dead letter may stay `pending_review` before it is escalated (and again every as many).
+pub const ESCALATE_AFTER_DAYS: &str = "ESCALATE_AFTER_DAYS";
+
+/// Everything the scheduled function (sweep, escalation, alert retries) needs at start-up.
+#[derive(Debug, Clone)]
+pub struct SweeperConfig {
+    /// The database.
+    pub database: DatabaseConfig,
+    /// The fence TTL, checked against its floor: the sweeper refuses to run below it.
+    pub fence: FenceConfig,
+    /// Sweep bounds.
+    pub sweep: crate::sweeper::SweepSettings,
+    /// Escalation threshold.
+    pub escalate_after: Duration,
+    /// BetterStack, unless disabled.
+    pub alerts: Option<AlertConfig>,
+    /// The EMF namespace.
+    pub metrics_namespace: String,
+}
+
+impl SweeperConfig {
+    /// Reads and validates every variable the scheduled function needs.
+    pub fn from_env(env: &Env<'_>) -> Result<Self, ConfigError> {
+        let batch_size = env.parsed(SWEEP_BATCH_SIZE, 5_000i64)?;
+        if !(1..=100_000).contains(&batch_size) {
+            return Err(ConfigError {
+                variable: SWEEP_BATCH_SIZE,
+                problem: format!("must be 1 to 100000, got {batch_size}"),
+            });
+        }
+        let days = env.parsed(ESCALATE_AFTER_DAYS, 3.0f64)?;
+        if !(days.is_finite() && days > 0.0) {
+            return Err(ConfigError {
+                variable: ESCALATE_AFTER_DAYS,
+                problem: format!("must be a positive number of days, got {days}"),
+            });
+        }
+        Ok(Self {
+            database: DatabaseConfig::from_env(env)?,
+            fence: FenceConfig::from_env(env)?,
+            sweep: crate::sweeper::SweepSettings {
+                batch_size,
+                budget: env.seconds(SWEEP_TIME_BUDGET_SECONDS, Duration::from_secs(240))?,
+            },
+            escalate_after: Duration::from_secs_f64(days * 86_400.0),
+            alerts: AlertConfig::from_env(env)?,
+            metrics_namespace: env.parsed(METRICS_NAMESPACE, "JobHarness".to_owned())?,
+        })
     }
 }
 
@@ -555,6 +614,33 @@ mod tests {
                 .unwrap_err()
                 .variable,
             BETTERSTACK_BASE_URL
+        );
+    }
+
+    #[test]
+    fn the_sweeper_refuses_a_ttl_under_the_floor_naming_the_variable() {
+        let pairs = [
+            (DATABASE_URL, "postgres://h/d"),
+            (ALERTING_DISABLED, "true"),
+            (FENCE_TTL_SECONDS, "86400"),
+        ];
+        let err = SweeperConfig::from_env(&Env::from_pairs(&pairs)).unwrap_err();
+        assert_eq!(err.variable, FENCE_TTL_SECONDS);
+        assert!(
+            err.to_string().contains("would apply its effect twice"),
+            "{err}"
+        );
+        let ok = SweeperConfig::from_env(&Env::from_pairs(&pairs[..2])).unwrap();
+        assert_eq!(
+            (ok.sweep.batch_size, ok.escalate_after),
+            (5_000, Duration::from_secs(3 * 86_400))
+        );
+        let bad = [pairs[0], pairs[1], (ESCALATE_AFTER_DAYS, "0")];
+        assert_eq!(
+            SweeperConfig::from_env(&Env::from_pairs(&bad))
+                .unwrap_err()
+                .variable,
+            ESCALATE_AFTER_DAYS
         );
     }
 

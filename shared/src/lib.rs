@@ -19,13 +19,16 @@ pub mod consumer;
 pub mod dead_letter;
 pub mod decision;
 pub mod envelope;
+pub mod escalation;
 pub mod fence;
 pub mod harness;
 pub mod ids;
 pub mod metrics;
 pub mod reference;
 pub mod retry;
+pub mod scheduled;
 pub mod sqs;
+pub mod sweeper;
 pub mod telemetry;
 
 /// The migrations of schema `core` (and the reference consumer's table), embedded at build time.

@@ -89,24 +89,48 @@ impl Metrics {
         if counts.iter().all(|&c| c == 0) {
             return Ok(());
         }
-        let mut doc = Map::new();
-        doc.insert(
-            "_aws".into(),
-            json!({
-                "Timestamp": at.timestamp_millis(),
-                "CloudWatchMetrics": [{
-                    "Namespace": namespace,
-                    "Dimensions": [["Consumer"]],
-                    "Metrics": NAMES.iter().map(|n| json!({"Name": n, "Unit": "Count"})).collect::<Vec<_>>(),
-                }],
-            }),
-        );
-        doc.insert("Consumer".into(), consumer.into());
-        for (name, count) in NAMES.iter().zip(counts) {
-            doc.insert((*name).into(), count.into());
-        }
-        writeln!(out, "{}", Value::Object(doc))
+        let values: Vec<_> = NAMES
+            .iter()
+            .zip(counts)
+            .map(|(n, c)| (*n, c as f64, "Count"))
+            .collect();
+        writeln!(
+            out,
+            "{}",
+            emf_line(namespace, ("Consumer", consumer), &values, at)
+        )
     }
+}
+
+/// One EMF document: `values` as (name, value, CloudWatch unit) under one dimension.
+pub fn emf_line(
+    namespace: &str,
+    dimension: (&str, &str),
+    values: &[(&str, f64, &str)],
+    at: DateTime<Utc>,
+) -> Value {
+    let mut doc = Map::new();
+    doc.insert(
+        "_aws".into(),
+        json!({
+            "Timestamp": at.timestamp_millis(),
+            "CloudWatchMetrics": [{
+                "Namespace": namespace,
+                "Dimensions": [[dimension.0]],
+                "Metrics": values.iter().map(|(n, _, unit)| json!({"Name": n, "Unit": unit})).collect::<Vec<_>>(),
+            }],
+        }),
+    );
+    doc.insert(dimension.0.into(), dimension.1.into());
+    for (name, value, _) in values {
+        let number = if value.fract() == 0.0 && *value >= 0.0 {
+            json!(*value as u64)
+        } else {
+            json!(value)
+        };
+        doc.insert((*name).into(), number);
+    }
+    Value::Object(doc)
 }
 
 #[cfg(test)]

@@ -1,0 +1,129 @@
+//! The scheduled run (EventBridge): retry unsent alerts, escalate unreviewed letters, sweep
+//! expired fences. Each step is bounded; a failing step is reported and does not stop the others.
+
+use crate::alerting::{Alerter, BetterStack, Delivery};
+use crate::clock::Clock;
+use crate::escalation::{EscalationReport, escalate};
+use crate::metrics::emf_line;
+use crate::sweeper::{SweepReport, SweepSettings, sweep};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Unsent alert groups retried per run.
+const ALERT_RETRIES_PER_RUN: i64 = 100;
+
+/// What the scheduled run works with.
+pub struct ScheduledRun {
+    /// The database.
+    pub pool: PgPool,
+    /// Time.
+    pub clock: Arc<dyn Clock>,
+    /// Alert retries, if alerting is on.
+    pub alerter: Option<Alerter>,
+    /// The client escalations page through, if alerting is on.
+    pub pager: Option<BetterStack>,
+    /// Sweep bounds.
+    pub sweep: SweepSettings,
+    /// Escalation threshold.
+    pub escalate_after: Duration,
+    /// Time budget of one page.
+    pub page_budget: Duration,
+}
+
+/// What one scheduled run did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScheduledReport {
+    /// Alert groups retried.
+    pub alerts: Delivery,
+    /// Escalations, or why they failed.
+    pub escalation: Result<EscalationReport, String>,
+    /// The sweep, or why it failed.
+    pub sweep: Result<SweepReport, String>,
+}
+
+impl ScheduledRun {
+    /// Runs the three steps; the sweep stops before `deadline`.
+    pub async fn run(&self, deadline: Option<Instant>) -> ScheduledReport {
+        let alerts = match &self.alerter {
+            Some(alerter) => alerter.deliver_pending(ALERT_RETRIES_PER_RUN).await,
+            None => Delivery::default(),
+        };
+        let escalation = match &self.pager {
+            Some(pager) => {
+                escalate(
+                    &self.pool,
+                    pager,
+                    self.clock.now(),
+                    self.escalate_after,
+                    self.page_budget,
+                )
+                .await
+            }
+            None => Ok(EscalationReport::default()),
+        }
+        .map_err(|e| e.to_string());
+        let sweep = sweep(&self.pool, self.clock.as_ref(), self.sweep, deadline)
+            .await
+            .map_err(|e| e.to_string());
+        for (step, error) in [
+            ("escalation", escalation.as_ref().err()),
+            ("sweep", sweep.as_ref().err()),
+        ] {
+            if let Some(error) = error {
+                tracing::error!(step, error, "scheduled step failed");
+            }
+        }
+        ScheduledReport {
+            alerts,
+            escalation,
+            sweep,
+        }
+    }
+}
+
+impl ScheduledReport {
+    /// The run as JSON (the function's response).
+    pub fn to_json(&self) -> Value {
+        let sweep = self.sweep.as_ref().map(|s| {
+            json!({"deleted": s.deleted, "batches": s.batches, "stop": format!("{:?}", s.stop),
+                   "oldest_age_seconds": s.oldest_age.map(|a| a.as_secs()), "backlog_seconds": s.backlog.as_secs()})
+        });
+        json!({
+            "alerts": {"sent": self.alerts.sent, "failed": self.alerts.failed},
+            "escalation": self.escalation.as_ref().map(|e| json!({"pages": e.pages, "letters": e.letters, "failed": e.failed})).unwrap_or_else(|e| json!({"error": e})),
+            "sweep": sweep.unwrap_or_else(|e| json!({"error": e})),
+        })
+    }
+
+    /// The run's metrics as one EMF document.
+    pub fn emf(&self, namespace: &str, at: chrono::DateTime<chrono::Utc>) -> Value {
+        let (deleted, age, backlog) = match &self.sweep {
+            Ok(s) => (
+                s.deleted as f64,
+                s.oldest_age.unwrap_or_default().as_secs_f64(),
+                s.backlog.as_secs_f64(),
+            ),
+            Err(_) => (0.0, 0.0, 0.0),
+        };
+        let escalated = self
+            .escalation
+            .as_ref()
+            .map(|e| e.letters as f64)
+            .unwrap_or(0.0);
+        let failed_steps =
+            f64::from(u8::from(self.escalation.is_err()) + u8::from(self.sweep.is_err()));
+        let values = [
+            ("FencesDeleted", deleted, "Count"),
+            ("OldestFenceAgeSeconds", age.floor(), "Seconds"),
+            ("SweepBacklogSeconds", backlog.floor(), "Seconds"),
+            ("LettersEscalated", escalated, "Count"),
+            ("AlertsRetriedSent", self.alerts.sent as f64, "Count"),
+            ("AlertsRetriedFailed", self.alerts.failed as f64, "Count"),
+            ("ScheduledStepsFailed", failed_steps, "Count"),
+        ];
+        emf_line(namespace, ("Function", "sweeper"), &values, at)
+    }
+}

@@ -1,0 +1,114 @@
+//! The TTL sweep of `core.processed_jobs`.
+//!
+//! Invariants: a row is deleted only when its `expires_at` is before the injected `now` (the TTL
+//! floor guarantees no copy of its job can still arrive); each batch is one short statement that
+//! skips rows another sweep holds (`FOR UPDATE SKIP LOCKED`), so overlapping sweeps never wait on
+//! each other and consumers, which only insert fresh rows, never wait on a sweep.
+
+use crate::clock::Clock;
+use chrono::{DateTime, Utc};
+use sqlx::{PgExecutor, PgPool};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Deletes up to `limit` fences that expired before `now`, oldest first; returns how many.
+pub async fn sweep_expired(
+    db: impl PgExecutor<'_>,
+    now: DateTime<Utc>,
+    limit: i64,
+) -> sqlx::Result<u64> {
+    sqlx::query(
+        "DELETE FROM core.processed_jobs
+         WHERE ctid IN (SELECT ctid FROM core.processed_jobs
+                        WHERE expires_at < $1
+                        ORDER BY expires_at LIMIT $2
+                        FOR UPDATE SKIP LOCKED)",
+    )
+    .bind(now)
+    .bind(limit)
+    .execute(db)
+    .await
+    .map(|r| r.rows_affected())
+}
+
+/// The fence that expires first: (`processed_at`, `expires_at`), if any.
+pub async fn oldest_fence(
+    db: impl PgExecutor<'_>,
+) -> sqlx::Result<Option<(DateTime<Utc>, DateTime<Utc>)>> {
+    sqlx::query_as(
+        "SELECT processed_at, expires_at FROM core.processed_jobs ORDER BY expires_at LIMIT 1",
+    )
+    .fetch_optional(db)
+    .await
+}
+
+/// Why a sweep stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SweepStop {
+    /// A batch came back short: nothing more has expired.
+    Done,
+    /// The time budget ran out.
+    Budget,
+    /// The Lambda deadline is near.
+    Deadline,
+}
+
+/// What one sweep did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SweepReport {
+    /// Fences deleted.
+    pub deleted: u64,
+    /// Statements run.
+    pub batches: u32,
+    /// Why it stopped.
+    pub stop: SweepStop,
+    /// Age of the oldest fence left (`now - processed_at`), if any.
+    pub oldest_age: Option<Duration>,
+    /// How far past its expiry the most overdue fence left is (zero when caught up).
+    pub backlog: Duration,
+}
+
+/// How a sweep is bounded.
+#[derive(Debug, Clone, Copy)]
+pub struct SweepSettings {
+    /// Rows per statement.
+    pub batch_size: i64,
+    /// Stop after this long.
+    pub budget: Duration,
+}
+
+/// Deletes expired fences batch by batch until a short batch, the budget or `deadline`
+/// (wall time; `None` for no deadline). `now` comes from `clock` once, at the start.
+pub async fn sweep(
+    pool: &PgPool,
+    clock: &dyn Clock,
+    settings: SweepSettings,
+    deadline: Option<Instant>,
+) -> sqlx::Result<SweepReport> {
+    let now = clock.now();
+    let started = Instant::now();
+    let (mut deleted, mut batches) = (0, 0);
+    let stop = loop {
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            break SweepStop::Deadline;
+        }
+        if started.elapsed() >= settings.budget {
+            break SweepStop::Budget;
+        }
+        let n = sweep_expired(pool, now, settings.batch_size).await?;
+        deleted += n;
+        batches += 1;
+        if n < settings.batch_size as u64 {
+            break SweepStop::Done;
+        }
+    };
+    let oldest = oldest_fence(pool).await?;
+    let age = |t: DateTime<Utc>| (now - t).to_std().unwrap_or_default();
+    Ok(SweepReport {
+        deleted,
+        batches,
+        stop,
+        oldest_age: oldest.map(|(processed, _)| age(processed)),
+        backlog: oldest.map(|(_, expires)| age(expires)).unwrap_or_default(),
+    })
+}

@@ -1,0 +1,224 @@
+//! The TTL sweep against real PostgreSQL (AC6): what it removes, what it must never remove, and
+//! how it behaves in batches, next to another sweep, and next to consumers.
+
+mod support;
+
+use chrono::{DateTime, Duration as Span};
+use shared::clock::ManualClock;
+use shared::fence::fence_exists;
+use shared::harness::RecordOutcome;
+use shared::sweeper::{SweepSettings, SweepStop, sweep, sweep_expired};
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use std::sync::Arc;
+use std::time::Duration;
+use support::*;
+
+const ALL_AT_ONCE: SweepSettings = SweepSettings {
+    batch_size: 1_000,
+    budget: Duration::from_secs(600),
+};
+
+/// Seeds `n` fences of one consumer expiring at `expires_at` (processed a week before).
+async fn seed(pool: &PgPool, n: i64, expires_at: DateTime<chrono::Utc>) {
+    sqlx::query(
+        "INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, processed_at, expires_at)
+         SELECT gen_random_uuid(), 'award-points', gen_random_uuid(), $2 - interval '7 days', $2
+         FROM generate_series(1, $1)",
+    )
+    .bind(n)
+    .bind(expires_at)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+async fn fences(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM core.processed_jobs")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+async fn expiring(pool: &PgPool, at: DateTime<chrono::Utc>) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM core.processed_jobs WHERE expires_at = $1")
+        .bind(at)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// AC6: rows just past their expiry go; rows just inside it stay.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn ac6_sweep_removes_rows_just_past_expiry_and_keeps_rows_just_inside(pool: PgPool) {
+    let now = t0();
+    seed(&pool, 3, now - Span::seconds(1)).await;
+    seed(&pool, 4, now + Span::seconds(1)).await;
+    seed(&pool, 2, now).await; // expires exactly now: not yet past
+    let report = sweep(&pool, &ManualClock::new(now), ALL_AT_ONCE, None)
+        .await
+        .unwrap();
+    assert_eq!((report.deleted, report.stop), (3, SweepStop::Done));
+    assert_eq!(expiring(&pool, now - Span::seconds(1)).await, 0);
+    assert_eq!(expiring(&pool, now + Span::seconds(1)).await, 4);
+    assert_eq!(expiring(&pool, now).await, 2);
+    assert_eq!(report.backlog, Duration::ZERO, "nothing overdue is left");
+}
+
+/// AC6: a fence inside its retry window is never removed, so the late retry is a duplicate.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn ac6_a_fence_inside_its_retry_window_is_never_removed(pool: PgPool) {
+    let (harness, clock) = harness_with(&pool, award_points(), settings(Default::default()));
+    let (job_id, body) = job(award(1));
+    assert_eq!(
+        harness.process(&message(&body, 1)).await,
+        RecordOutcome::Processed
+    );
+    // The latest a copy can arrive: the whole retention (4 days) plus the retry window.
+    let latest_copy = t0() + Span::days(4) + Span::seconds(675);
+    let swept = sweep(&pool, &ManualClock::new(latest_copy), ALL_AT_ONCE, None)
+        .await
+        .unwrap();
+    assert_eq!(swept.deleted, 0);
+    assert!(fence_exists(&pool, job_id, &consumer_name()).await.unwrap());
+    clock.set(latest_copy);
+    assert_eq!(
+        harness.process(&message(&body, 2)).await,
+        RecordOutcome::Duplicate,
+        "the late copy is fenced out"
+    );
+    // Past its TTL (7 days) the fence goes.
+    let later = t0() + Span::days(7) + Span::seconds(1);
+    assert_eq!(
+        sweep(&pool, &ManualClock::new(later), ALL_AT_ONCE, None)
+            .await
+            .unwrap()
+            .deleted,
+        1
+    );
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_sweep_larger_than_one_batch_loops_until_a_short_batch(pool: PgPool) {
+    seed(&pool, 12_345, t0() - Span::hours(1)).await;
+    seed(&pool, 10, t0() + Span::days(1)).await;
+    let report = sweep(&pool, &ManualClock::new(t0()), ALL_AT_ONCE, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        (report.deleted, report.batches, report.stop),
+        (12_345, 13, SweepStop::Done)
+    );
+    assert_eq!(fences(&pool).await, 10);
+    assert_eq!(
+        report.oldest_age.unwrap(),
+        Duration::from_secs(6 * 86_400),
+        "oldest left: processed 6 days ago"
+    );
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_sweep_stops_at_its_budget_and_reports_the_backlog(pool: PgPool) {
+    seed(&pool, 5_000, t0() - Span::hours(2)).await;
+    let budgeted = SweepSettings {
+        batch_size: 1_000,
+        budget: Duration::ZERO,
+    };
+    let report = sweep(&pool, &ManualClock::new(t0()), budgeted, None)
+        .await
+        .unwrap();
+    assert_eq!((report.deleted, report.stop), (0, SweepStop::Budget));
+    assert_eq!(report.backlog, Duration::from_secs(2 * 3_600));
+    let past = Some(tokio::time::Instant::now());
+    assert_eq!(
+        sweep(&pool, &ManualClock::new(t0()), ALL_AT_ONCE, past)
+            .await
+            .unwrap()
+            .stop,
+        SweepStop::Deadline
+    );
+}
+
+/// Two overlapping sweeps skip each other's rows: every row is deleted once, neither waits.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn two_sweeps_at_once_delete_every_row_once(_: PgPoolOptions, connect: PgConnectOptions) {
+    let pool = PgPoolOptions::new()
+        .max_connections(4)
+        .connect_with(connect)
+        .await
+        .unwrap();
+    seed(&pool, 20_000, t0() - Span::minutes(1)).await;
+    let small = SweepSettings {
+        batch_size: 500,
+        budget: Duration::from_secs(600),
+    };
+    let clock = Arc::new(ManualClock::new(t0()));
+    let (a, b) = tokio::join!(
+        sweep(&pool, clock.as_ref(), small, None),
+        sweep(&pool, clock.as_ref(), small, None)
+    );
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(a.deleted + b.deleted, 20_000, "{a:?} {b:?}");
+    assert!(
+        a.deleted > 0 && b.deleted > 0,
+        "both made progress: {a:?} {b:?}"
+    );
+    assert_eq!(fences(&pool).await, 0);
+}
+
+/// Consumers keep inserting fences while a sweep runs; the sweep takes only expired rows and
+/// no consumer fails or waits for it.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_sweep_while_consumers_insert_leaves_their_fences(
+    _: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let pool = PgPoolOptions::new()
+        .max_connections(8)
+        .connect_with(connect)
+        .await
+        .unwrap();
+    seed(&pool, 30_000, t0() - Span::days(1)).await;
+    let harness = Arc::new(harness(&pool, award_points()));
+    let consumers: Vec<_> = (0..4)
+        .map(|_| {
+            let harness = harness.clone();
+            tokio::spawn(async move {
+                let mut jobs = Vec::new();
+                for _ in 0..100 {
+                    let (job_id, body) = job(award(1));
+                    assert_eq!(
+                        harness.process(&message(&body, 1)).await,
+                        RecordOutcome::Processed
+                    );
+                    jobs.push(job_id);
+                }
+                jobs
+            })
+        })
+        .collect();
+    let swept = sweep_batches(&pool).await;
+    let mut processed = Vec::new();
+    for c in consumers {
+        processed.extend(c.await.unwrap());
+    }
+    assert_eq!(swept, 30_000);
+    for job_id in processed {
+        assert!(
+            fence_exists(&pool, job_id, &consumer_name()).await.unwrap(),
+            "fence of {job_id} kept"
+        );
+    }
+    assert_eq!(fences(&pool).await, 400);
+}
+
+async fn sweep_batches(pool: &PgPool) -> u64 {
+    let mut total = 0;
+    loop {
+        let n = sweep_expired(pool, t0(), 500).await.unwrap();
+        total += n;
+        if n < 500 {
+            return total;
+        }
+    }
+}

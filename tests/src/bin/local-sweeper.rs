@@ -1,0 +1,7 @@
+//! The scheduled function, built as a binary of this package so the end-to-end tests always run
+//! the current code. Same code as `functions/sweeper`.
+
+#[tokio::main]
+async fn main() -> Result<(), lambda_runtime::Error> {
+    sweeper::run().await
+}
