@@ -6,7 +6,7 @@
 //! as failed (left in the DLQ) unless its letter is committed.
 
 use crate::clock::Clock;
-use crate::dead_letter::{ErrorKind, NewDeadLetter, record_dead_letter};
+use crate::dead_letter::{ErrorKind, NewDeadLetter, record_dead_letter_in};
 use crate::envelope::body_as_json;
 use crate::ids::ConsumerName;
 use crate::metrics::{Metric, Metrics};
@@ -67,11 +67,7 @@ impl Backstop {
                 correlation_id: ids.correlation_id.as_deref(),
                 replay_of: msg.replay_of,
             };
-            let written = async {
-                let mut conn = self.pool.acquire().await?;
-                record_dead_letter(&mut conn, &letter, self.clock.now()).await
-            };
-            match written.await {
+            match record_dead_letter_in(&self.pool, &letter, self.clock.now()).await {
                 Ok(recorded) => {
                     self.metrics.increment(Metric::DeadLettered(letter.kind));
                     tracing::warn!(message_id = %msg.message_id, letter = %recorded.id(), kind = %letter.kind, "backstop dead letter");

@@ -139,6 +139,8 @@ impl AlertConfig {
 pub const SWEEP_BATCH_SIZE: &str = "SWEEP_BATCH_SIZE";
 /// How long one scheduled run may sweep, in seconds.
 pub const SWEEP_TIME_BUDGET_SECONDS: &str = "SWEEP_TIME_BUDGET_SECONDS";
+/// Milliseconds the sweep rests between batches (its share of the database vs the consumers').
+pub const SWEEP_PAUSE_MS: &str = "SWEEP_PAUSE_MS";
 /// Days a dead letter may stay `pending_review` before it is escalated (and again every as many).
 pub const ESCALATE_AFTER_DAYS: &str = "ESCALATE_AFTER_DAYS";
 
@@ -182,6 +184,7 @@ impl SweeperConfig {
             sweep: crate::sweeper::SweepSettings {
                 batch_size,
                 budget: env.seconds(SWEEP_TIME_BUDGET_SECONDS, Duration::from_secs(240))?,
+                pause: Duration::from_millis(env.parsed(SWEEP_PAUSE_MS, 20u64)?),
             },
             escalate_after: Duration::from_secs_f64(days * 86_400.0),
             alerts: AlertConfig::from_env(env)?,
@@ -280,6 +283,14 @@ impl<'a> Env<'a> {
         self.parsed(name, default.as_secs())
             .map(Duration::from_secs)
     }
+}
+
+/// Reads and validates [`CONSUMER_NAME`].
+fn consumer_name(env: &Env<'_>) -> Result<ConsumerName, ConfigError> {
+    ConsumerName::new(env.required(CONSUMER_NAME)?).map_err(|problem| ConfigError {
+        variable: CONSUMER_NAME,
+        problem,
+    })
 }
 
 /// The database connection settings.
@@ -436,11 +447,7 @@ pub struct ConsumerConfig {
 impl ConsumerConfig {
     /// Reads and validates every variable a consumer needs; the first problem is returned.
     pub fn from_env(env: &Env<'_>) -> Result<Self, ConfigError> {
-        let consumer_name =
-            ConsumerName::new(env.required(CONSUMER_NAME)?).map_err(|problem| ConfigError {
-                variable: CONSUMER_NAME,
-                problem,
-            })?;
+        let consumer_name = consumer_name(env)?;
         let lock_timeout = Duration::from_millis(env.parsed(FENCE_LOCK_TIMEOUT_MS, 2_000u64)?);
         if lock_timeout.is_zero() {
             return Err(ConfigError {
@@ -500,11 +507,7 @@ impl BackstopConfig {
     /// Reads and validates every variable the ingester needs. `maxReceiveCount` must exceed the
     /// retry policy's attempts, or the backstop would pre-empt the harness's own retries.
     pub fn from_env(env: &Env<'_>) -> Result<Self, ConfigError> {
-        let consumer_name =
-            ConsumerName::new(env.required(CONSUMER_NAME)?).map_err(|problem| ConfigError {
-                variable: CONSUMER_NAME,
-                problem,
-            })?;
+        let consumer_name = consumer_name(env)?;
         let fence = FenceConfig::from_env(env)?;
         let attempts = fence.policy.max_attempts();
         let max_receive_count = env.parsed(REDRIVE_MAX_RECEIVE_COUNT, attempts + 2)?;

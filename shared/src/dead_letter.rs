@@ -139,6 +139,15 @@ pub async fn record_dead_letter(
     Ok(Recorded::AlreadyRecorded(DeadLetterId(existing)))
 }
 
+/// [`record_dead_letter`] on a connection of `pool`.
+pub async fn record_dead_letter_in(
+    pool: &sqlx::PgPool,
+    letter: &NewDeadLetter<'_>,
+    now: DateTime<Utc>,
+) -> sqlx::Result<Recorded> {
+    record_dead_letter(&mut *pool.acquire().await?, letter, now).await
+}
+
 /// A stored dead letter.
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct DeadLetter {

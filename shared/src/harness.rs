@@ -8,7 +8,7 @@
 use crate::alerting::Alerter;
 use crate::clock::Clock;
 use crate::consumer::{Consumer, Job, ProcessError};
-use crate::dead_letter::{ErrorKind, NewDeadLetter, Recorded, record_dead_letter};
+use crate::dead_letter::{ErrorKind, NewDeadLetter, Recorded, record_dead_letter_in};
 use crate::decision::{Disposition, decide};
 use crate::envelope::{Envelope, PartialIds, body_as_json};
 use crate::fence::{FenceClaim, FenceError, claim_fence, fence_exists, set_lock_timeout};
@@ -366,11 +366,7 @@ impl<C: Consumer> Harness<C> {
             correlation_id: ids.correlation_id.as_deref(),
             replay_of: msg.replay_of,
         };
-        let written = async {
-            let mut conn = self.pool.acquire().await?;
-            record_dead_letter(&mut conn, &letter, self.clock.now()).await
-        };
-        match written.await {
+        match record_dead_letter_in(&self.pool, &letter, self.clock.now()).await {
             Ok(letter) => {
                 if let (Recorded::New(_), Some(alerter)) = (letter, &self.alerter) {
                     alerter.deliver_pending(ALERTS_PER_ROUND).await;

@@ -11,24 +11,31 @@ use sqlx::{PgExecutor, PgPool};
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// Deletes up to `limit` fences that expired before `now`, oldest first; returns how many.
+/// Deletes up to `limit` fences that expired before `now`, oldest first, starting at `from`
+/// (a keyset cursor, `None` for the start: the index scan skips what earlier batches deleted but vacuum has not yet
+/// reclaimed). Returns how many, and the latest `expires_at` deleted (the next batch's `from`).
 pub async fn sweep_expired(
     db: impl PgExecutor<'_>,
     now: DateTime<Utc>,
+    from: Option<DateTime<Utc>>,
     limit: i64,
-) -> sqlx::Result<u64> {
-    sqlx::query(
-        "DELETE FROM core.processed_jobs
-         WHERE ctid IN (SELECT ctid FROM core.processed_jobs
-                        WHERE expires_at < $1
-                        ORDER BY expires_at LIMIT $2
-                        FOR UPDATE SKIP LOCKED)",
+) -> sqlx::Result<(u64, Option<DateTime<Utc>>)> {
+    let (deleted, last): (i64, Option<DateTime<Utc>>) = sqlx::query_as(
+        "WITH gone AS (
+             DELETE FROM core.processed_jobs
+             WHERE ctid IN (SELECT ctid FROM core.processed_jobs
+                            WHERE expires_at >= coalesce($3, '-infinity') AND expires_at < $1
+                            ORDER BY expires_at LIMIT $2
+                            FOR UPDATE SKIP LOCKED)
+             RETURNING expires_at)
+         SELECT count(*), max(expires_at) FROM gone",
     )
     .bind(now)
     .bind(limit)
-    .execute(db)
-    .await
-    .map(|r| r.rows_affected())
+    .bind(from)
+    .fetch_one(db)
+    .await?;
+    Ok((deleted as u64, last))
 }
 
 /// The fence that expires first: (`processed_at`, `expires_at`), if any.
@@ -75,6 +82,8 @@ pub struct SweepSettings {
     pub batch_size: i64,
     /// Stop after this long.
     pub budget: Duration,
+    /// Rest between batches, so consumers on the same database keep their share of it.
+    pub pause: Duration,
 }
 
 /// Deletes expired fences batch by batch until a short batch, the budget or `deadline`
@@ -88,6 +97,7 @@ pub async fn sweep(
     let now = clock.now();
     let started = Instant::now();
     let (mut deleted, mut batches) = (0, 0);
+    let mut from = None;
     let stop = loop {
         if deadline.is_some_and(|d| Instant::now() >= d) {
             break SweepStop::Deadline;
@@ -95,12 +105,14 @@ pub async fn sweep(
         if started.elapsed() >= settings.budget {
             break SweepStop::Budget;
         }
-        let n = sweep_expired(pool, now, settings.batch_size).await?;
+        let (n, last) = sweep_expired(pool, now, from, settings.batch_size).await?;
         deleted += n;
         batches += 1;
         if n < settings.batch_size as u64 {
             break SweepStop::Done;
         }
+        from = last.or(from);
+        tokio::time::sleep(settings.pause).await;
     };
     let oldest = oldest_fence(pool).await?;
     let age = |t: DateTime<Utc>| (now - t).to_std().unwrap_or_default();

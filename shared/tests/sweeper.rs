@@ -17,6 +17,7 @@ use support::*;
 const ALL_AT_ONCE: SweepSettings = SweepSettings {
     batch_size: 1_000,
     budget: Duration::from_secs(600),
+    pause: Duration::ZERO,
 };
 
 /// Seeds `n` fences of one consumer expiring at `expires_at` (processed a week before).
@@ -123,6 +124,7 @@ async fn a_sweep_stops_at_its_budget_and_reports_the_backlog(pool: PgPool) {
     let budgeted = SweepSettings {
         batch_size: 1_000,
         budget: Duration::ZERO,
+        pause: Duration::ZERO,
     };
     let report = sweep(&pool, &ManualClock::new(t0()), budgeted, None)
         .await
@@ -151,6 +153,7 @@ async fn two_sweeps_at_once_delete_every_row_once(_: PgPoolOptions, connect: PgC
     let small = SweepSettings {
         batch_size: 500,
         budget: Duration::from_secs(600),
+        pause: Duration::ZERO,
     };
     let clock = Arc::new(ManualClock::new(t0()));
     let (a, b) = tokio::join!(
@@ -215,7 +218,7 @@ async fn a_sweep_while_consumers_insert_leaves_their_fences(
 async fn sweep_batches(pool: &PgPool) -> u64 {
     let mut total = 0;
     loop {
-        let n = sweep_expired(pool, t0(), 500).await.unwrap();
+        let (n, _) = sweep_expired(pool, t0(), None, 500).await.unwrap();
         total += n;
         if n < 500 {
             return total;

@@ -62,6 +62,20 @@ impl Consumer for FailAfterWork {
     }
 }
 
+/// `DATABASE_URL` (credentials and all) pointed at the database `#[sqlx::test]` made for a test,
+/// for the processes a test starts.
+pub fn test_database_url(opts: &sqlx::postgres::PgConnectOptions) -> String {
+    let server = std::env::var("DATABASE_URL").expect("DATABASE_URL is set for database tests");
+    let server = server.split('?').next().unwrap_or_default();
+    let (head, _) = server
+        .rsplit_once('/')
+        .expect("DATABASE_URL has a database path");
+    format!(
+        "{head}/{}",
+        opts.get_database().expect("the test database's name")
+    )
+}
+
 /// A harness with the platform's retry policy, the wall clock and a seeded RNG.
 pub fn harness<C: Consumer>(pool: PgPool, consumer: C) -> Harness<C> {
     let settings = HarnessSettings {

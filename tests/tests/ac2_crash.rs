@@ -35,19 +35,6 @@ fn delivery(body: &str, receive_count: u32) -> IncomingMessage {
     }
 }
 
-/// `DATABASE_URL` (credentials and all) pointed at the test's own database.
-fn url_of(opts: &PgConnectOptions) -> String {
-    let server = std::env::var("DATABASE_URL").expect("DATABASE_URL");
-    let server = server.split('?').next().unwrap_or_default();
-    let (head, _) = server
-        .rsplit_once('/')
-        .expect("DATABASE_URL has a database path");
-    format!(
-        "{head}/{}",
-        opts.get_database().expect("test database name")
-    )
-}
-
 async fn assert_neither_then_one_on_retry(pool: &PgPool, job_id: JobId, body: &str) {
     assert_eq!(
         count_awards(pool, job_id).await.unwrap(),
@@ -76,7 +63,7 @@ async fn ac2_consumer_killed_between_work_and_commit_leaves_neither_effect_nor_f
     let (job_id, body) = new_job();
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_hang-after-work"))
         .arg(&body)
-        .env("DATABASE_URL", url_of(&connect))
+        .env("DATABASE_URL", e2e::test_database_url(&connect))
         .stdout(Stdio::piped())
         .kill_on_drop(true)
         .spawn()

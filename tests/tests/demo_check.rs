@@ -8,14 +8,7 @@ async fn the_demo_workload_produces_the_expected_outcomes(
     _: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    let server = std::env::var("DATABASE_URL").expect("DATABASE_URL");
-    let (head, _) = server
-        .split('?')
-        .next()
-        .unwrap_or_default()
-        .rsplit_once('/')
-        .expect("a database path");
-    let url = format!("{head}/{}", connect.get_database().expect("test database"));
+    let url = e2e::test_database_url(&connect);
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_demo"))
         .arg("--check")
         .env("DATABASE_URL", url)

@@ -64,6 +64,7 @@ fn scheduled(
         sweep: SweepSettings {
             batch_size: 1_000,
             budget: Duration::from_secs(60),
+            pause: Duration::ZERO,
         },
         escalate_after: Duration::from_secs(3 * 86_400),
         page_budget: Duration::from_secs(1),
@@ -162,16 +163,11 @@ async fn the_sweeper_function_deletes_expired_fences_when_invoked(
     .execute(&pool)
     .await
     .unwrap();
-    let server = std::env::var("DATABASE_URL").unwrap();
-    let (head, _) = server.split('?').next().unwrap().rsplit_once('/').unwrap();
     let host = LambdaHost::new(FunctionSpec {
         name: "sweeper".into(),
         binary: env!("CARGO_BIN_EXE_local-sweeper").into(),
         env: vec![
-            (
-                "DATABASE_URL".into(),
-                format!("{head}/{}", connect.get_database().unwrap()),
-            ),
+            ("DATABASE_URL".into(), e2e::test_database_url(&connect)),
             ("ALERTING_DISABLED".into(), "true".into()),
             ("SWEEP_BATCH_SIZE".into(), "1000".into()),
         ],

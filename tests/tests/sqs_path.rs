@@ -19,19 +19,6 @@ fn consumer() -> ConsumerName {
     ConsumerName::new("award-points").unwrap()
 }
 
-/// `DATABASE_URL` (credentials and all) pointed at the test's own database.
-fn url_of(opts: &PgConnectOptions) -> String {
-    let server = std::env::var("DATABASE_URL").expect("DATABASE_URL");
-    let server = server.split('?').next().unwrap_or_default();
-    let (head, _) = server
-        .rsplit_once('/')
-        .expect("DATABASE_URL has a database path");
-    format!(
-        "{head}/{}",
-        opts.get_database().expect("test database name")
-    )
-}
-
 async fn setup(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
@@ -40,7 +27,7 @@ async fn setup(
     let pool = pool_opts.connect_with(connect.clone()).await.unwrap();
     let mut spec = StackSpec::time_scaled(
         e2e::test_binaries!(),
-        &url_of(&connect),
+        &e2e::test_database_url(&connect),
         &format!("jobs-{}", &Uuid::new_v4().simple().to_string()[..12]),
     );
     tweak(&mut spec);
