@@ -80,7 +80,7 @@ pub async fn run(database_url: &str, queue: &str, log_dir: PathBuf) -> BTreeMap<
         stack.jobs.name, stack.dlq.name
     );
     println!(
-        "function logs: {}/{{consumer,dlq-ingester}}.log",
+        "function logs: {}/{{consumer,dlq-ingester,sweeper}}.log",
         log_dir.display()
     );
     println!(
@@ -96,6 +96,11 @@ pub async fn run(database_url: &str, queue: &str, log_dir: PathBuf) -> BTreeMap<
         envelope(json!({"account_id": "acct-z", "points": 1, "demo_fault": "crash_before_commit"}));
     sent += send_all(&stack, vec![("kills its process every time", crasher)]).await;
     settle(&stack, sent, start).await;
+    println!("\nphase 3: the scheduled function (EventBridge, every few minutes on AWS)");
+    match stack.tick().await {
+        Ok(report) => println!("  sweeper: {report}"),
+        Err(e) => println!("  sweeper failed: {e}"),
+    }
     totals(&stack)
 }
 

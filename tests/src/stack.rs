@@ -16,6 +16,8 @@ pub struct Binaries {
     pub consumer: PathBuf,
     /// The DLQ ingester.
     pub ingester: PathBuf,
+    /// The scheduled function.
+    pub sweeper: PathBuf,
 }
 
 impl Binaries {
@@ -26,6 +28,7 @@ impl Binaries {
         Self {
             consumer: dir.join("local-consumer"),
             ingester: dir.join("local-dlq-ingester"),
+            sweeper: dir.join("local-sweeper"),
         }
     }
 }
@@ -37,6 +40,7 @@ macro_rules! test_binaries {
         $crate::stack::Binaries {
             consumer: env!("CARGO_BIN_EXE_local-consumer").into(),
             ingester: env!("CARGO_BIN_EXE_local-dlq-ingester").into(),
+            sweeper: env!("CARGO_BIN_EXE_local-sweeper").into(),
         }
     };
 }
@@ -101,6 +105,8 @@ pub struct Stack {
     pub consumer: LambdaHost,
     /// The DLQ ingester function.
     pub ingester: LambdaHost,
+    /// The scheduled function (EventBridge invokes it on AWS; [`Stack::tick`] here).
+    pub sweeper: LambdaHost,
 }
 
 impl Stack {
@@ -146,13 +152,29 @@ impl Stack {
             timeout: Duration::from_secs(20),
             log_file: log("dlq-ingester"),
         });
+        let sweeper = LambdaHost::new(FunctionSpec {
+            name: "sweeper".into(),
+            binary: spec.binaries.sweeper.clone(),
+            env: common.to_vec(),
+            timeout: Duration::from_secs(60),
+            log_file: log("sweeper"),
+        });
         Self {
             sqs,
             jobs,
             dlq,
             consumer,
             ingester,
+            sweeper,
         }
+    }
+
+    /// Invokes the scheduled function once with an EventBridge scheduled event; returns its report.
+    pub async fn tick(&self) -> Result<serde_json::Value, crate::lambda_host::InvokeError> {
+        let event = serde_json::json!({"version": "0", "id": uuid::Uuid::new_v4(), "detail-type": "Scheduled Event",
+            "source": "aws.events", "account": "123456789012", "time": chrono::Utc::now(), "region": "us-east-1",
+            "resources": [], "detail": {}});
+        self.sweeper.invoke(&event).await
     }
 
     /// Sends `body` to the job queue; returns the message id.
