@@ -2,7 +2,7 @@
 //! and answers `201` with an incident id, or the statuses it was told to answer first.
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
@@ -110,12 +110,7 @@ async fn answer(
         .get("authorization")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    let bytes = req
-        .into_body()
-        .collect()
-        .await
-        .map(|b| b.to_bytes())
-        .unwrap_or_default();
+    let bytes = crate::lambda_host::body_bytes(req).await;
     let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
     let latency = state.lock().unwrap().latency;
     tokio::time::sleep(latency).await;

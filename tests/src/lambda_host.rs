@@ -282,12 +282,7 @@ async fn route(
                 .expect("response")
         }
         (Method::POST, ["invocation", id, outcome @ ("response" | "error")]) => {
-            let body = req
-                .into_body()
-                .collect()
-                .await
-                .map(|b| b.to_bytes())
-                .unwrap_or_default();
+            let body = body_bytes(req).await;
             let mut reply = state.reply.lock().unwrap();
             if reply.as_ref().is_some_and(|(pending, _)| pending == id) {
                 let (_, tx) = reply.take().expect("checked");
@@ -301,18 +296,22 @@ async fn route(
             status(StatusCode::ACCEPTED)
         }
         (Method::POST, ["init", "error"]) => {
-            let body = req
-                .into_body()
-                .collect()
-                .await
-                .map(|b| b.to_bytes())
-                .unwrap_or_default();
+            let body = body_bytes(req).await;
             *state.init_error.lock().unwrap() = Some(String::from_utf8_lossy(&body).into_owned());
             status(StatusCode::ACCEPTED)
         }
         _ => status(StatusCode::NOT_FOUND),
     };
     Ok(response)
+}
+
+/// The whole body of a request to one of the local servers (empty if it cannot be read).
+pub(crate) async fn body_bytes(req: Request<Incoming>) -> Bytes {
+    req.into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default()
 }
 
 fn status(code: StatusCode) -> Response<Full<Bytes>> {
