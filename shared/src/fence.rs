@@ -43,17 +43,9 @@ pub fn ttl_floor(queue_retention: Duration, policy: &RetryPolicy) -> Duration {
     queue_retention + policy.max_retry_window() + TTL_MARGIN
 }
 
-/// Bounds how long statements of the current transaction wait for a row lock.
-pub async fn set_lock_timeout(tx: &mut PgConnection, timeout: Duration) -> sqlx::Result<()> {
-    sqlx::query("SELECT set_config('lock_timeout', $1, true)")
-        .bind(format!("{}ms", timeout.as_millis().max(1)))
-        .execute(tx)
-        .await
-        .map(drop)
-}
-
 /// Inserts the fence of (`job_id`, `consumer`) in the caller's transaction, expiring at
-/// `now + ttl`.
+/// `now + ttl`. Waits at most `wait` for a concurrent copy holding the fence; that bound
+/// applies to the claim only, and the rest of the transaction (the work) waits as it needs.
 pub async fn claim_fence(
     tx: &mut PgConnection,
     job_id: JobId,
@@ -61,7 +53,12 @@ pub async fn claim_fence(
     tenant_id: TenantId,
     now: DateTime<Utc>,
     ttl: Duration,
+    wait: Duration,
 ) -> Result<FenceClaim, FenceError> {
+    sqlx::query("SELECT set_config('lock_timeout', $1, true)")
+        .bind(format!("{}ms", wait.as_millis().max(1)))
+        .execute(&mut *tx)
+        .await?;
     let expires_at = now + chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::MAX);
     let inserted = sqlx::query(
         "INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, processed_at, expires_at)
@@ -73,12 +70,15 @@ pub async fn claim_fence(
     .bind(tenant_id.0)
     .bind(now)
     .bind(expires_at)
-    .execute(tx)
+    .execute(&mut *tx)
     .await
     .map_err(|e| match e.as_database_error().and_then(|d| d.code()) {
         Some(code) if code == LOCK_NOT_AVAILABLE => FenceError::Contended,
         _ => FenceError::Database(e),
     })?;
+    sqlx::query("SET LOCAL lock_timeout TO DEFAULT")
+        .execute(&mut *tx)
+        .await?;
     Ok(if inserted.rows_affected() == 1 {
         FenceClaim::Claimed
     } else {

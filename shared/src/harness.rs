@@ -11,7 +11,7 @@ use crate::consumer::{Consumer, Job, ProcessError};
 use crate::dead_letter::{ErrorKind, NewDeadLetter, Recorded, record_dead_letter_in};
 use crate::decision::{Disposition, decide};
 use crate::envelope::{Envelope, PartialIds, body_as_json};
-use crate::fence::{FenceClaim, FenceError, claim_fence, fence_exists, set_lock_timeout};
+use crate::fence::{FenceClaim, FenceError, claim_fence, fence_exists};
 use crate::ids::DeadLetterId;
 use crate::metrics::{Metric, Metrics};
 use crate::retry::RetryPolicy;
@@ -288,9 +288,6 @@ impl<C: Consumer> Harness<C> {
     async fn attempt(&self, job: &Job<C::Payload>) -> Result<FenceClaim, AttemptError> {
         let failed = |e: sqlx::Error| AttemptError::Failed(e.into());
         let mut tx = self.pool.begin().await.map_err(failed)?;
-        set_lock_timeout(&mut tx, self.settings.lock_timeout)
-            .await
-            .map_err(failed)?;
         let envelope = &job.envelope;
         let claim = claim_fence(
             &mut tx,
@@ -299,6 +296,7 @@ impl<C: Consumer> Harness<C> {
             envelope.tenant_id,
             job.started_at,
             self.settings.fence_ttl,
+            self.settings.lock_timeout,
         )
         .await;
         match claim {

@@ -423,6 +423,7 @@ async fn a_copy_blocked_on_a_held_fence_is_handed_back_then_processed(pool: PgPo
         envelope.tenant_id,
         t0(),
         Duration::from_secs(60),
+        Duration::from_secs(1),
     )
     .await
     .unwrap();
@@ -484,4 +485,31 @@ async fn with_the_database_unreachable_nothing_is_acked(_: PgPool) {
             .get(shared::metrics::Metric::DeadLetterWriteFailed),
         1
     );
+}
+
+/// The short lock timeout bounds only the wait for the fence: the consumer's own work may wait on
+/// its locks as long as it needs (here behind a table lock held longer than the fence timeout).
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn the_fence_lock_timeout_does_not_limit_the_work(pool: PgPool) {
+    let settings = HarnessSettings {
+        lock_timeout: Duration::from_millis(100),
+        ..settings(RetryPolicy::default())
+    };
+    let (harness, _) = harness_with(&pool, award_points(), settings);
+    let (job_id, body) = job(award(1));
+    let mut blocker = pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE reference.point_awards IN EXCLUSIVE MODE")
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        blocker.commit().await.unwrap();
+    });
+    assert_eq!(
+        harness.process(&message(&body, 1)).await,
+        RecordOutcome::Processed
+    );
+    release.await.unwrap();
+    assert_eq!(count_awards(&pool, job_id).await.unwrap(), 1);
 }
