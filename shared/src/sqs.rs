@@ -95,7 +95,9 @@ impl QueueRef {
     }
 }
 
-/// The transport-independent view of one SQS record.
+/// The transport-independent view of one SQS record. A record without a message id (Lambda
+/// always sends one) gets a fresh one: a letter is unique per message id, and two such records
+/// must never share one letter.
 pub fn incoming(record: &SqsMessage) -> IncomingMessage {
     let queue = record
         .event_source_arn
@@ -106,7 +108,7 @@ pub fn incoming(record: &SqsMessage) -> IncomingMessage {
             .message_id
             .clone()
             .filter(|m| !m.is_empty())
-            .unwrap_or_else(|| "missing-message-id".into()),
+            .unwrap_or_else(|| format!("missing-message-id-{}", uuid::Uuid::new_v4())),
         queue: queue.map(|q| q.name).unwrap_or_else(|| "unknown".into()),
         body: record.body.clone().unwrap_or_default(),
         receive_count: receive_count(record),
@@ -250,5 +252,10 @@ mod tests {
         let bare: SqsMessage = serde_json::from_value(serde_json::json!({})).unwrap();
         let msg = incoming(&bare);
         assert_eq!((msg.receive_count, msg.body.as_str()), (1, ""));
+        assert_ne!(
+            incoming(&bare).message_id,
+            msg.message_id,
+            "no two id-less records share an id"
+        );
     }
 }
