@@ -89,7 +89,10 @@ ensure_sqs_api() {
     return
   fi
   command -v python3 >/dev/null || apt_install python3 python3-venv
-  if [ ! -x "$TOOLS/venv/bin/moto_server" ] || ! "$TOOLS/venv/bin/pip" show moto 2>/dev/null | grep -qx "Version: $MOTO_VERSION"; then
+  # Compare captured output: `pip show | grep -q` would fail under pipefail when grep exits early.
+  local installed
+  installed=$("$TOOLS/venv/bin/pip" show moto 2>/dev/null | sed -n 's/^Version: //p' || true)
+  if [ ! -x "$TOOLS/venv/bin/moto_server" ] || [ "$installed" != "$MOTO_VERSION" ]; then
     step "Installing the local SQS API (moto[server]==$MOTO_VERSION) into .tools/venv"
     mkdir -p "$TOOLS"
     python3 -m venv "$TOOLS/venv" 2>/dev/null || { apt_install python3-venv; python3 -m venv "$TOOLS/venv"; } ||
@@ -103,6 +106,20 @@ ensure_sqs_api() {
 
   for _ in $(seq 1 60); do sqs_api_up "$AWS_ENDPOINT_URL_SQS" && return; sleep 0.5; done
   die "the local SQS API did not answer on 127.0.0.1:$SQS_PORT; see .tools/moto.log"
+}
+
+# cfn-lint, pinned, in a venv of its own (.tools/lint-venv), for template.yaml.
+CFN_LINT_VERSION=1.58.0
+ensure_cfn_lint() {
+  local installed
+  installed=$("$TOOLS/lint-venv/bin/cfn-lint" --version 2>/dev/null || true)
+  if [ "$installed" != "cfn-lint $CFN_LINT_VERSION" ]; then
+    step "Installing cfn-lint==$CFN_LINT_VERSION into .tools/lint-venv"
+    mkdir -p "$TOOLS"
+    python3 -m venv "$TOOLS/lint-venv" 2>/dev/null || { apt_install python3-venv; python3 -m venv "$TOOLS/lint-venv"; } ||
+      die "could not create a Python venv in $TOOLS/lint-venv"
+    "$TOOLS/lint-venv/bin/pip" install -q "cfn-lint==$CFN_LINT_VERSION" || die "pip install cfn-lint==$CFN_LINT_VERSION failed"
+  fi
 }
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

@@ -11,6 +11,10 @@ ensure_sqs_api
 step "Checking formatting (cargo fmt --check)"
 cargo fmt --all -- --check || die "code is not formatted: run cargo fmt --all"
 
+ensure_cfn_lint
+step "Linting template.yaml (cfn-lint)"
+"$TOOLS/lint-venv/bin/cfn-lint" template.yaml || die "cfn-lint found problems in template.yaml"
+
 step "Linting (cargo clippy --all-targets -- -D warnings)"
 cargo clippy --workspace --all-targets --quiet -- -D warnings || die "clippy found problems"
 
