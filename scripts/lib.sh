@@ -122,4 +122,34 @@ ensure_cfn_lint() {
   fi
 }
 
+# The AWS SAM CLI, pinned, in its own venv (.tools/sam-venv: it pins boto3 apart from moto's).
+SAM_CLI_VERSION=1.170.0
+ensure_sam_cli() {
+  export SAM_CLI_TELEMETRY=0
+  local installed
+  installed=$("$TOOLS/sam-venv/bin/sam" --version 2>/dev/null || true)
+  if [ "$installed" != "SAM CLI, version $SAM_CLI_VERSION" ]; then
+    step "Installing aws-sam-cli==$SAM_CLI_VERSION into .tools/sam-venv"
+    mkdir -p "$TOOLS"
+    python3 -m venv "$TOOLS/sam-venv" 2>/dev/null || { apt_install python3-venv; python3 -m venv "$TOOLS/sam-venv"; } ||
+      die "could not create a Python venv in $TOOLS/sam-venv"
+    "$TOOLS/sam-venv/bin/pip" install -q "aws-sam-cli==$SAM_CLI_VERSION" || die "pip install aws-sam-cli==$SAM_CLI_VERSION failed"
+  fi
+}
+
+# cargo-lambda and zig (its cross linker), pinned, in .tools/lambda-venv; puts them first on PATH.
+CARGO_LAMBDA_VERSION=1.9.2
+ensure_cargo_lambda() {
+  local installed
+  installed=$("$TOOLS/lambda-venv/bin/pip" show cargo-lambda 2>/dev/null | sed -n 's/^Version: //p' || true)
+  if [ "$installed" != "$CARGO_LAMBDA_VERSION" ]; then
+    step "Installing cargo-lambda==$CARGO_LAMBDA_VERSION and ziglang into .tools/lambda-venv"
+    mkdir -p "$TOOLS"
+    python3 -m venv "$TOOLS/lambda-venv" 2>/dev/null || { apt_install python3-venv; python3 -m venv "$TOOLS/lambda-venv"; } ||
+      die "could not create a Python venv in $TOOLS/lambda-venv"
+    "$TOOLS/lambda-venv/bin/pip" install -q "cargo-lambda==$CARGO_LAMBDA_VERSION" ziglang || die "pip install cargo-lambda failed"
+  fi
+  export PATH="$TOOLS/lambda-venv/bin:$PATH"
+}
+
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

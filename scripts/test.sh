@@ -14,6 +14,9 @@ cargo fmt --all -- --check || die "code is not formatted: run cargo fmt --all"
 ensure_cfn_lint
 step "Linting template.yaml (cfn-lint)"
 "$TOOLS/lint-venv/bin/cfn-lint" template.yaml || die "cfn-lint found problems in template.yaml"
+ensure_sam_cli
+step "Validating template.yaml (sam validate --lint)"
+"$TOOLS/sam-venv/bin/sam" validate --lint --region us-east-1 --template template.yaml || die "sam validate rejected template.yaml"
 
 step "Linting (cargo clippy --all-targets -- -D warnings)"
 cargo clippy --workspace --all-targets --quiet -- -D warnings || die "clippy found problems"

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Release builds of every Lambda function with cargo-lambda (x86_64, provided.al2023), as
+# `sam build` makes them: target/lambda/<function>/bootstrap. Separate from the test command
+# because a release build of the whole dependency tree takes several minutes on 2 cores.
+source "$(dirname "$0")/lib.sh"
+
+command -v cargo >/dev/null || die "cargo is not installed"
+ensure_cargo_lambda
+step "Building consumer, dlq-ingester and sweeper (cargo lambda build --release)"
+cargo lambda build --release --bin consumer --bin dlq-ingester --bin sweeper || die "cargo lambda build failed"
+for f in consumer dlq-ingester sweeper; do
+  [ -x "target/lambda/$f/bootstrap" ] || die "target/lambda/$f/bootstrap was not produced"
+  note "$f: target/lambda/$f/bootstrap ($(du -h "target/lambda/$f/bootstrap" | cut -f1))"
+done
+step "Built; deploy with: sam build && sam deploy --guided"
