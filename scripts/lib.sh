@@ -75,6 +75,17 @@ MOTO_VERSION=5.2.5
 SQS_PORT=${SQS_PORT:-9324}
 TOOLS=$PWD/.tools
 
+# Creates the venv .tools/$1 if needed and pip-installs the pinned packages that follow into it.
+venv_install() {
+  local venv=$TOOLS/$1; shift
+  step "Installing $* into .tools/$(basename "$venv")"
+  command -v python3 >/dev/null || apt_install python3 python3-venv
+  mkdir -p "$TOOLS"
+  [ -x "$venv/bin/pip" ] || python3 -m venv "$venv" 2>/dev/null || { apt_install python3-venv; python3 -m venv "$venv"; } ||
+    die "could not create a Python venv in $venv"
+  "$venv/bin/pip" install -q "$@" || die "pip install $* failed"
+}
+
 sqs_api_up() { python3 - "$1" <<'PY' 2>/dev/null
 import sys, urllib.request
 urllib.request.urlopen(sys.argv[1] + "/moto-api/", timeout=2)
@@ -88,16 +99,11 @@ ensure_sqs_api() {
     step "Using the local SQS API already answering on 127.0.0.1:$SQS_PORT"
     return
   fi
-  command -v python3 >/dev/null || apt_install python3 python3-venv
   # Compare captured output: `pip show | grep -q` would fail under pipefail when grep exits early.
   local installed
   installed=$("$TOOLS/venv/bin/pip" show moto 2>/dev/null | sed -n 's/^Version: //p' || true)
   if [ ! -x "$TOOLS/venv/bin/moto_server" ] || [ "$installed" != "$MOTO_VERSION" ]; then
-    step "Installing the local SQS API (moto[server]==$MOTO_VERSION) into .tools/venv"
-    mkdir -p "$TOOLS"
-    python3 -m venv "$TOOLS/venv" 2>/dev/null || { apt_install python3-venv; python3 -m venv "$TOOLS/venv"; } ||
-      die "could not create a Python venv in $TOOLS/venv"
-    "$TOOLS/venv/bin/pip" install -q "moto[server]==$MOTO_VERSION" || die "pip install moto[server]==$MOTO_VERSION failed"
+    venv_install venv "moto[server]==$MOTO_VERSION"
   fi
   step "Starting the local SQS API (moto) on 127.0.0.1:$SQS_PORT (log: .tools/moto.log)"
   "$TOOLS/venv/bin/moto_server" -H 127.0.0.1 -p "$SQS_PORT" >"$TOOLS/moto.log" 2>&1 &
@@ -114,11 +120,7 @@ ensure_cfn_lint() {
   local installed
   installed=$("$TOOLS/lint-venv/bin/cfn-lint" --version 2>/dev/null || true)
   if [ "$installed" != "cfn-lint $CFN_LINT_VERSION" ]; then
-    step "Installing cfn-lint==$CFN_LINT_VERSION into .tools/lint-venv"
-    mkdir -p "$TOOLS"
-    python3 -m venv "$TOOLS/lint-venv" 2>/dev/null || { apt_install python3-venv; python3 -m venv "$TOOLS/lint-venv"; } ||
-      die "could not create a Python venv in $TOOLS/lint-venv"
-    "$TOOLS/lint-venv/bin/pip" install -q "cfn-lint==$CFN_LINT_VERSION" || die "pip install cfn-lint==$CFN_LINT_VERSION failed"
+    venv_install lint-venv "cfn-lint==$CFN_LINT_VERSION"
   fi
 }
 
@@ -129,11 +131,7 @@ ensure_sam_cli() {
   local installed
   installed=$("$TOOLS/sam-venv/bin/sam" --version 2>/dev/null || true)
   if [ "$installed" != "SAM CLI, version $SAM_CLI_VERSION" ]; then
-    step "Installing aws-sam-cli==$SAM_CLI_VERSION into .tools/sam-venv"
-    mkdir -p "$TOOLS"
-    python3 -m venv "$TOOLS/sam-venv" 2>/dev/null || { apt_install python3-venv; python3 -m venv "$TOOLS/sam-venv"; } ||
-      die "could not create a Python venv in $TOOLS/sam-venv"
-    "$TOOLS/sam-venv/bin/pip" install -q "aws-sam-cli==$SAM_CLI_VERSION" || die "pip install aws-sam-cli==$SAM_CLI_VERSION failed"
+    venv_install sam-venv "aws-sam-cli==$SAM_CLI_VERSION"
   fi
 }
 
@@ -143,11 +141,7 @@ ensure_cargo_lambda() {
   local installed
   installed=$("$TOOLS/lambda-venv/bin/pip" show cargo-lambda 2>/dev/null | sed -n 's/^Version: //p' || true)
   if [ "$installed" != "$CARGO_LAMBDA_VERSION" ]; then
-    step "Installing cargo-lambda==$CARGO_LAMBDA_VERSION and ziglang into .tools/lambda-venv"
-    mkdir -p "$TOOLS"
-    python3 -m venv "$TOOLS/lambda-venv" 2>/dev/null || { apt_install python3-venv; python3 -m venv "$TOOLS/lambda-venv"; } ||
-      die "could not create a Python venv in $TOOLS/lambda-venv"
-    "$TOOLS/lambda-venv/bin/pip" install -q "cargo-lambda==$CARGO_LAMBDA_VERSION" ziglang || die "pip install cargo-lambda failed"
+    venv_install lambda-venv "cargo-lambda==$CARGO_LAMBDA_VERSION" ziglang
   fi
   export PATH="$TOOLS/lambda-venv/bin:$PATH"
 }
