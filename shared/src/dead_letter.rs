@@ -46,6 +46,11 @@ impl ErrorKind {
             Self::Crashed => "crashed",
         }
     }
+
+    /// The kind stored as `s`, if it is one.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.as_str() == s)
+    }
 }
 
 impl fmt::Display for ErrorKind {
@@ -149,7 +154,7 @@ pub async fn record_dead_letter_in(
 }
 
 /// A stored dead letter.
-#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
 pub struct DeadLetter {
     /// Primary key.
     pub id: uuid::Uuid,

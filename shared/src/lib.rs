@@ -12,6 +12,7 @@
 
 pub mod alert_store;
 pub mod alerting;
+pub mod api;
 pub mod backstop;
 pub mod clock;
 pub mod config;
@@ -26,6 +27,7 @@ pub mod ids;
 pub mod metrics;
 pub mod reference;
 pub mod retry;
+pub mod review;
 pub mod scheduled;
 pub mod sqs;
 pub mod sweeper;

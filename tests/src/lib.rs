@@ -2,6 +2,7 @@
 //! consumer's real effect, a harness for tests, and the local demo runner.
 
 pub mod alert_receiver;
+pub mod api_client;
 pub mod demo;
 pub mod event_source;
 pub mod lambda_host;

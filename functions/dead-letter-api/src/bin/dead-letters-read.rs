@@ -1,0 +1,6 @@
+//! The Lambda entry point; everything is in [`dead_letter_api::run_read`].
+
+#[tokio::main]
+async fn main() -> Result<(), lambda_http::Error> {
+    Box::pin(dead_letter_api::run_read()).await
+}

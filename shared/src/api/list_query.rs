@@ -1,0 +1,236 @@
+//! The list endpoint's query string: filters, a bounded limit and an opaque cursor.
+//!
+//! Invariant: everything is validated before any SQL runs, and every refusal names the parameter
+//! and what it accepts. An unknown parameter is refused too: a typo (`stauts=`) must not silently
+//! list everything.
+
+use super::error::ApiError;
+use crate::dead_letter::ErrorKind;
+use crate::review::{ListFilter, Position, ReviewStatus};
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use chrono::{DateTime, Utc};
+
+/// The query parameters the list endpoint accepts (the OpenAPI document lists the same).
+pub const LIST_PARAMETERS: [&str; 8] = [
+    "status",
+    "queue",
+    "consumer",
+    "error_kind",
+    "created_from",
+    "created_before",
+    "limit",
+    "cursor",
+];
+
+/// Page size when `limit` is not given.
+pub const DEFAULT_LIMIT: u32 = 50;
+/// The largest `limit`.
+pub const MAX_LIMIT: u32 = 200;
+/// The longest queue or consumer name accepted as a filter.
+const MAX_NAME_CHARS: usize = 256;
+
+/// A validated list request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ListQuery {
+    /// Which letters.
+    pub filter: ListFilter,
+    /// Continue after this letter.
+    pub after: Option<Position>,
+    /// Page size.
+    pub limit: u32,
+}
+
+/// Parses the query pairs of a list request.
+pub fn parse_list_query(pairs: &[(String, String)]) -> Result<ListQuery, ApiError> {
+    let mut query = ListQuery {
+        filter: ListFilter::default(),
+        after: None,
+        limit: DEFAULT_LIMIT,
+    };
+    let mut seen = Vec::new();
+    for (name, value) in pairs {
+        if seen.contains(&name.as_str()) {
+            return Err(ApiError::invalid_parameter(format!(
+                "`{name}` is given more than once; give it once"
+            )));
+        }
+        seen.push(name.as_str());
+        let f = &mut query.filter;
+        match name.as_str() {
+            "status" => f.status = Some(one_of(name, value, ReviewStatus::parse, &statuses())?),
+            "error_kind" => f.error_kind = Some(one_of(name, value, ErrorKind::parse, &kinds())?),
+            "queue" => f.queue = Some(a_name(name, value)?),
+            "consumer" => f.consumer = Some(a_name(name, value)?),
+            "created_from" => f.created_from = Some(a_time(name, value)?),
+            "created_before" => f.created_before = Some(a_time(name, value)?),
+            "limit" => query.limit = a_limit(value)?,
+            "cursor" => query.after = Some(decode_cursor(value)?),
+            _ => {
+                return Err(ApiError::invalid_parameter(format!(
+                    "unknown query parameter `{name}`; the list accepts {}",
+                    LIST_PARAMETERS.join(", ")
+                )));
+            }
+        }
+    }
+    if let (Some(from), Some(before)) = (query.filter.created_from, query.filter.created_before)
+        && from >= before
+    {
+        return Err(ApiError::invalid_parameter(
+            "`created_from` must be earlier than `created_before`",
+        ));
+    }
+    Ok(query)
+}
+
+fn statuses() -> Vec<&'static str> {
+    ReviewStatus::ALL.iter().map(|s| s.as_str()).collect()
+}
+
+fn kinds() -> Vec<&'static str> {
+    ErrorKind::ALL.iter().map(|k| k.as_str()).collect()
+}
+
+fn one_of<T>(
+    name: &str,
+    value: &str,
+    parse: fn(&str) -> Option<T>,
+    allowed: &[&str],
+) -> Result<T, ApiError> {
+    parse(value).ok_or_else(|| {
+        ApiError::invalid_parameter(format!(
+            "`{name}` must be one of {}, got {value:?}",
+            allowed.join(", ")
+        ))
+    })
+}
+
+fn a_name(name: &str, value: &str) -> Result<String, ApiError> {
+    if value.trim().is_empty() || value.chars().count() > MAX_NAME_CHARS {
+        return Err(ApiError::invalid_parameter(format!(
+            "`{name}` must be 1 to {MAX_NAME_CHARS} characters"
+        )));
+    }
+    Ok(value.to_owned())
+}
+
+fn a_time(name: &str, value: &str) -> Result<DateTime<Utc>, ApiError> {
+    DateTime::parse_from_rfc3339(value)
+        .map(|t| t.with_timezone(&Utc))
+        .map_err(|_| {
+            ApiError::invalid_parameter(format!(
+                "`{name}` must be an RFC 3339 time such as 2026-11-30T08:00:00Z, got {value:?}"
+            ))
+        })
+}
+
+fn a_limit(value: &str) -> Result<u32, ApiError> {
+    match value.parse::<u32>() {
+        Ok(n) if (1..=MAX_LIMIT).contains(&n) => Ok(n),
+        _ => Err(ApiError::invalid_parameter(format!(
+            "`limit` must be a whole number from 1 to {MAX_LIMIT}, got {value:?}"
+        ))),
+    }
+}
+
+const CURSOR_VERSION: &str = "v1";
+
+/// The opaque cursor for the page after `position`.
+pub fn encode_cursor(position: Position) -> String {
+    let raw = format!(
+        "{CURSOR_VERSION}|{}|{}",
+        position.created_at.timestamp_micros(),
+        position.id
+    );
+    URL_SAFE_NO_PAD.encode(raw)
+}
+
+/// The position a cursor from [`encode_cursor`] stands for.
+pub fn decode_cursor(cursor: &str) -> Result<Position, ApiError> {
+    let bad = || {
+        ApiError::invalid_parameter(
+            "`cursor` is not one this API issued; pass `next_cursor` from a previous page unchanged",
+        )
+    };
+    let raw = URL_SAFE_NO_PAD.decode(cursor).map_err(|_| bad())?;
+    let raw = String::from_utf8(raw).map_err(|_| bad())?;
+    let mut parts = raw.split('|');
+    let (Some(CURSOR_VERSION), Some(micros), Some(id), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(bad());
+    };
+    let created_at = micros
+        .parse()
+        .ok()
+        .and_then(DateTime::from_timestamp_micros)
+        .ok_or_else(bad)?;
+    let id = id.parse().map_err(|_| bad())?;
+    Ok(Position { created_at, id })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q(pairs: &[(&str, &str)]) -> Result<ListQuery, ApiError> {
+        let owned: Vec<_> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        parse_list_query(&owned)
+    }
+
+    #[test]
+    fn cursors_round_trip_and_reject_tampering() {
+        let position = Position {
+            created_at: DateTime::from_timestamp_micros(1_796_000_000_123_456).unwrap(),
+            id: uuid::Uuid::new_v4(),
+        };
+        let cursor = encode_cursor(position);
+        assert_eq!(decode_cursor(&cursor).unwrap(), position);
+        for bad in ["", "abc", "djF8MXwy", &cursor[1..], &format!("{cursor}x")] {
+            assert_eq!(decode_cursor(bad).unwrap_err().status, 400, "{bad}");
+        }
+    }
+
+    #[test]
+    fn filters_parse_and_bad_values_name_the_parameter() {
+        let ok = q(&[
+            ("status", "pending_review"),
+            ("error_kind", "crashed"),
+            ("limit", "10"),
+        ])
+        .unwrap();
+        assert_eq!(ok.filter.status, Some(ReviewStatus::PendingReview));
+        assert_eq!(ok.filter.error_kind, Some(ErrorKind::Crashed));
+        assert_eq!(ok.limit, 10);
+        assert_eq!(q(&[]).unwrap().limit, DEFAULT_LIMIT);
+        for (pairs, needle) in [
+            (vec![("status", "open")], "`status`"),
+            (vec![("error_kind", "boom")], "`error_kind`"),
+            (vec![("limit", "0")], "`limit`"),
+            (vec![("limit", "201")], "`limit`"),
+            (vec![("limit", "ten")], "`limit`"),
+            (
+                vec![("stauts", "replayed")],
+                "unknown query parameter `stauts`",
+            ),
+            (vec![("queue", " ")], "`queue`"),
+            (vec![("created_from", "yesterday")], "`created_from`"),
+            (vec![("limit", "5"), ("limit", "6")], "more than once"),
+            (
+                vec![
+                    ("created_from", "2026-11-30T00:00:00Z"),
+                    ("created_before", "2026-11-29T00:00:00Z"),
+                ],
+                "earlier",
+            ),
+        ] {
+            let err = q(&pairs).unwrap_err();
+            assert_eq!(err.status, 400);
+            assert!(err.message.contains(needle), "{pairs:?}: {}", err.message);
+        }
+    }
+}

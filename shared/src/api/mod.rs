@@ -1,0 +1,294 @@
+//! The operators' HTTP API over `core.dead_letters`: list, get, replay, discard.
+//!
+//! Independent of the transport: [`Api::handle`] takes an [`ApiRequest`] and returns an
+//! [`ApiResponse`]; [`lambda`] adapts API Gateway (HTTP API, payload v2) to it. Each Lambda
+//! serves only its own [`ROUTES`], so each role holds only what its routes need: only the replay
+//! function has an SQS client.
+//!
+//! Invariants: a request is routed, then authorized, then validated, and only then touches the
+//! database, so a 4xx never changes anything. Errors are `{"error": {"code", "message"}}`.
+
+pub mod auth;
+mod error;
+mod handlers;
+pub mod lambda;
+pub mod list_query;
+pub mod replayer;
+
+pub use auth::{Caller, Scope};
+pub use error::ApiError;
+
+use crate::clock::Clock;
+use crate::config::{ConfigError, DatabaseConfig, Env};
+use serde_json::Value;
+use sqlx::PgPool;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What an endpoint does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    /// `GET /v1/core/dead-letters`.
+    List,
+    /// `GET /v1/core/dead-letters/{id}`.
+    Get,
+    /// `POST /v1/core/dead-letters/{id}/replay`.
+    Replay,
+    /// `POST /v1/core/dead-letters/{id}/discard`.
+    Discard,
+}
+
+/// One route: method, path template, required scope and the function (binary) that serves it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Route {
+    /// HTTP method.
+    pub method: &'static str,
+    /// Path template, `{id}` for the letter id (as in `template.yaml` and the OpenAPI document).
+    pub path: &'static str,
+    /// What it does.
+    pub operation: Operation,
+    /// The scope it needs.
+    pub scope: Scope,
+    /// The Lambda binary that serves it.
+    pub function: &'static str,
+}
+
+/// Every route of the API. `template.yaml` and `openapi/dead-letters.yaml` are tested against it.
+pub const ROUTES: [Route; 4] = [
+    Route {
+        method: "GET",
+        path: "/v1/core/dead-letters",
+        operation: Operation::List,
+        scope: Scope::Read,
+        function: "dead-letters-read",
+    },
+    Route {
+        method: "GET",
+        path: "/v1/core/dead-letters/{id}",
+        operation: Operation::Get,
+        scope: Scope::Read,
+        function: "dead-letters-read",
+    },
+    Route {
+        method: "POST",
+        path: "/v1/core/dead-letters/{id}/replay",
+        operation: Operation::Replay,
+        scope: Scope::Replay,
+        function: "dead-letters-replay",
+    },
+    Route {
+        method: "POST",
+        path: "/v1/core/dead-letters/{id}/discard",
+        operation: Operation::Discard,
+        scope: Scope::Discard,
+        function: "dead-letters-discard",
+    },
+];
+
+/// A request, as any transport delivers it.
+#[derive(Debug, Clone, Default)]
+pub struct ApiRequest {
+    /// HTTP method.
+    pub method: String,
+    /// The path, without the query string.
+    pub path: String,
+    /// Decoded query pairs, in order.
+    pub query: Vec<(String, String)>,
+    /// The body.
+    pub body: Vec<u8>,
+    /// The verified caller; `None` when no authorizer context came with the request.
+    pub caller: Option<Caller>,
+}
+
+/// A JSON response.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiResponse {
+    /// HTTP status.
+    pub status: u16,
+    /// The JSON body.
+    pub body: Value,
+}
+
+impl From<ApiError> for ApiResponse {
+    fn from(error: ApiError) -> Self {
+        Self {
+            status: error.status,
+            body: error.body(),
+        }
+    }
+}
+
+/// Settings of the API functions.
+#[derive(Debug, Clone)]
+pub struct ApiConfig {
+    /// The database.
+    pub database: DatabaseConfig,
+    /// How long a review waits for a concurrent review of the same letter (`API_LOCK_WAIT_MS`,
+    /// default 2000) before answering 409.
+    pub lock_wait: Duration,
+}
+
+/// `API_LOCK_WAIT_MS`.
+pub const API_LOCK_WAIT_MS: &str = "API_LOCK_WAIT_MS";
+
+impl ApiConfig {
+    /// Reads the database settings and [`API_LOCK_WAIT_MS`] (1 to 30000).
+    pub fn from_env(env: &Env<'_>) -> Result<Self, ConfigError> {
+        let wait = env.parsed(API_LOCK_WAIT_MS, 2_000u64)?;
+        if !(1..=30_000).contains(&wait) {
+            return Err(ConfigError {
+                variable: API_LOCK_WAIT_MS,
+                problem: format!("must be 1 to 30000 milliseconds, got {wait}"),
+            });
+        }
+        Ok(Self {
+            database: DatabaseConfig::from_env(env)?,
+            lock_wait: Duration::from_millis(wait),
+        })
+    }
+}
+
+/// The API as one function serves it.
+pub struct Api {
+    pool: PgPool,
+    clock: Arc<dyn Clock>,
+    lock_wait: Duration,
+    function: &'static str,
+    replayer: Option<replayer::Replayer>,
+}
+
+impl Api {
+    /// The read function: list and get.
+    pub fn read(pool: PgPool, clock: Arc<dyn Clock>, lock_wait: Duration) -> Self {
+        Self::serving("dead-letters-read", pool, clock, lock_wait, None)
+    }
+
+    /// The discard function.
+    pub fn discard(pool: PgPool, clock: Arc<dyn Clock>, lock_wait: Duration) -> Self {
+        Self::serving("dead-letters-discard", pool, clock, lock_wait, None)
+    }
+
+    /// The replay function, the only one that can send.
+    pub fn replay(
+        pool: PgPool,
+        clock: Arc<dyn Clock>,
+        lock_wait: Duration,
+        replayer: replayer::Replayer,
+    ) -> Self {
+        Self::serving(
+            "dead-letters-replay",
+            pool,
+            clock,
+            lock_wait,
+            Some(replayer),
+        )
+    }
+
+    fn serving(
+        function: &'static str,
+        pool: PgPool,
+        clock: Arc<dyn Clock>,
+        lock_wait: Duration,
+        replayer: Option<replayer::Replayer>,
+    ) -> Self {
+        Self {
+            pool,
+            clock,
+            lock_wait,
+            function,
+            replayer,
+        }
+    }
+
+    /// The routes this function serves.
+    pub fn routes(&self) -> impl Iterator<Item = &'static Route> + '_ {
+        ROUTES.iter().filter(|r| r.function == self.function)
+    }
+
+    /// Routes, authorizes, validates and runs one request.
+    pub async fn handle(&self, request: &ApiRequest) -> ApiResponse {
+        let outcome = async {
+            let (route, id) = self.route(&request.method, &request.path)?;
+            let actor = auth::authorize(request.caller.as_ref(), route.scope)?;
+            handlers::run(self, route, id, actor, request).await
+        }
+        .await;
+        outcome.unwrap_or_else(ApiResponse::from)
+    }
+
+    fn route<'p>(
+        &self,
+        method: &str,
+        path: &'p str,
+    ) -> Result<(&'static Route, Option<&'p str>), ApiError> {
+        let mut path_matched = false;
+        for route in self.routes() {
+            if let Some(id) = match_path(route.path, path) {
+                path_matched = true;
+                if route.method.eq_ignore_ascii_case(method) {
+                    return Ok((route, id));
+                }
+            }
+        }
+        Err(if path_matched {
+            ApiError::method_not_allowed(format!("{method} is not allowed on {path}"))
+        } else {
+            ApiError::not_found(format!("no route {method} {path} here"))
+        })
+    }
+}
+
+/// Matches `path` against a template with at most one `{id}` segment; returns the id if any.
+fn match_path<'p>(template: &str, path: &'p str) -> Option<Option<&'p str>> {
+    let path = path
+        .strip_suffix('/')
+        .filter(|p| !p.is_empty())
+        .unwrap_or(path);
+    let mut id = None;
+    let mut segments = path.split('/');
+    for expected in template.split('/') {
+        let actual = segments.next()?;
+        if expected == "{id}" {
+            id = Some(actual);
+        } else if expected != actual {
+            return None;
+        }
+    }
+    segments.next().is_none().then_some(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_match_their_templates_only() {
+        let t = "/v1/core/dead-letters/{id}/replay";
+        assert_eq!(
+            match_path(t, "/v1/core/dead-letters/abc/replay"),
+            Some(Some("abc"))
+        );
+        assert_eq!(
+            match_path(t, "/v1/core/dead-letters/abc/replay/"),
+            Some(Some("abc"))
+        );
+        assert_eq!(match_path(t, "/v1/core/dead-letters/abc"), None);
+        assert_eq!(match_path(t, "/v1/core/dead-letters/abc/replay/x"), None);
+        assert_eq!(
+            match_path("/v1/core/dead-letters", "/v1/core/dead-letters"),
+            Some(None)
+        );
+    }
+
+    #[test]
+    fn every_route_has_one_function_and_the_scope_its_operation_needs() {
+        for route in ROUTES {
+            let scope = match route.operation {
+                Operation::List | Operation::Get => Scope::Read,
+                Operation::Replay => Scope::Replay,
+                Operation::Discard => Scope::Discard,
+            };
+            assert_eq!(route.scope, scope, "{route:?}");
+        }
+    }
+}

@@ -1,0 +1,331 @@
+//! Reviewing dead letters: listing them newest first, and the one write the table allows, the
+//! transition `pending_review → replayed | discarded`.
+//!
+//! Invariant: a letter leaves `pending_review` once. A review locks the row (`FOR UPDATE`, with a
+//! bounded wait) and reads its status under the lock, so of two concurrent reviews of one letter
+//! exactly one sees it pending; the other sees the winner's status. Nothing here sends anything:
+//! the caller does, between [`LockedLetter::mark`] and [`LockedLetter::commit`].
+
+use crate::dead_letter::{DeadLetter, ErrorKind};
+use crate::ids::{ConsumerName, DeadLetterId, JobId};
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::{PgConnection, PgExecutor, PgPool, Postgres, QueryBuilder, Transaction};
+use std::fmt;
+use std::time::Duration;
+use uuid::Uuid;
+
+/// Characters of `last_error` a list item carries; [`letter`] has all of it.
+pub const LIST_ERROR_CHARS: i32 = 300;
+
+/// Where a dead letter stands in its review.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReviewStatus {
+    /// Waiting for an operator.
+    PendingReview,
+    /// Republished to its queue.
+    Replayed,
+    /// Closed with a reason.
+    Discarded,
+}
+
+impl ReviewStatus {
+    /// Every status, in the schema's order.
+    pub const ALL: [ReviewStatus; 3] = [Self::PendingReview, Self::Replayed, Self::Discarded];
+
+    /// The value stored in `core.dead_letters.status`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::PendingReview => "pending_review",
+            Self::Replayed => "replayed",
+            Self::Discarded => "discarded",
+        }
+    }
+
+    /// The status stored as `s`, if it is one.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+}
+
+impl fmt::Display for ReviewStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Which letters to list; every field narrows, `None` does not.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ListFilter {
+    /// Review status.
+    pub status: Option<ReviewStatus>,
+    /// Source queue.
+    pub queue: Option<String>,
+    /// Consumer.
+    pub consumer: Option<String>,
+    /// Error kind.
+    pub error_kind: Option<ErrorKind>,
+    /// Created at or after.
+    pub created_from: Option<DateTime<Utc>>,
+    /// Created strictly before.
+    pub created_before: Option<DateTime<Utc>>,
+}
+
+/// A place in the newest-first order: the page continues with letters strictly after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Position {
+    /// The last listed letter's `created_at`.
+    pub created_at: DateTime<Utc>,
+    /// The last listed letter's id (ties on `created_at` are ordered by id).
+    pub id: Uuid,
+}
+
+/// A letter in a list: everything but the payload, `last_error` cut to [`LIST_ERROR_CHARS`].
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+pub struct LetterSummary {
+    /// Primary key.
+    pub id: Uuid,
+    /// The job, if the message carried one.
+    pub job_id: Option<Uuid>,
+    /// The tenant, if readable.
+    pub tenant_id: Option<Uuid>,
+    /// The consumer.
+    pub consumer: String,
+    /// The source queue.
+    pub queue: String,
+    /// The SQS message id.
+    pub message_id: String,
+    /// The attempt on which it was written.
+    pub attempts: i32,
+    /// `poison`, `permanent`, `exhausted` or `crashed`.
+    pub error_kind: String,
+    /// The start of the last error.
+    pub last_error: String,
+    /// Whether `last_error` was cut.
+    pub last_error_truncated: bool,
+    /// The correlation id.
+    pub correlation_id: Option<String>,
+    /// The letter whose replay produced this one.
+    pub replay_of: Option<Uuid>,
+    /// The review status.
+    pub status: String,
+    /// Why it was discarded.
+    pub discard_reason: Option<String>,
+    /// Who reviewed it.
+    pub reviewed_by: Option<String>,
+    /// When it was reviewed.
+    pub reviewed_at: Option<DateTime<Utc>>,
+    /// When it was written.
+    pub created_at: DateTime<Utc>,
+}
+
+impl LetterSummary {
+    /// The position right after this letter.
+    pub fn position(&self) -> Position {
+        Position {
+            created_at: self.created_at,
+            id: self.id,
+        }
+    }
+}
+
+/// Up to `limit` letters matching `filter`, newest first, strictly after `after`.
+///
+/// Only the conditions that are set reach the SQL, so each filter combination gets a plan for
+/// its own index (`migrations/*_dead_letter_list_indexes.sql`).
+pub async fn list_letters(
+    db: impl PgExecutor<'_>,
+    filter: &ListFilter,
+    after: Option<Position>,
+    limit: u32,
+) -> sqlx::Result<Vec<LetterSummary>> {
+    let mut q = QueryBuilder::<Postgres>::new(
+        "SELECT id, job_id, tenant_id, consumer, queue, message_id, attempts, error_kind,
+                left(last_error, ",
+    );
+    q.push_bind(LIST_ERROR_CHARS)
+        .push(") AS last_error, char_length(last_error) > ")
+        .push_bind(LIST_ERROR_CHARS)
+        .push(
+            " AS last_error_truncated, correlation_id, replay_of, status, discard_reason,
+                reviewed_by, reviewed_at, created_at
+             FROM core.dead_letters WHERE true",
+        );
+    if let Some(status) = filter.status {
+        q.push(" AND status = ").push_bind(status.as_str());
+    }
+    if let Some(queue) = &filter.queue {
+        q.push(" AND queue = ").push_bind(queue.clone());
+    }
+    if let Some(consumer) = &filter.consumer {
+        q.push(" AND consumer = ").push_bind(consumer.clone());
+    }
+    if let Some(kind) = filter.error_kind {
+        q.push(" AND error_kind = ").push_bind(kind.as_str());
+    }
+    if let Some(from) = filter.created_from {
+        q.push(" AND created_at >= ").push_bind(from);
+    }
+    if let Some(before) = filter.created_before {
+        q.push(" AND created_at < ").push_bind(before);
+    }
+    if let Some(after) = after {
+        q.push(" AND (created_at, id) < (")
+            .push_bind(after.created_at)
+            .push(", ")
+            .push_bind(after.id)
+            .push(")");
+    }
+    q.push(" ORDER BY created_at DESC, id DESC LIMIT ")
+        .push_bind(i64::from(limit));
+    q.build_query_as().fetch_all(db).await
+}
+
+/// One letter, whole, if it exists.
+pub async fn letter(db: impl PgExecutor<'_>, id: DeadLetterId) -> sqlx::Result<Option<DeadLetter>> {
+    sqlx::query_as("SELECT * FROM core.dead_letters WHERE id = $1")
+        .bind(id.0)
+        .fetch_optional(db)
+        .await
+}
+
+/// The letters written when replays of `id` failed again, oldest first.
+pub async fn replays_of(db: impl PgExecutor<'_>, id: DeadLetterId) -> sqlx::Result<Vec<Uuid>> {
+    sqlx::query_scalar(
+        "SELECT id FROM core.dead_letters WHERE replay_of = $1 ORDER BY created_at, id",
+    )
+    .bind(id.0)
+    .fetch_all(db)
+    .await
+}
+
+/// How a review closes a letter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Republished to its queue.
+    Replayed,
+    /// Closed, with the reason the schema requires.
+    Discarded {
+        /// Why; not blank.
+        reason: String,
+    },
+}
+
+/// A letter locked for review inside an open transaction. Dropping it rolls back.
+pub struct LockedLetter {
+    tx: Transaction<'static, Postgres>,
+    /// The letter as read under the lock.
+    pub letter: DeadLetter,
+}
+
+/// Begins a review of `id`: locks the row, waiting at most `lock_wait` for a concurrent review.
+/// `Ok(None)` if there is no such letter; a wait that runs out is a `lock_not_available` error
+/// (see [`is_lock_timeout`]).
+pub async fn lock_letter(
+    pool: &PgPool,
+    id: DeadLetterId,
+    lock_wait: Duration,
+) -> sqlx::Result<Option<LockedLetter>> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SELECT set_config('lock_timeout', $1, true)")
+        .bind(format!("{}ms", lock_wait.as_millis().max(1)))
+        .execute(&mut *tx)
+        .await?;
+    let letter: Option<DeadLetter> =
+        sqlx::query_as("SELECT * FROM core.dead_letters WHERE id = $1 FOR UPDATE")
+            .bind(id.0)
+            .fetch_optional(&mut *tx)
+            .await?;
+    Ok(letter.map(|letter| LockedLetter { tx, letter }))
+}
+
+impl LockedLetter {
+    /// The letter's status.
+    pub fn status(&self) -> Option<ReviewStatus> {
+        ReviewStatus::parse(&self.letter.status)
+    }
+
+    /// Whether the letter's job already has a fence for its consumer (a replay is then a no-op).
+    /// `None` for a letter without a job id.
+    pub async fn fence_exists(&mut self) -> sqlx::Result<Option<bool>> {
+        let Some(job_id) = self.letter.job_id else {
+            return Ok(None);
+        };
+        let Ok(consumer) = ConsumerName::new(self.letter.consumer.clone()) else {
+            return Ok(None);
+        };
+        crate::fence::fence_exists(&mut *self.tx, JobId(job_id), &consumer)
+            .await
+            .map(Some)
+    }
+
+    /// Writes the verdict (not yet committed) and returns the letter as it now reads.
+    pub async fn mark(
+        &mut self,
+        verdict: &Verdict,
+        actor: &str,
+        now: DateTime<Utc>,
+    ) -> sqlx::Result<&DeadLetter> {
+        let (status, reason) = match verdict {
+            Verdict::Replayed => (ReviewStatus::Replayed, None),
+            Verdict::Discarded { reason } => (ReviewStatus::Discarded, Some(reason.as_str())),
+        };
+        self.letter =
+            mark_reviewed(&mut self.tx, self.letter.id, status, reason, actor, now).await?;
+        Ok(&self.letter)
+    }
+
+    /// Commits the review; returns the letter.
+    pub async fn commit(self) -> sqlx::Result<DeadLetter> {
+        self.tx.commit().await?;
+        Ok(self.letter)
+    }
+}
+
+async fn mark_reviewed(
+    conn: &mut PgConnection,
+    id: Uuid,
+    status: ReviewStatus,
+    reason: Option<&str>,
+    actor: &str,
+    now: DateTime<Utc>,
+) -> sqlx::Result<DeadLetter> {
+    sqlx::query_as(
+        "UPDATE core.dead_letters
+         SET status = $2, discard_reason = $3, reviewed_by = $4, reviewed_at = $5
+         WHERE id = $1
+         RETURNING *",
+    )
+    .bind(id)
+    .bind(status.as_str())
+    .bind(reason)
+    .bind(actor)
+    .bind(now)
+    .fetch_one(conn)
+    .await
+}
+
+/// Whether `error` is a lock wait that ran out (SQLSTATE `55P03`): another review holds the row.
+pub fn is_lock_timeout(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .and_then(|e| e.code())
+        .is_some_and(|code| code == "55P03")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_match_the_schema_check() {
+        let names: Vec<_> = ReviewStatus::ALL.iter().map(|s| s.as_str()).collect();
+        assert_eq!(names, ["pending_review", "replayed", "discarded"]);
+        assert_eq!(
+            ReviewStatus::parse("replayed"),
+            Some(ReviewStatus::Replayed)
+        );
+        assert_eq!(ReviewStatus::parse("Replayed"), None);
+    }
+}

@@ -1,0 +1,457 @@
+//! The dead-letter API in process, against real PostgreSQL and the local SQS API: validation,
+//! the review state machine, pagination, and concurrent reviews of one letter.
+//! The Lambda binaries, the auth matrix and AC5 end to end are in `api_lambda.rs`.
+
+use e2e::api_client::{caller, fingerprint, request, seed_letter, with_body};
+use e2e::event_source::{Queue, create_queue, depth, sqs_client};
+use serde_json::{Value, json};
+use shared::api::replayer::Replayer;
+use shared::api::{Api, ApiRequest, ApiResponse, Scope};
+use shared::clock::SystemClock;
+use shared::dead_letter::{ErrorKind, NewDeadLetter, record_dead_letter_in};
+use shared::ids::DeadLetterId;
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+use uuid::Uuid;
+
+const ALL: &[Scope] = &[Scope::Read, Scope::Replay, Scope::Discard];
+const LETTERS: &str = "/v1/core/dead-letters";
+
+struct Apis {
+    read: Api,
+    replay: Api,
+    discard: Api,
+    queue: Queue,
+    sqs: aws_sdk_sqs::Client,
+}
+
+async fn setup(pool_opts: PgPoolOptions, connect: PgConnectOptions) -> (PgPool, Apis) {
+    // A pool of its own (not the test's child pool, capped lower): eight concurrent reviews
+    // each hold a connection.
+    drop(pool_opts);
+    let pool = PgPoolOptions::new()
+        .max_connections(16)
+        .connect_with(connect)
+        .await
+        .unwrap();
+    let sqs = sqs_client().await;
+    let queue = create_queue(
+        &sqs,
+        &format!("api-{}", &Uuid::new_v4().simple().to_string()[..12]),
+        &[],
+    )
+    .await;
+    let clock = Arc::new(SystemClock);
+    let wait = Duration::from_secs(2);
+    let apis = Apis {
+        read: Api::read(pool.clone(), clock.clone(), wait),
+        replay: Api::replay(
+            pool.clone(),
+            clock.clone(),
+            wait,
+            Replayer::new(sqs.clone()),
+        ),
+        discard: Api::discard(pool.clone(), clock, wait),
+        queue,
+        sqs,
+    };
+    (pool, apis)
+}
+
+impl Apis {
+    async fn call(&self, request: ApiRequest) -> ApiResponse {
+        let api = match (request.method.as_str(), request.path.rsplit('/').next()) {
+            ("POST", Some("replay")) => &self.replay,
+            ("POST", Some("discard")) => &self.discard,
+            _ => &self.read,
+        };
+        api.handle(&request).await
+    }
+
+    async fn sent(&self) -> u64 {
+        depth(&self.sqs, &self.queue).await
+    }
+}
+
+fn ops() -> Option<shared::api::Caller> {
+    Some(caller("ops-1", ALL))
+}
+
+fn discard(id: impl std::fmt::Display, body: &str) -> ApiRequest {
+    with_body(
+        request("POST", &format!("{LETTERS}/{id}/discard"), ops()),
+        body,
+    )
+}
+
+fn replay(id: impl std::fmt::Display) -> ApiRequest {
+    request("POST", &format!("{LETTERS}/{id}/replay"), ops())
+}
+
+fn list(query: &[(&str, &str)]) -> ApiRequest {
+    let mut r = request("GET", LETTERS, ops());
+    r.query = query
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    r
+}
+
+fn assert_error(response: &ApiResponse, status: u16, code: &str) {
+    assert_eq!(response.status, status, "{:#}", response.body);
+    assert_eq!(response.body["error"]["code"], code, "{:#}", response.body);
+    let message = response.body["error"]["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        !message.is_empty(),
+        "a message for a person: {:#}",
+        response.body
+    );
+    for leak in ["sqlx", "SQL", "core.", "postgres", "panicked", "ErrorKind"] {
+        assert!(!message.contains(leak), "leaks {leak:?}: {message}");
+    }
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn ac7_discarding_without_a_reason_is_rejected_and_the_letter_is_unchanged(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let (pool, apis) = setup(pool_opts, connect).await;
+    let (id, _) = seed_letter(&pool, &apis.queue.name, ErrorKind::Exhausted).await;
+    let before = fingerprint(&pool).await;
+    for (body, status, code) in [
+        ("", 400, "invalid_json"),
+        ("{}", 422, "invalid_body"),
+        (r#"{"reason": ""}"#, 422, "invalid_body"),
+        (r#"{"reason": "   \n\t "}"#, 422, "invalid_body"),
+        (r#"{"reason": null}"#, 422, "invalid_body"),
+    ] {
+        let response = apis.call(discard(id, body)).await;
+        assert_error(&response, status, code);
+        assert_eq!(fingerprint(&pool).await, before, "changed by {body:?}");
+    }
+    let response = apis
+        .call(discard(
+            id,
+            r#"{"reason": "account closed; points reissued by hand (OPS-12)"}"#,
+        ))
+        .await;
+    assert_eq!(response.status, 200, "{:#}", response.body);
+    let letter = &response.body["letter"];
+    assert_eq!(letter["status"], "discarded");
+    assert_eq!(
+        letter["discard_reason"],
+        "account closed; points reissued by hand (OPS-12)"
+    );
+    assert_eq!(letter["reviewed_by"], "ops-1");
+    assert_eq!(apis.sent().await, 0, "a discard sends nothing");
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn bad_input_gets_a_4xx_naming_the_problem_and_changes_nothing(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let (pool, apis) = setup(pool_opts, connect).await;
+    let (id, _) = seed_letter(&pool, &apis.queue.name, ErrorKind::Permanent).await;
+    let before = fingerprint(&pool).await;
+    let long_reason = json!({"reason": "x".repeat(1001)}).to_string();
+    let cases: Vec<(ApiRequest, u16, &str)> = vec![
+        (
+            request("GET", &format!("{LETTERS}/not-a-uuid"), ops()),
+            400,
+            "invalid_parameter",
+        ),
+        (replay("12345"), 400, "invalid_parameter"),
+        (
+            discard("zzz", r#"{"reason": "x"}"#),
+            400,
+            "invalid_parameter",
+        ),
+        (
+            list(&[("cursor", "bm90LWEtY3Vyc29y")]),
+            400,
+            "invalid_parameter",
+        ),
+        (list(&[("cursor", "%%%")]), 400, "invalid_parameter"),
+        (list(&[("status", "open")]), 400, "invalid_parameter"),
+        (list(&[("error_kind", "timeout")]), 400, "invalid_parameter"),
+        (list(&[("limit", "0")]), 400, "invalid_parameter"),
+        (list(&[("limit", "100000")]), 400, "invalid_parameter"),
+        (list(&[("limit", "-1")]), 400, "invalid_parameter"),
+        (list(&[("stauts", "replayed")]), 400, "invalid_parameter"),
+        (
+            list(&[("created_from", "last tuesday")]),
+            400,
+            "invalid_parameter",
+        ),
+        (discard(id, "reason: because"), 400, "invalid_json"),
+        (discard(id, "[\"because\"]"), 422, "invalid_body"),
+        (discard(id, &long_reason), 422, "invalid_body"),
+        (
+            discard(id, r#"{"reason": "ok", "force": true}"#),
+            422,
+            "invalid_body",
+        ),
+        (
+            request("DELETE", &format!("{LETTERS}/{id}"), ops()),
+            405,
+            "method_not_allowed",
+        ),
+        (
+            request("GET", "/v1/core/dead-letters/x/y/z", ops()),
+            404,
+            "not_found",
+        ),
+    ];
+    for (req, status, code) in cases {
+        let response = apis.call(req.clone()).await;
+        assert_error(&response, status, code);
+        assert_eq!(fingerprint(&pool).await, before, "changed by {req:?}");
+    }
+    // A route of another function is not served here (the gateway never sends it).
+    let elsewhere = apis.read.handle(&discard(id, r#"{"reason": "x"}"#)).await;
+    assert_error(&elsewhere, 404, "not_found");
+    assert_eq!(fingerprint(&pool).await, before);
+    assert_eq!(apis.sent().await, 0, "nothing was sent");
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn unknown_letters_are_404_and_reviewed_ones_409_without_a_second_send(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let (pool, apis) = setup(pool_opts, connect).await;
+    let unknown = Uuid::new_v4();
+    assert_error(
+        &apis
+            .call(request("GET", &format!("{LETTERS}/{unknown}"), ops()))
+            .await,
+        404,
+        "not_found",
+    );
+    assert_error(&apis.call(replay(unknown)).await, 404, "not_found");
+    assert_error(
+        &apis.call(discard(unknown, r#"{"reason": "x"}"#)).await,
+        404,
+        "not_found",
+    );
+
+    let (id, _) = seed_letter(&pool, &apis.queue.name, ErrorKind::Exhausted).await;
+    let first = apis.call(replay(id)).await;
+    assert_eq!(first.status, 200, "{:#}", first.body);
+    assert_eq!(first.body["letter"]["status"], "replayed");
+    assert_eq!(first.body["replay"]["fence_exists"], false);
+    let after_first = fingerprint(&pool).await;
+    let again = apis.call(replay(id)).await;
+    assert_error(&again, 409, "not_pending");
+    assert!(
+        again.body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("ops-1")
+    );
+    assert_error(
+        &apis.call(discard(id, r#"{"reason": "late"}"#)).await,
+        409,
+        "not_pending",
+    );
+    assert_eq!(fingerprint(&pool).await, after_first);
+    assert_eq!(apis.sent().await, 1, "one replay, one message");
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_poison_letter_without_a_job_id_cannot_be_replayed(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let (pool, apis) = setup(pool_opts, connect).await;
+    let payload = json!("not json at all");
+    let letter = NewDeadLetter {
+        job_id: None,
+        tenant_id: None,
+        consumer: &e2e::consumer_name(),
+        queue: &apis.queue.name,
+        message_id: "m-poison",
+        payload: &payload,
+        attempts: 1,
+        kind: ErrorKind::Poison,
+        last_error: "not JSON",
+        correlation_id: None,
+        replay_of: None,
+    };
+    let id = record_dead_letter_in(&pool, &letter, chrono::Utc::now())
+        .await
+        .unwrap()
+        .id();
+    let before = fingerprint(&pool).await;
+    assert_error(&apis.call(replay(id.0)).await, 409, "not_replayable");
+    assert_eq!(fingerprint(&pool).await, before);
+    assert_eq!(apis.sent().await, 0);
+    let discarded = apis
+        .call(discard(id.0, r#"{"reason": "garbage from a test client"}"#))
+        .await;
+    assert_eq!(discarded.status, 200, "{:#}", discarded.body);
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_send_the_queue_refuses_leaves_the_letter_pending_and_unchanged(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let (pool, apis) = setup(pool_opts, connect).await;
+    let (id, _) = seed_letter(&pool, "a-queue-that-does-not-exist", ErrorKind::Exhausted).await;
+    let before = fingerprint(&pool).await;
+    let response = apis.call(replay(id)).await;
+    assert_error(&response, 503, "queue_unavailable");
+    assert_eq!(
+        fingerprint(&pool).await,
+        before,
+        "still pending, no reviewer"
+    );
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn the_list_pages_newest_first_by_cursor_and_filters_without_payloads(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let (pool, apis) = setup(pool_opts, connect).await;
+    let mut seeded = Vec::new();
+    for i in 0..25 {
+        let kind = if i % 5 == 0 {
+            ErrorKind::Crashed
+        } else {
+            ErrorKind::Exhausted
+        };
+        seeded.push(seed_letter(&pool, &apis.queue.name, kind).await.0);
+    }
+    let (other_queue, _) = seed_letter(&pool, "other-queue", ErrorKind::Permanent).await;
+
+    let mut pages = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let mut query = vec![("limit", "10"), ("queue", apis.queue.name.as_str())];
+        if let Some(c) = &cursor {
+            query.push(("cursor", c));
+        }
+        let page = apis.call(list(&query)).await;
+        assert_eq!(page.status, 200, "{:#}", page.body);
+        let items = page.body["items"].as_array().unwrap().clone();
+        for item in &items {
+            assert!(item.get("payload").is_none(), "no payloads in a list");
+        }
+        pages.push(items);
+        match page.body["next_cursor"].as_str() {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    assert_eq!(pages.iter().map(Vec::len).collect::<Vec<_>>(), [10, 10, 5]);
+    let listed: Vec<&Value> = pages.iter().flatten().collect();
+    let ids: Vec<Uuid> = listed
+        .iter()
+        .map(|i| i["id"].as_str().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(
+        ids.iter().collect::<HashSet<_>>().len(),
+        25,
+        "each letter once"
+    );
+    let mut newest_first = seeded
+        .iter()
+        .map(|d: &DeadLetterId| d.0)
+        .collect::<Vec<_>>();
+    newest_first.reverse();
+    assert_eq!(ids, newest_first, "newest first");
+    assert!(!ids.contains(&other_queue.0), "filtered by queue");
+
+    let crashed = apis.call(list(&[("error_kind", "crashed")])).await;
+    let kinds: Vec<&Value> = crashed.body["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| &i["error_kind"])
+        .collect();
+    assert_eq!(kinds.len(), 5);
+    assert!(kinds.iter().all(|k| *k == "crashed"));
+
+    apis.call(discard(seeded[3], r#"{"reason": "test"}"#)).await;
+    let discarded = apis.call(list(&[("status", "discarded")])).await;
+    assert_eq!(discarded.body["items"][0]["id"], json!(seeded[3].0));
+    assert_eq!(discarded.body["items"].as_array().unwrap().len(), 1);
+    let future = apis
+        .call(list(&[("created_from", "2999-01-01T00:00:00Z")]))
+        .await;
+    assert_eq!(future.body["items"], json!([]));
+    assert_eq!(future.body["next_cursor"], Value::Null);
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn get_returns_the_whole_letter_with_its_fence_state(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let (pool, apis) = setup(pool_opts, connect).await;
+    let (id, job) = seed_letter(&pool, &apis.queue.name, ErrorKind::Exhausted).await;
+    let got = apis
+        .call(request("GET", &format!("{LETTERS}/{id}"), ops()))
+        .await;
+    assert_eq!(got.status, 200, "{:#}", got.body);
+    assert_eq!(got.body["letter"]["payload"]["job_id"], json!(job.0));
+    assert_eq!(
+        got.body["letter"]["last_error"],
+        "database unavailable on every attempt"
+    );
+    assert_eq!(got.body["fence_exists"], false);
+    assert_eq!(got.body["failed_replays"], json!([]));
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn concurrent_replays_and_discards_of_one_letter_let_exactly_one_win(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let (pool, apis) = setup(pool_opts, connect).await;
+    let apis = Arc::new(apis);
+    let mut replay_wins = 0;
+    for round in 0..10 {
+        let (id, _) = seed_letter(&pool, &apis.queue.name, ErrorKind::Exhausted).await;
+        let mut tasks = tokio::task::JoinSet::new();
+        for i in 0..8 {
+            let apis = apis.clone();
+            tasks.spawn(async move {
+                let req = if (i + round) % 2 == 0 {
+                    replay(id)
+                } else {
+                    discard(id, r#"{"reason": "racing"}"#)
+                };
+                (req.path.ends_with("/replay"), apis.call(req).await)
+            });
+        }
+        let outcomes = tasks.join_all().await;
+        let winners: Vec<_> = outcomes.iter().filter(|(_, r)| r.status == 200).collect();
+        assert_eq!(winners.len(), 1, "round {round}: {outcomes:#?}");
+        for (_, loser) in outcomes.iter().filter(|(_, r)| r.status != 200) {
+            assert_eq!(loser.status, 409, "{:#}", loser.body);
+        }
+        let (won_by_replay, response) = winners[0];
+        let expected = if *won_by_replay {
+            "replayed"
+        } else {
+            "discarded"
+        };
+        assert_eq!(response.body["letter"]["status"], expected);
+        replay_wins += u64::from(*won_by_replay);
+        assert_eq!(
+            apis.sent().await,
+            replay_wins,
+            "round {round}: one message per replay won"
+        );
+    }
+}
