@@ -6,9 +6,12 @@ source "$(dirname "$0")/lib.sh"
 
 command -v cargo >/dev/null || die "cargo is not installed"
 ensure_cargo_lambda
-step "Building consumer, dlq-ingester and sweeper (cargo lambda build --release)"
-cargo lambda build --release --bin consumer --bin dlq-ingester --bin sweeper || die "cargo lambda build failed"
-for f in consumer dlq-ingester sweeper; do
+# The binaries template.yaml deploys (its BuildProperties: Binary: lines), so this never drifts.
+mapfile -t BINARIES < <(sed -n 's/^ *Binary: *//p' template.yaml)
+[ "${#BINARIES[@]}" -gt 0 ] || die "no Binary: entries found in template.yaml"
+step "Building ${BINARIES[*]} (cargo lambda build --release)"
+cargo lambda build --release $(printf -- '--bin %s ' "${BINARIES[@]}") || die "cargo lambda build failed"
+for f in "${BINARIES[@]}"; do
   [ -x "target/lambda/$f/bootstrap" ] || die "target/lambda/$f/bootstrap was not produced"
   note "$f: target/lambda/$f/bootstrap ($(du -h "target/lambda/$f/bootstrap" | cut -f1))"
 done

@@ -82,30 +82,43 @@ pub async fn invoke(function: &LambdaHost, request: &ApiRequest) -> ApiResponse 
 }
 
 /// Writes a `kind` letter for a fresh job of the reference consumer on `queue`, as the harness
-/// would, `points` points to account `a`; returns (letter, job).
+/// would (3 points to account `a`); returns (letter, job).
 pub async fn seed_letter(pool: &PgPool, queue: &str, kind: ErrorKind) -> (DeadLetterId, JobId) {
     let job_id = JobId(uuid::Uuid::new_v4());
     let payload = json!({"job_id": job_id, "tenant_id": TenantId(uuid::Uuid::new_v4()),
         "correlation_id": "api-test", "payload": {"account_id": "a", "points": 3}});
+    (seed_letter_for(pool, queue, kind, &payload).await, job_id)
+}
+
+/// Writes a `kind` letter with `envelope` as its payload (its `job_id` as the letter's job).
+pub async fn seed_letter_for(
+    pool: &PgPool,
+    queue: &str,
+    kind: ErrorKind,
+    envelope: &Value,
+) -> DeadLetterId {
+    let job_id = envelope["job_id"]
+        .as_str()
+        .and_then(|j| j.parse().ok())
+        .map(JobId);
     let message_id = uuid::Uuid::new_v4().to_string();
     let letter = NewDeadLetter {
-        job_id: Some(job_id),
+        job_id,
         tenant_id: None,
         consumer: &crate::consumer_name(),
         queue,
         message_id: &message_id,
-        payload: &payload,
+        payload: envelope,
         attempts: 5,
         kind,
         last_error: "database unavailable on every attempt",
         correlation_id: Some("api-test"),
         replay_of: None,
     };
-    let id = record_dead_letter_in(pool, &letter, chrono::Utc::now())
+    record_dead_letter_in(pool, &letter, chrono::Utc::now())
         .await
         .expect("letter written")
-        .id();
-    (id, job_id)
+        .id()
 }
 
 /// A fingerprint of every dead letter, fence and award: equal before and after means unchanged.

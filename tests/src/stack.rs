@@ -18,6 +18,8 @@ pub struct Binaries {
     pub ingester: PathBuf,
     /// The scheduled function.
     pub sweeper: PathBuf,
+    /// The dead-letter API functions (one binary serving as the function it is named).
+    pub api: PathBuf,
 }
 
 impl Binaries {
@@ -29,6 +31,7 @@ impl Binaries {
             consumer: dir.join("local-consumer"),
             ingester: dir.join("local-dlq-ingester"),
             sweeper: dir.join("local-sweeper"),
+            api: dir.join("local-dead-letter-api"),
         }
     }
 }
@@ -41,6 +44,7 @@ macro_rules! test_binaries {
             consumer: env!("CARGO_BIN_EXE_local-consumer").into(),
             ingester: env!("CARGO_BIN_EXE_local-dlq-ingester").into(),
             sweeper: env!("CARGO_BIN_EXE_local-sweeper").into(),
+            api: env!("CARGO_BIN_EXE_local-dead-letter-api").into(),
         }
     };
 }
@@ -107,6 +111,34 @@ pub struct Stack {
     pub ingester: LambdaHost,
     /// The scheduled function (EventBridge invokes it on AWS; [`Stack::tick`] here).
     pub sweeper: LambdaHost,
+    /// The dead-letter API: `dead-letters-read`, `-replay` and `-discard`.
+    pub api: ApiFunctions,
+}
+
+/// The dead-letter API's functions, as API Gateway would invoke them.
+pub struct ApiFunctions {
+    /// List and get.
+    pub read: LambdaHost,
+    /// Replay: the only one with an SQS client.
+    pub replay: LambdaHost,
+    /// Discard.
+    pub discard: LambdaHost,
+}
+
+impl ApiFunctions {
+    /// The function that serves `request`'s route, by the route table in `shared::api`.
+    pub fn serving(&self, request: &shared::api::ApiRequest) -> &LambdaHost {
+        match (request.method.as_str(), request.path.rsplit('/').next()) {
+            ("POST", Some("replay")) => &self.replay,
+            ("POST", Some("discard")) => &self.discard,
+            _ => &self.read,
+        }
+    }
+
+    /// Sends `request` through its function; returns the status and JSON body.
+    pub async fn call(&self, request: &shared::api::ApiRequest) -> shared::api::ApiResponse {
+        crate::api_client::invoke(self.serving(request), request).await
+    }
 }
 
 impl Stack {
@@ -159,6 +191,20 @@ impl Stack {
             timeout: Duration::from_secs(60),
             log_file: log("sweeper"),
         });
+        let api_function = |name: &str| {
+            LambdaHost::new(FunctionSpec {
+                name: name.into(),
+                binary: spec.binaries.api.clone(),
+                env: common.to_vec(),
+                timeout: Duration::from_secs(10),
+                log_file: log(name),
+            })
+        };
+        let api = ApiFunctions {
+            read: api_function("dead-letters-read"),
+            replay: api_function("dead-letters-replay"),
+            discard: api_function("dead-letters-discard"),
+        };
         Self {
             sqs,
             jobs,
@@ -166,6 +212,7 @@ impl Stack {
             consumer,
             ingester,
             sweeper,
+            api,
         }
     }
 

@@ -4,6 +4,7 @@
 //! timeouts and permissions must fit the harness's rules.
 
 use serde_json::{Map, Value};
+use shared::api::{ApiConfig, ROUTES};
 use shared::config::{BackstopConfig, ConsumerConfig, Env, SweeperConfig};
 use shared::retry::RetryPolicy;
 use std::collections::BTreeMap;
@@ -58,6 +59,7 @@ fn resolve(t: &Value, name: &str, v: &Value) -> String {
             }
         }
         Value::Object(o) if o.contains_key("Fn::GetAtt") => "attribute".into(),
+        Value::Object(o) if o.contains_key("Fn::If") => panic!("{name}: conditional value"),
         other => panic!("{name}: unexpected value {other}"),
     }
 }
@@ -76,26 +78,74 @@ fn environment(t: &Value, function: &Value) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// The binary targets of the crates under `functions/`, as cargo sees them.
+fn function_binaries() -> Vec<String> {
+    let output = std::process::Command::new(env!("CARGO"))
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--no-deps",
+            "--offline",
+        ])
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
+        .output()
+        .expect("cargo metadata runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let metadata: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let mut bins = Vec::new();
+    for package in metadata["packages"].as_array().unwrap() {
+        if !package["manifest_path"]
+            .as_str()
+            .unwrap()
+            .contains("/functions/")
+        {
+            continue;
+        }
+        for target in package["targets"].as_array().unwrap() {
+            if target["kind"] == serde_json::json!(["bin"]) {
+                bins.push(target["name"].as_str().unwrap().to_owned());
+            }
+        }
+    }
+    bins.sort();
+    bins
+}
+
+fn binary(f: &Value) -> &str {
+    f["Metadata"]["BuildProperties"]["Binary"].as_str().unwrap()
+}
+
 #[test]
 fn every_function_builds_a_binary_of_this_workspace_with_cargo_lambda() {
     let t = template();
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let names: Vec<_> = functions(&t).into_iter().map(|(n, _)| n).collect();
     assert_eq!(
         names,
-        ["ConsumerFunction", "DlqIngesterFunction", "SweeperFunction"]
+        [
+            "ConsumerFunction",
+            "DeadLettersDiscardFunction",
+            "DeadLettersReadFunction",
+            "DeadLettersReplayFunction",
+            "DlqIngesterFunction",
+            "SweeperFunction"
+        ]
     );
+    let mut deployed: Vec<String> = Vec::new();
     for (name, f) in functions(&t) {
         assert_eq!(f["Metadata"]["BuildMethod"], "rust-cargolambda", "{name}");
-        let binary = f["Metadata"]["BuildProperties"]["Binary"].as_str().unwrap();
-        assert!(
-            root.join("functions")
-                .join(binary)
-                .join("src/main.rs")
-                .exists(),
-            "{name}: no functions/{binary}"
-        );
+        deployed.push(binary(f).to_owned());
     }
+    deployed.sort();
+    assert_eq!(
+        deployed,
+        function_binaries(),
+        "every function binary deployed, each once"
+    );
     let globals = &t["Globals"]["Function"];
     assert_eq!(
         (globals["Runtime"].as_str(), globals["Handler"].as_str()),
@@ -114,6 +164,15 @@ fn each_functions_environment_passes_its_own_configuration() {
             "ConsumerFunction" => ConsumerConfig::from_env(&lookup).map(drop),
             "DlqIngesterFunction" => BackstopConfig::from_env(&lookup).map(drop),
             "SweeperFunction" => SweeperConfig::from_env(&lookup).map(drop),
+            "DeadLettersReadFunction"
+            | "DeadLettersReplayFunction"
+            | "DeadLettersDiscardFunction" => {
+                assert!(
+                    !env.contains_key("BETTERSTACK_API_TOKEN"),
+                    "{name} has no use for the BetterStack token"
+                );
+                ApiConfig::from_env(&lookup).map(drop)
+            }
             other => panic!("no configuration known for {other}"),
         };
         checked.unwrap_or_else(|e| panic!("{name} would not start: {e}"));
@@ -184,12 +243,82 @@ fn only_the_consumer_changes_visibility_and_only_the_ingester_reads_the_dlq() {
                     target == "JobDeadLetterQueue" && action != "sqs:ChangeMessageVisibility",
                     "{name}: {action} on {target}"
                 ),
+                "DeadLettersReplayFunction" => assert!(
+                    target == "JobQueue"
+                        && ["sqs:SendMessage", "sqs:GetQueueUrl"].contains(&action.as_str()),
+                    "{name}: {action} on {target}"
+                ),
                 _ => panic!("{name} should hold no SQS permission, holds {action} on {target}"),
             }
-            assert_ne!(
-                action, "sqs:SendMessage",
-                "{name}: only the replay path may send"
-            );
+            if action == "sqs:SendMessage" {
+                assert_eq!(
+                    name, "DeadLettersReplayFunction",
+                    "only the replay path may send"
+                );
+            }
         }
     }
+}
+
+#[test]
+fn every_route_is_on_its_function_behind_the_jwt_authorizer_with_its_scope() {
+    let t = template();
+    let api = &resource(&t, "DeadLetterApi")["Properties"]["Auth"];
+    let authorizer = api["DefaultAuthorizer"]
+        .as_str()
+        .expect("a default authorizer");
+    assert!(
+        api["Authorizers"][authorizer]["JwtConfiguration"].is_object(),
+        "{authorizer} is a JWT authorizer"
+    );
+    let mut deployed = Vec::new();
+    for (name, f) in functions(&t) {
+        for (event, e) in f["Properties"]["Events"].as_object().unwrap() {
+            if e["Type"] != "HttpApi" {
+                continue;
+            }
+            let p = &e["Properties"];
+            assert_eq!(p["ApiId"]["Ref"], "DeadLetterApi", "{name}.{event}");
+            assert_eq!(p["Auth"]["Authorizer"], authorizer, "{name}.{event}");
+            let scopes: Vec<&str> = p["Auth"]["AuthorizationScopes"]
+                .as_array()
+                .unwrap_or_else(|| panic!("{name}.{event} has no AuthorizationScopes"))
+                .iter()
+                .map(|s| s.as_str().unwrap())
+                .collect();
+            deployed.push((
+                binary(f).to_owned(),
+                p["Method"].as_str().unwrap().to_owned(),
+                p["Path"].as_str().unwrap().to_owned(),
+                scopes.join(" "),
+            ));
+        }
+    }
+    let mut expected: Vec<_> = ROUTES
+        .iter()
+        .map(|r| {
+            (
+                r.function.to_owned(),
+                r.method.to_owned(),
+                r.path.to_owned(),
+                r.scope.as_str().to_owned(),
+            )
+        })
+        .collect();
+    deployed.sort();
+    expected.sort();
+    assert_eq!(
+        deployed, expected,
+        "routes, functions and scopes as in shared::api::ROUTES"
+    );
+}
+
+#[test]
+fn the_functions_join_a_vpc_only_when_subnets_are_given() {
+    let t = template();
+    let vpc = &t["Globals"]["Function"]["VpcConfig"]["Fn::If"];
+    assert_eq!(vpc[0], "InVpc");
+    assert_eq!(vpc[1]["SubnetIds"]["Ref"], "VpcSubnetIds");
+    assert_eq!(vpc[2]["Ref"], "AWS::NoValue");
+    assert_eq!(t["Parameters"]["VpcSubnetIds"]["Default"], "");
 }

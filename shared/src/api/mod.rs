@@ -17,6 +17,7 @@ pub mod replayer;
 
 pub use auth::{Caller, Scope};
 pub use error::ApiError;
+pub use handlers::MAX_REASON_CHARS;
 
 use crate::clock::Clock;
 use crate::config::{ConfigError, DatabaseConfig, Env};

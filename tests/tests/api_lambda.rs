@@ -1,0 +1,234 @@
+//! The dead-letter API as deployed: the real Lambda binaries, invoked with API Gateway HTTP API
+//! (payload 2.0) events whose JWT claims carry the caller, next to the real consumer on the local
+//! SQS API. The auth matrix, AC5 end to end, and a replay that fails again.
+
+use e2e::api_client::{caller, fingerprint, request, seed_letter, seed_letter_for, with_body};
+use e2e::stack::{Stack, StackSpec};
+use serde_json::{Value, json};
+use shared::api::{ApiRequest, ROUTES, Scope};
+use shared::dead_letter::{ErrorKind, letters_for_job};
+use shared::ids::{JobId, TenantId};
+use shared::reference::count_awards;
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use std::time::Duration;
+use uuid::Uuid;
+
+const SETTLE: Duration = Duration::from_secs(60);
+const ALL: [Scope; 3] = [Scope::Read, Scope::Replay, Scope::Discard];
+
+async fn setup(pool_opts: PgPoolOptions, connect: PgConnectOptions) -> (PgPool, Stack) {
+    let pool = pool_opts.connect_with(connect.clone()).await.unwrap();
+    let spec = StackSpec::time_scaled(
+        e2e::test_binaries!(),
+        &e2e::test_database_url(&connect),
+        &format!("jobs-{}", &Uuid::new_v4().simple().to_string()[..12]),
+    );
+    (pool, Stack::start(spec).await)
+}
+
+fn envelope(payload: Value) -> (JobId, Value) {
+    let job_id = JobId(Uuid::new_v4());
+    let body = json!({"job_id": job_id, "tenant_id": TenantId(Uuid::new_v4()),
+        "correlation_id": "api-e2e", "payload": payload});
+    (job_id, body)
+}
+
+fn route_request(method: &str, template: &str, id: Uuid, scopes: Option<&[Scope]>) -> ApiRequest {
+    let path = template.replace("{id}", &id.to_string());
+    let r = request(method, &path, scopes.map(|s| caller("ops-1", s)));
+    if path.ends_with("/discard") {
+        with_body(r, r#"{"reason": "auth matrix"}"#)
+    } else {
+        r
+    }
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn every_route_needs_a_token_and_its_own_scope(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let (pool, stack) = setup(pool_opts, connect).await;
+    for route in ROUTES {
+        let (id, _) = seed_letter(&pool, &stack.jobs.name, ErrorKind::Exhausted).await;
+        let before = fingerprint(&pool).await;
+        let others: Vec<Scope> = ALL.into_iter().filter(|s| *s != route.scope).collect();
+        let cases: [(Option<&[Scope]>, u16); 2] = [(None, 401), (Some(&others), 403)];
+        for (scopes, status) in cases {
+            let req = route_request(route.method, route.path, id.0, scopes);
+            let response = stack.api.call(&req).await;
+            assert_eq!(
+                response.status, status,
+                "{route:?} {scopes:?}: {:#}",
+                response.body
+            );
+            assert_eq!(
+                fingerprint(&pool).await,
+                before,
+                "{route:?} {scopes:?} changed the database"
+            );
+        }
+        if route.scope != Scope::Read {
+            let mut anonymous = route_request(route.method, route.path, id.0, Some(&[route.scope]));
+            anonymous.caller.as_mut().unwrap().subject = None;
+            let response = stack.api.call(&anonymous).await;
+            assert_eq!(
+                response.status, 401,
+                "a review records who made it: {:#}",
+                response.body
+            );
+            assert_eq!(fingerprint(&pool).await, before);
+        }
+        let allowed = route_request(route.method, route.path, id.0, Some(&[route.scope]));
+        let response = stack.api.call(&allowed).await;
+        assert_eq!(
+            response.status, 200,
+            "{route:?} with its scope: {:#}",
+            response.body
+        );
+    }
+    let reviewers: Vec<String> = sqlx::query_scalar(
+        "SELECT reviewed_by FROM core.dead_letters WHERE reviewed_by IS NOT NULL",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        reviewers,
+        ["ops-1", "ops-1"],
+        "the `sub` claim is the reviewer"
+    );
+}
+
+/// AC5: a job that never ran (its five attempts met an outage) is replayed through the API and
+/// runs once; a second replay is refused, and the same message delivered twice applies once.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn ac5_a_replayed_letter_runs_its_job_once(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let (pool, stack) = setup(pool_opts, connect).await;
+    let (job_id, body) = envelope(json!({"account_id": "a", "points": 7}));
+    let letter = seed_letter_for(&pool, &stack.jobs.name, ErrorKind::Exhausted, &body).await;
+    let replay = request(
+        "POST",
+        &format!("/v1/core/dead-letters/{letter}/replay"),
+        Some(caller("ops-1", &[Scope::Replay])),
+    );
+    let response = stack.api.call(&replay).await;
+    assert_eq!(response.status, 200, "{:#}", response.body);
+    assert_eq!(response.body["replay"]["fence_exists"], false);
+    assert_eq!(response.body["replay"]["job_id"], json!(job_id.0));
+    // The replayed message, delivered twice (an at-least-once queue may do that).
+    stack.send(&body.to_string()).await;
+    stack
+        .run_until(SETTLE, || async {
+            count_awards(&pool, job_id).await.unwrap() == 1
+        })
+        .await;
+    assert_eq!(count_awards(&pool, job_id).await.unwrap(), 1, "one effect");
+    let metrics = stack.consumer.metrics();
+    assert_eq!(
+        (metrics.get("Processed"), metrics.get("DuplicateSkipped")),
+        (Some(&1), Some(&1)),
+        "{metrics:?}"
+    );
+    assert_eq!(
+        stack.api.call(&replay).await.status,
+        409,
+        "a second replay sends nothing"
+    );
+}
+
+/// AC5: replaying a letter whose job had in fact succeeded (its ack was lost, the backstop wrote
+/// a `crashed` letter) is acknowledged as a duplicate: no second effect.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn ac5_replaying_a_job_that_already_succeeded_has_no_second_effect(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let (pool, stack) = setup(pool_opts, connect).await;
+    let (job_id, body) = envelope(json!({"account_id": "a", "points": 7}));
+    stack.send(&body.to_string()).await;
+    stack
+        .run_until(SETTLE, || async {
+            count_awards(&pool, job_id).await.unwrap() == 1
+        })
+        .await;
+    let letter = seed_letter_for(&pool, &stack.jobs.name, ErrorKind::Crashed, &body).await;
+    let response = stack
+        .api
+        .call(&request(
+            "POST",
+            &format!("/v1/core/dead-letters/{letter}/replay"),
+            Some(caller("ops-1", &[Scope::Replay])),
+        ))
+        .await;
+    assert_eq!(response.status, 200, "{:#}", response.body);
+    assert_eq!(
+        response.body["replay"]["fence_exists"], true,
+        "the response says it is a no-op"
+    );
+    stack.run_until(SETTLE, || async { true }).await;
+    assert_eq!(
+        count_awards(&pool, job_id).await.unwrap(),
+        1,
+        "no second effect"
+    );
+    assert_eq!(stack.consumer.metrics().get("DuplicateSkipped"), Some(&1));
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_replay_that_fails_again_is_a_new_letter_linked_to_the_first(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let (pool, stack) = setup(pool_opts, connect).await;
+    let consumer = e2e::consumer_name();
+    let (job_id, body) =
+        envelope(json!({"account_id": "a", "points": 7, "demo_fault": "permanent"}));
+    stack.send(&body.to_string()).await;
+    stack
+        .run_until(SETTLE, || async {
+            !letters_for_job(&pool, job_id, &consumer)
+                .await
+                .unwrap()
+                .is_empty()
+        })
+        .await;
+    let first = letters_for_job(&pool, job_id, &consumer).await.unwrap()[0].id;
+    let replay = request(
+        "POST",
+        &format!("/v1/core/dead-letters/{first}/replay"),
+        Some(caller("ops-1", &[Scope::Replay])),
+    );
+    assert_eq!(stack.api.call(&replay).await.status, 200);
+    stack
+        .run_until(SETTLE, || async {
+            letters_for_job(&pool, job_id, &consumer)
+                .await
+                .unwrap()
+                .len()
+                == 2
+        })
+        .await;
+    let letters = letters_for_job(&pool, job_id, &consumer).await.unwrap();
+    assert_eq!(
+        letters[1].replay_of,
+        Some(first),
+        "linked to the letter it was replayed from"
+    );
+    assert_eq!(letters[1].status, "pending_review");
+    assert_eq!(letters[0].status, "replayed");
+    let got = stack
+        .api
+        .call(&request(
+            "GET",
+            &format!("/v1/core/dead-letters/{first}"),
+            Some(caller("ops-1", &[Scope::Read])),
+        ))
+        .await;
+    assert_eq!(got.body["failed_replays"], json!([letters[1].id]));
+    assert_eq!(count_awards(&pool, job_id).await.unwrap(), 0);
+}

@@ -1,0 +1,168 @@
+//! `functions/dead-letter-api/openapi.yaml` against the code: the same routes and scopes, the same
+//! query parameters and bounds, the same enums, and the same fields in the letters the API sends.
+
+use serde_json::Value;
+use shared::api::list_query::{DEFAULT_LIMIT, LIST_PARAMETERS, MAX_LIMIT};
+use shared::api::{MAX_REASON_CHARS, ROUTES, Scope};
+use shared::dead_letter::{DeadLetter, ErrorKind};
+use shared::review::{LetterSummary, ReviewStatus};
+use std::collections::BTreeSet;
+
+fn document() -> Value {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../functions/dead-letter-api/openapi.yaml"
+    );
+    let text = std::fs::read_to_string(path).expect("the OpenAPI document");
+    serde_norway::from_str(&text).expect("valid YAML")
+}
+
+fn resolve<'a>(doc: &'a Value, node: &'a Value) -> &'a Value {
+    match node.get("$ref").and_then(Value::as_str) {
+        Some(reference) => doc
+            .pointer(reference.trim_start_matches('#'))
+            .unwrap_or_else(|| panic!("dangling $ref {reference}")),
+        None => node,
+    }
+}
+
+fn strings(node: &Value) -> Vec<String> {
+    node.as_array()
+        .unwrap_or_else(|| panic!("not a list: {node}"))
+        .iter()
+        .map(|v| v.as_str().expect("a string").to_owned())
+        .collect()
+}
+
+fn keys(node: &Value) -> BTreeSet<String> {
+    node.as_object()
+        .expect("an object")
+        .keys()
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn the_document_is_openapi_3_1_with_exactly_the_routes_and_scopes_of_the_code() {
+    let doc = document();
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3.1."));
+    let mut documented = BTreeSet::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, operation) in item.as_object().unwrap() {
+            let scopes = strings(&operation["security"][0]["jwt"]);
+            documented.insert((method.to_uppercase(), path.clone(), scopes));
+        }
+    }
+    let in_code: BTreeSet<_> = ROUTES
+        .iter()
+        .map(|r| {
+            (
+                r.method.to_owned(),
+                r.path.to_owned(),
+                vec![r.scope.as_str().to_owned()],
+            )
+        })
+        .collect();
+    assert_eq!(documented, in_code);
+    let granted =
+        keys(&doc["components"]["securitySchemes"]["jwt"]["flows"]["clientCredentials"]["scopes"]);
+    let scopes: BTreeSet<_> = [Scope::Read, Scope::Replay, Scope::Discard]
+        .iter()
+        .map(|s| s.as_str().to_owned())
+        .collect();
+    assert_eq!(granted, scopes);
+}
+
+#[test]
+fn parameters_bounds_and_enums_match_the_validation() {
+    let doc = document();
+    let list = &doc["paths"]["/v1/core/dead-letters"]["get"];
+    let params: Vec<&Value> = list["parameters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| resolve(&doc, p))
+        .collect();
+    let names: Vec<&str> = params.iter().map(|p| p["name"].as_str().unwrap()).collect();
+    assert_eq!(names, LIST_PARAMETERS);
+    let limit = params.iter().find(|p| p["name"] == "limit").unwrap();
+    assert_eq!(limit["schema"]["maximum"], MAX_LIMIT);
+    assert_eq!(limit["schema"]["default"], DEFAULT_LIMIT);
+
+    let schemas = &doc["components"]["schemas"];
+    let statuses: Vec<_> = ReviewStatus::ALL
+        .iter()
+        .map(|s| s.as_str().to_owned())
+        .collect();
+    assert_eq!(strings(&schemas["Status"]["enum"]), statuses);
+    let kinds: Vec<_> = ErrorKind::ALL
+        .iter()
+        .map(|k| k.as_str().to_owned())
+        .collect();
+    assert_eq!(strings(&schemas["ErrorKind"]["enum"]), kinds);
+
+    let discard = &doc["paths"]["/v1/core/dead-letters/{id}/discard"]["post"];
+    let reason =
+        &discard["requestBody"]["content"]["application/json"]["schema"]["properties"]["reason"];
+    assert_eq!(reason["maxLength"], MAX_REASON_CHARS);
+    for route in ROUTES {
+        let operation = &doc["paths"][route.path][route.method.to_lowercase()];
+        let statuses = keys(&operation["responses"]);
+        for status in ["200", "401", "403", "503"] {
+            assert!(
+                statuses.contains(status),
+                "{} {} documents {status}",
+                route.method,
+                route.path
+            );
+        }
+    }
+}
+
+#[test]
+fn the_letter_schemas_have_exactly_the_fields_the_api_sends() {
+    let doc = document();
+    let schemas = &doc["components"]["schemas"];
+    let letter = DeadLetter {
+        id: uuid::Uuid::nil(),
+        job_id: None,
+        tenant_id: None,
+        consumer: "c".into(),
+        queue: "q".into(),
+        message_id: "m".into(),
+        payload: Value::Null,
+        attempts: 1,
+        error_kind: "poison".into(),
+        last_error: "e".into(),
+        correlation_id: None,
+        replay_of: None,
+        status: "pending_review".into(),
+        discard_reason: None,
+        reviewed_by: None,
+        reviewed_at: None,
+        created_at: chrono::Utc::now(),
+    };
+    let sent = serde_json::to_value(&letter).unwrap();
+    assert_eq!(keys(&schemas["DeadLetter"]["properties"]), keys(&sent));
+    let summary = LetterSummary {
+        id: letter.id,
+        job_id: None,
+        tenant_id: None,
+        consumer: letter.consumer.clone(),
+        queue: letter.queue.clone(),
+        message_id: letter.message_id.clone(),
+        attempts: 1,
+        error_kind: letter.error_kind.clone(),
+        last_error: letter.last_error.clone(),
+        last_error_truncated: false,
+        correlation_id: None,
+        replay_of: None,
+        status: letter.status.clone(),
+        discard_reason: None,
+        reviewed_by: None,
+        reviewed_at: None,
+        created_at: letter.created_at,
+    };
+    let listed = serde_json::to_value(&summary).unwrap();
+    assert_eq!(keys(&schemas["LetterSummary"]["properties"]), keys(&listed));
+}
