@@ -2,8 +2,10 @@
 //! and DLQ ingester as real Lambda binaries fed like the event source mapping, PostgreSQL),
 //! with progress while it waits and a summary of the functions' own metrics.
 
+use crate::api_client::{caller, request, with_body};
 use crate::stack::{Binaries, Stack, StackSpec};
 use serde_json::{Value, json};
+use shared::api::Scope;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -20,9 +22,12 @@ pub fn expected() -> BTreeMap<&'static str, u64> {
         ("DuplicateSkipped", 1),
         ("Retried", 2 + 4),
         ("DeadLetteredExhausted", 1),
-        ("DeadLetteredPermanent", 1),
+        // The second: phase 4 replays the permanent failure, which fails again.
+        ("DeadLetteredPermanent", 2),
         ("DeadLetteredPoison", 2),
         ("DeadLetteredCrashed", 1),
+        // After phase 4: the exhausted and crashed letters, and the failed replay.
+        ("LettersPendingReview", 3),
     ])
 }
 
@@ -80,7 +85,7 @@ pub async fn run(database_url: &str, queue: &str, log_dir: PathBuf) -> BTreeMap<
         stack.jobs.name, stack.dlq.name
     );
     println!(
-        "function logs: {}/{{consumer,dlq-ingester,sweeper}}.log",
+        "function logs: {}/{{consumer,dlq-ingester,sweeper,dead-letters-*}}.log",
         log_dir.display()
     );
     println!(
@@ -101,7 +106,92 @@ pub async fn run(database_url: &str, queue: &str, log_dir: PathBuf) -> BTreeMap<
         Ok(report) => println!("  sweeper: {report}"),
         Err(e) => println!("  sweeper failed: {e}"),
     }
-    totals(&stack)
+    println!("\nphase 4: an operator reviews the dead letters through the API functions");
+    review(&stack, &mut sent, start).await;
+    let mut totals = totals(&stack);
+    totals.insert(
+        "LettersPendingReview".into(),
+        pending(&stack).await.len() as u64,
+    );
+    totals
+}
+
+fn operator(scope: Scope) -> Option<shared::api::Caller> {
+    Some(caller("demo-operator", &[scope]))
+}
+
+/// The letters pending review, as the read function lists them.
+async fn pending(stack: &Stack) -> Vec<Value> {
+    let mut list = request("GET", "/v1/core/dead-letters", operator(Scope::Read));
+    list.query = vec![("status".into(), "pending_review".into())];
+    let response = stack.api.call(&list).await;
+    response.body["items"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// Lists the pending letters, discards the poison ones with a reason, replays the permanent
+/// failure (which fails again, linked to the first) and shows that a second replay is refused.
+async fn review(stack: &Stack, sent: &mut u64, start: Instant) {
+    let letters = pending(stack).await;
+    println!(
+        "  GET /v1/core/dead-letters?status=pending_review → {} letters",
+        letters.len()
+    );
+    for letter in &letters {
+        println!(
+            "    {} {:<9} attempts {} {}",
+            letter["id"].as_str().unwrap_or("?"),
+            letter["error_kind"].as_str().unwrap_or("?"),
+            letter["attempts"],
+            letter["last_error"]
+                .as_str()
+                .unwrap_or("")
+                .chars()
+                .take(60)
+                .collect::<String>()
+        );
+    }
+    for letter in letters.iter().filter(|l| l["error_kind"] == "poison") {
+        let path = format!(
+            "/v1/core/dead-letters/{}/discard",
+            letter["id"].as_str().unwrap_or("")
+        );
+        let body = r#"{"reason": "malformed test messages from the demo; nothing to award"}"#;
+        let response = stack
+            .api
+            .call(&with_body(
+                request("POST", &path, operator(Scope::Discard)),
+                body,
+            ))
+            .await;
+        println!(
+            "  POST …/discard → {} {}",
+            response.status, response.body["letter"]["status"]
+        );
+    }
+    let Some(permanent) = letters.iter().find(|l| l["error_kind"] == "permanent") else {
+        println!("  no permanent letter to replay");
+        return;
+    };
+    let path = format!(
+        "/v1/core/dead-letters/{}/replay",
+        permanent["id"].as_str().unwrap_or("")
+    );
+    let replay = request("POST", &path, operator(Scope::Replay));
+    let response = stack.api.call(&replay).await;
+    println!(
+        "  POST …/replay → {} effect: {}",
+        response.status, response.body["replay"]["effect"]
+    );
+    let again = stack.api.call(&replay).await;
+    println!(
+        "  POST …/replay again → {} {}",
+        again.status, again.body["error"]["code"]
+    );
+    *sent += 1;
+    settle(stack, *sent, start).await;
 }
 
 async fn send_all(stack: &Stack, samples: Vec<(&'static str, String)>) -> u64 {

@@ -128,7 +128,7 @@ async fn replay(
         "none: this job already has a fence for its consumer, so the consumer will acknowledge \
          the replay as a duplicate"
     } else {
-        "the consumer will run the job once"
+        "the job has no fence yet, so the consumer will run it, at most once"
     };
     tracing::info!(letter = %id, job = %job_id, actor, message_id = %sent.message_id, fence_exists,
         "dead letter replayed");
