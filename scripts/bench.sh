@@ -8,9 +8,21 @@ ensure_postgres
 DATABASE_URL=$(database_url_for jobs_bench)
 export DATABASE_URL
 ensure_sqs_api
-step "Building the benchmarks (cargo build --profile perf -p e2e --bin bench-sweep --bin bench-api)"
-cargo build --quiet --profile perf -p e2e --bin bench-sweep --bin bench-api || die "the build failed"
+ensure_pgbench
+BINS=(bench-harness bench-sweep bench-api local-consumer)
+BIN_ARGS=$(printf -- '--bin %s ' "${BINS[@]}")
+step "Building the benchmarks (cargo build --profile perf -p e2e $BIN_ARGS)"
+# shellcheck disable=SC2086 # one word per flag and name
+cargo build --quiet --profile perf -p e2e $BIN_ARGS || die "the build failed"
+step "Harness vs pgbench: new jobs and duplicates at c = 1, 8, 32; the consumer's peak memory"
+target/perf/bench-harness || die "the harness benchmark failed"
 step "Sweeper: delete rate vs a raw batched DELETE, consumers with vs without a sweep"
 target/perf/bench-sweep || die "the sweep benchmark failed"
 step "Dead-letter API: p50/p95 at 1,000,000 letters (seeded once into jobs_bench)"
 target/perf/bench-api || die "the API benchmark failed"
+step "All figures: target/bench/results.json"
+python3 - <<'PY' || die "could not merge the results"
+import json
+parts = {name: json.load(open(f"target/bench/{name}.json")) for name in ("harness", "sweep", "api")}
+json.dump(parts, open("target/bench/results.json", "w"), indent=2)
+PY

@@ -25,6 +25,13 @@ apt_install() {
 
 can_connect() { psql "$1" -Atqc 'SELECT 1' >/dev/null 2>&1; }
 
+# pgbench, the benchmarks' baseline: Debian ships it with the server package.
+ensure_pgbench() {
+  pgbench --version >/dev/null 2>&1 && return
+  apt_install postgresql
+  pgbench --version >/dev/null 2>&1 || die "pgbench is still missing after installing postgresql"
+}
+
 # Sets DATABASE_URL to a PostgreSQL server we can create databases on:
 # the one in DATABASE_URL if set; else 127.0.0.1:5432 with trust auth; else the local
 # cluster, started (and installed first if missing), with a password set for TCP.

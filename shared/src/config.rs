@@ -333,10 +333,15 @@ impl DatabaseConfig {
 
     /// A lazily connecting pool: a function starts even while the database is down, and each
     /// record then fails transiently instead of the whole function failing its init.
+    ///
+    /// Connections are not pinged before each use (sqlx's default would add a round trip to
+    /// every job, a third more than the transaction itself needs): a connection that died is
+    /// discarded on its first error, and that record fails transiently and is retried.
     pub fn lazy_pool(&self) -> Result<sqlx::PgPool, ConfigError> {
         sqlx::postgres::PgPoolOptions::new()
             .max_connections(self.pool_size)
             .acquire_timeout(self.acquire_timeout)
+            .test_before_acquire(false)
             .connect_lazy(&self.url)
             .map_err(|e| ConfigError {
                 variable: DATABASE_URL,

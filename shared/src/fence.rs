@@ -55,31 +55,23 @@ pub async fn claim_fence(
     ttl: Duration,
     wait: Duration,
 ) -> Result<FenceClaim, FenceError> {
-    sqlx::query("SELECT set_config('lock_timeout', $1, true)")
-        .bind(format!("{}ms", wait.as_millis().max(1)))
-        .execute(&mut *tx)
-        .await?;
+    // One round trip: `core.claim_fence` sets the lock timeout for the insert only (see its
+    // migration), so the transaction is BEGIN, claim, work, COMMIT.
     let expires_at = now + chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::MAX);
-    let inserted = sqlx::query(
-        "INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, processed_at, expires_at)
-         VALUES ($1, $2, $3, $4, $5)
-         ON CONFLICT (job_id, consumer) DO NOTHING",
-    )
-    .bind(job_id.0)
-    .bind(consumer.as_str())
-    .bind(tenant_id.0)
-    .bind(now)
-    .bind(expires_at)
-    .execute(&mut *tx)
-    .await
-    .map_err(|e| match e.as_database_error().and_then(|d| d.code()) {
-        Some(code) if code == LOCK_NOT_AVAILABLE => FenceError::Contended,
-        _ => FenceError::Database(e),
-    })?;
-    sqlx::query("SET LOCAL lock_timeout TO DEFAULT")
-        .execute(&mut *tx)
-        .await?;
-    Ok(if inserted.rows_affected() == 1 {
+    let inserted: bool = sqlx::query_scalar("SELECT core.claim_fence($1, $2, $3, $4, $5, $6)")
+        .bind(job_id.0)
+        .bind(consumer.as_str())
+        .bind(tenant_id.0)
+        .bind(now)
+        .bind(expires_at)
+        .bind(format!("{}ms", wait.as_millis().max(1)))
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(|e| match e.as_database_error().and_then(|d| d.code()) {
+            Some(code) if code == LOCK_NOT_AVAILABLE => FenceError::Contended,
+            _ => FenceError::Database(e),
+        })?;
+    Ok(if inserted {
         FenceClaim::Claimed
     } else {
         FenceClaim::Duplicate

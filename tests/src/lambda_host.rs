@@ -114,6 +114,17 @@ impl LambdaHost {
         self.metrics.lock().unwrap().clone()
     }
 
+    /// The running process's peak resident memory (`VmHWM`), in KiB; `None` if none runs.
+    pub async fn peak_rss_kib(&self) -> Option<u64> {
+        let slot = self.sandbox.lock().await;
+        let pid = slot.as_ref()?.child.id()?;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    }
+
     /// How many processes were started (1 + crashes and timeouts).
     pub fn starts(&self) -> u32 {
         *self.starts.lock().unwrap()

@@ -3,5 +3,5 @@
 
 #[tokio::main]
 async fn main() -> Result<(), lambda_runtime::Error> {
-    consumer::run().await
+    Box::pin(consumer::run()).await
 }

@@ -3,5 +3,5 @@
 
 #[tokio::main]
 async fn main() -> Result<(), lambda_runtime::Error> {
-    dlq_ingester::run().await
+    Box::pin(dlq_ingester::run()).await
 }

@@ -3,5 +3,5 @@
 
 #[tokio::main]
 async fn main() -> Result<(), lambda_runtime::Error> {
-    sweeper::run().await
+    Box::pin(sweeper::run()).await
 }

@@ -1,0 +1,375 @@
+//! `bench-harness`: the harness against the physical limit, PostgreSQL doing the same
+//! transactions through `pgbench`, side by side on one database (`DATABASE_URL`):
+//!
+//! - new jobs: fence + award + commit, at 1, 8 and 32 concurrent workers;
+//! - duplicates: the fence insert that conflicts, then a rollback;
+//! - the consumer binary's peak memory over 5,000 jobs in batches of 10.
+//!
+//! Each pair runs alternately, in random order, for several rounds; medians and ratios are
+//! printed and written to `target/bench/harness.json`. A measurement, not a test.
+
+use rand::RngExt;
+use rand::seq::SliceRandom;
+use serde_json::{Value, json};
+use shared::harness::{IncomingMessage, RecordOutcome};
+use shared::reference::AwardPoints;
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+const ROUNDS: usize = 5;
+const RUN: Duration = Duration::from_secs(4);
+const LEVELS: [usize; 3] = [1, 8, 32];
+/// Already processed jobs, ids 1..DUPS, for the duplicate path.
+const DUPS: u64 = 100_000;
+const RSS_BATCHES: usize = 500;
+/// Messages prepared per harness run: more than RUN can take at any concurrency here.
+const MESSAGES_PER_RUN: usize = 200_000;
+
+fn script(name: &str) -> String {
+    concat!(env!("CARGO_MANIFEST_DIR"), "/bench/").to_owned() + name
+}
+
+fn psql(url: &str, file: &str) {
+    let status = Command::new("psql")
+        .args([
+            url,
+            "-q",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-v",
+            &format!("dups={DUPS}"),
+        ])
+        .args(["-f", &script(file)])
+        .status()
+        .expect("psql runs");
+    assert!(status.success(), "psql -f {file} failed");
+}
+
+/// Transactions per second of `pgbench` running `file` with `clients` connections.
+fn pgbench(url: &str, file: &str, clients: usize) -> f64 {
+    let out = Command::new("pgbench")
+        .args(["-n", "-M", "prepared", "-D", &format!("dups={DUPS}")])
+        .args([
+            "-c",
+            &clients.to_string(),
+            "-j",
+            &clients.min(2).to_string(),
+        ])
+        .args(["-T", &RUN.as_secs().to_string(), "-f", &script(file), url])
+        .output()
+        .expect("pgbench runs (bash scripts/bench.sh installs it)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "pgbench failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("tps = "))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no tps in pgbench's output: {stdout}"))
+}
+
+fn message(job_id: uuid::Uuid) -> IncomingMessage {
+    IncomingMessage {
+        message_id: uuid::Uuid::new_v4().to_string(),
+        queue: "bench".into(),
+        body: json!({"job_id": job_id, "tenant_id": uuid::Uuid::from_u128(1),
+            "correlation_id": "bench", "payload": {"account_id": "a", "points": 1}})
+        .to_string(),
+        receive_count: 1,
+        replay_of: None,
+    }
+}
+
+/// Jobs per second of the harness with `workers` concurrent workers, each on its own connection.
+async fn harness(url: &str, workers: usize, duplicates: bool) -> f64 {
+    // The pool the functions build, sized like pgbench's clients.
+    let pool = shared::config::DatabaseConfig {
+        url: url.to_owned(),
+        pool_size: workers as u32,
+        acquire_timeout: Duration::from_secs(30),
+    }
+    .lazy_pool()
+    .expect("a valid URL");
+    // Open every connection before the clock starts, as pgbench does.
+    let warm: Vec<_> = futures_util::future::join_all((0..workers).map(|_| pool.acquire()))
+        .await
+        .into_iter()
+        .map(|c| c.expect("connection"))
+        .collect();
+    drop(warm);
+    let harness = Arc::new(e2e::harness(
+        pool.clone(),
+        AwardPoints::new(e2e::consumer_name()),
+    ));
+    // The messages arrive ready, as from SQS: building them is the producer's cost, not ours.
+    let mut rng: rand::rngs::StdRng = rand::make_rng();
+    let messages: Arc<Vec<IncomingMessage>> = Arc::new(
+        (0..MESSAGES_PER_RUN)
+            .map(|_| {
+                let n = if duplicates {
+                    rng.random_range(1..=DUPS)
+                } else {
+                    rng.random::<u64>()
+                };
+                message(uuid::Uuid::from_u128(n.into()))
+            })
+            .collect(),
+    );
+    let expected = if duplicates {
+        RecordOutcome::Duplicate
+    } else {
+        RecordOutcome::Processed
+    };
+    let done = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..workers)
+        .map(|_| {
+            let (harness, done, messages) = (harness.clone(), done.clone(), messages.clone());
+            let expected = expected.clone();
+            tokio::spawn(async move {
+                while started.elapsed() < RUN {
+                    let next = done.fetch_add(1, Ordering::Relaxed) as usize;
+                    let msg = messages
+                        .get(next)
+                        .expect("MESSAGES_PER_RUN is enough for RUN");
+                    assert_eq!(harness.process(msg).await, expected);
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let rate = done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64();
+    pool.close().await;
+    rate
+}
+
+/// Jobs per second of bare sqlx sending pgbench's statements (no harness): what this driver
+/// and runtime can do on this machine, so the table separates the harness's cost from theirs.
+async fn bare_sqlx(url: &str, workers: usize, duplicates: bool) -> f64 {
+    let pool = shared::config::DatabaseConfig {
+        url: url.to_owned(),
+        pool_size: workers as u32,
+        acquire_timeout: Duration::from_secs(30),
+    }
+    .lazy_pool()
+    .expect("a valid URL");
+    let warm: Vec<_> = futures_util::future::join_all((0..workers).map(|_| pool.acquire()))
+        .await
+        .into_iter()
+        .map(|c| c.expect("connection"))
+        .collect();
+    drop(warm);
+    let done = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..workers)
+        .map(|_| {
+            let (pool, done) = (pool.clone(), done.clone());
+            tokio::spawn(async move {
+                let mut rng: rand::rngs::StdRng = rand::make_rng();
+                let tenant = uuid::Uuid::from_u128(1);
+                while started.elapsed() < RUN {
+                    let job = if duplicates {
+                        uuid::Uuid::from_u128(u128::from(rng.random_range(1..=DUPS)))
+                    } else {
+                        uuid::Uuid::from_u128(rng.random::<u64>().into())
+                    };
+                    let mut tx = pool.begin().await.unwrap();
+                    sqlx::query(
+                        "INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, processed_at, expires_at)
+                         VALUES ($1, 'award-points', $2, now(), now() + interval '7 days')
+                         ON CONFLICT (job_id, consumer) DO NOTHING",
+                    )
+                    .bind(job)
+                    .bind(tenant)
+                    .execute(&mut *tx)
+                    .await
+                    .unwrap();
+                    if duplicates {
+                        tx.rollback().await.unwrap();
+                    } else {
+                        sqlx::query(
+                            "INSERT INTO reference.point_awards (job_id, tenant_id, account_id, points, awarded_at)
+                             VALUES ($1, $2, 'a', 1, now())",
+                        )
+                        .bind(job)
+                        .bind(tenant)
+                        .execute(&mut *tx)
+                        .await
+                        .unwrap();
+                        tx.commit().await.unwrap();
+                    }
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let rate = done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64();
+    pool.close().await;
+    rate
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+/// One figure: `ROUNDS` rounds of pgbench, bare sqlx and the harness, in random order each round.
+async fn trio(url: &str, name: &str, script: &str, workers: usize, duplicates: bool) -> Value {
+    let (mut base, mut bare, mut ours) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        let mut order = [0, 1, 2];
+        order.shuffle(&mut rand::rng());
+        for side in order {
+            match side {
+                0 => base.push(pgbench(url, script, workers)),
+                1 => bare.push(bare_sqlx(url, workers, duplicates).await),
+                _ => ours.push(harness(url, workers, duplicates).await),
+            }
+        }
+    }
+    let (b, s, o) = (
+        median(base.clone()),
+        median(bare.clone()),
+        median(ours.clone()),
+    );
+    println!(
+        "{name:<22} {b:>10.0} {s:>10.0} {o:>10.0} {:>10.2} {:>10.2}",
+        o / b,
+        o / s
+    );
+    json!({"figure": name, "unit": "jobs/s", "baseline": b, "bare_sqlx": s, "ours": o,
+           "ratio": o / b, "ratio_to_bare_sqlx": o / s,
+           "baseline_runs": base, "bare_sqlx_runs": bare, "our_runs": ours})
+}
+
+fn sqs_event(jobs: usize) -> Value {
+    let records: Vec<Value> = (0..jobs)
+        .map(|_| {
+            let msg = message(uuid::Uuid::new_v4());
+            json!({"messageId": msg.message_id, "receiptHandle": "bench", "body": msg.body,
+                "attributes": {"ApproximateReceiveCount": "1"}, "messageAttributes": {},
+                "md5OfBody": "", "eventSource": "aws:sqs",
+                "eventSourceARN": "arn:aws:sqs:us-east-1:123456789012:bench", "awsRegion": "us-east-1"})
+        })
+        .collect();
+    json!({ "Records": records })
+}
+
+/// The consumer binary's peak RSS (KiB) after one batch and after [`RSS_BATCHES`] batches of 10.
+async fn consumer_memory(url: &str) -> (u64, u64, f64) {
+    let binaries = e2e::stack::Binaries::beside_current_exe();
+    let host = e2e::lambda_host::LambdaHost::new(e2e::lambda_host::FunctionSpec {
+        name: "consumer".into(),
+        binary: binaries.consumer,
+        env: [
+            ("DATABASE_URL", url),
+            ("CONSUMER_NAME", "award-points"),
+            ("ALERTING_DISABLED", "true"),
+            ("DATABASE_POOL_SIZE", "5"),
+            ("RUST_LOG", "warn"),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .to_vec(),
+        timeout: Duration::from_secs(60),
+        log_file: None,
+    });
+    host.invoke(&sqs_event(10))
+        .await
+        .expect("the consumer answers");
+    let first = host.peak_rss_kib().await.expect("a running consumer");
+    let started = Instant::now();
+    for _ in 1..RSS_BATCHES {
+        let response = host
+            .invoke(&sqs_event(10))
+            .await
+            .expect("the consumer answers");
+        assert_eq!(
+            response["batchItemFailures"],
+            json!([]),
+            "every record done"
+        );
+    }
+    let rate = ((RSS_BATCHES - 1) * 10) as f64 / started.elapsed().as_secs_f64();
+    (
+        first,
+        host.peak_rss_kib().await.expect("a running consumer"),
+        rate,
+    )
+}
+
+#[tokio::main]
+async fn main() {
+    let url = std::env::var("DATABASE_URL").expect("DATABASE_URL: is not set");
+    let pool: PgPool = PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&url)
+        .await
+        .expect("connect");
+    shared::MIGRATOR.run(&pool).await.expect("migrate");
+    let version: String = sqlx::query_scalar("SHOW server_version")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    println!(
+        "machine: {} cores, PostgreSQL {version}; {ROUNDS} rounds of {} s per side, alternating, medians",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        RUN.as_secs()
+    );
+    psql(&url, "reset_for_harness.sql");
+
+    println!(
+        "\n{:<22} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "jobs/s", "pgbench", "bare sqlx", "harness", "/pgbench", "/sqlx"
+    );
+    // `bench-harness <text>` runs only the figures whose name contains it (for profiling).
+    let only = std::env::args().nth(1).unwrap_or_default();
+    let mut figures = Vec::new();
+    for (kind, script, duplicates) in [
+        ("new jobs", "fence_effect.sql", false),
+        ("duplicates", "duplicate.sql", true),
+    ] {
+        for workers in LEVELS {
+            let name = format!("{kind}, c = {workers}");
+            if name.contains(&only) {
+                figures.push(trio(&url, &name, script, workers, duplicates).await);
+            }
+        }
+    }
+    if !only.is_empty() {
+        return;
+    }
+
+    let (first, peak, rate) = consumer_memory(&url).await;
+    println!(
+        "\nconsumer binary: peak RSS {:.1} MB after 1 batch, {:.1} MB after {} jobs in batches of 10 \
+         ({rate:.0} jobs/s through the local Lambda host); goal ≤ 64 MB",
+        first as f64 / 1024.0,
+        peak as f64 / 1024.0,
+        RSS_BATCHES * 10
+    );
+    figures.push(json!({"figure": "consumer peak RSS", "unit": "MB",
+        "after_one_batch": first as f64 / 1024.0, "ours": peak as f64 / 1024.0,
+        "jobs": RSS_BATCHES * 10, "goal": 64}));
+
+    let out = json!({"postgres": version, "rounds": ROUNDS, "run_seconds": RUN.as_secs(), "figures": figures});
+    std::fs::create_dir_all("target/bench").unwrap();
+    std::fs::write(
+        "target/bench/harness.json",
+        serde_json::to_string_pretty(&out).unwrap(),
+    )
+    .unwrap();
+    println!("written to target/bench/harness.json");
+}
