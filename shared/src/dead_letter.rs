@@ -125,8 +125,8 @@ pub async fn record_dead_letter(
     .bind(letter.payload)
     .bind(i32::try_from(letter.attempts).unwrap_or(i32::MAX))
     .bind(letter.kind.as_str())
-    .bind(truncate(letter.last_error, MAX_ERROR_BYTES))
-    .bind(letter.correlation_id)
+    .bind(without_nul(truncate(letter.last_error, MAX_ERROR_BYTES)))
+    .bind(letter.correlation_id.map(without_nul))
     .bind(letter.replay_of.map(|r| r.0))
     .bind(now)
     .fetch_optional(&mut *conn)
@@ -219,6 +219,16 @@ pub async fn letter_for_message(
         .bind(message_id)
         .fetch_optional(db)
         .await
+}
+
+/// `s` with NUL replaced by U+FFFD: PostgreSQL text cannot store NUL, and a letter must be
+/// writable whatever the error or the message said.
+fn without_nul(s: &str) -> std::borrow::Cow<'_, str> {
+    if s.contains('\0') {
+        s.replace('\0', "\u{fffd}").into()
+    } else {
+        s.into()
+    }
 }
 
 fn truncate(s: &str, max: usize) -> &str {

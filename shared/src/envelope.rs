@@ -66,6 +66,15 @@ impl<P: DeserializeOwned> Envelope<P> {
             ids: PartialIds::default(),
         })?;
         let ids = PartialIds::read(&value);
+        if contains_nul(&value) {
+            // PostgreSQL text cannot hold NUL: such a job could never be written, only retried.
+            return Err(Poison {
+                reason:
+                    "body contains a NUL character (\\u0000), which PostgreSQL text cannot store"
+                        .into(),
+                ids,
+            });
+        }
         serde_json::from_value::<Envelope<Value>>(value)
             .map_err(|e| Poison {
                 reason: format!("envelope is invalid: {e}"),
@@ -104,8 +113,19 @@ impl PartialIds {
             correlation_id: value
                 .get("correlation_id")
                 .and_then(Value::as_str)
-                .map(str::to_owned),
+                .map(|c| c.replace('\0', "\u{fffd}")),
         }
+    }
+}
+
+fn contains_nul(value: &Value) -> bool {
+    match value {
+        Value::String(s) => s.contains('\0'),
+        Value::Array(items) => items.iter().any(contains_nul),
+        Value::Object(fields) => fields
+            .iter()
+            .any(|(k, v)| k.contains('\0') || contains_nul(v)),
+        _ => false,
     }
 }
 

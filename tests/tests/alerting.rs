@@ -106,7 +106,7 @@ async fn a_new_dead_letter_pages_once_with_the_expected_fields(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
-async fn a_burst_of_1000_letters_of_one_group_is_one_incident(
+async fn a_storm_of_10000_letters_of_one_group_is_one_incident(
     _: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
@@ -125,7 +125,7 @@ async fn a_burst_of_1000_letters_of_one_group_is_one_incident(
         .map(|_| {
             let harness = harness.clone();
             tokio::spawn(async move {
-                for _ in 0..1000 / 16 + 1 {
+                for _ in 0..10_000 / 16 + 1 {
                     harness
                         .process(&message("a bad deploy sends garbage", 1))
                         .await;
@@ -139,8 +139,8 @@ async fn a_burst_of_1000_letters_of_one_group_is_one_incident(
     let letters = harness
         .metrics()
         .get(shared::metrics::Metric::DeadLettered(ErrorKind::Poison));
-    assert!(letters >= 1000, "{letters} letters");
-    assert_eq!(receiver.received().len(), 1, "one page for the whole burst");
+    assert!(letters >= 10_000, "{letters} letters");
+    assert_eq!(receiver.received().len(), 1, "one page for the whole storm");
     let groups = all_groups(&pool).await.unwrap();
     assert_eq!(groups.len(), 1);
     assert_eq!(

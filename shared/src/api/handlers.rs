@@ -232,6 +232,11 @@ fn parse_reason(body: &[u8]) -> Result<String, ApiError> {
             "`reason` is blank: say why this letter needs no replay",
         ));
     }
+    if reason.contains('\0') {
+        return Err(ApiError::invalid_body(
+            "`reason` contains a NUL character; write it as plain text",
+        ));
+    }
     let chars = reason.chars().count();
     if chars > MAX_REASON_CHARS {
         return Err(ApiError::invalid_body(format!(
@@ -259,6 +264,7 @@ mod tests {
             (b"{}", 422),
             (br#"{"reason": "  "}"#, 422),
             (br#"{"reason": 7}"#, 422),
+            (br#"{"reason": "a\u0000b"}"#, 422),
             (br#"{"reason": "x", "force": true}"#, 422),
             (long.as_bytes(), 422),
         ] {

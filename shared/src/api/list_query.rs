@@ -107,9 +107,12 @@ fn one_of<T>(
 }
 
 fn a_name(name: &str, value: &str) -> Result<String, ApiError> {
-    if value.trim().is_empty() || value.chars().count() > MAX_NAME_CHARS {
+    if value.trim().is_empty()
+        || value.chars().count() > MAX_NAME_CHARS
+        || value.chars().any(char::is_control)
+    {
         return Err(ApiError::invalid_parameter(format!(
-            "`{name}` must be 1 to {MAX_NAME_CHARS} characters"
+            "`{name}` must be 1 to {MAX_NAME_CHARS} printable characters"
         )));
     }
     Ok(value.to_owned())
