@@ -65,6 +65,15 @@ ensure_postgres() {
   export DATABASE_URL=$password
 }
 
+# The command that restarts the local cluster serving DATABASE_URL on 127.0.0.1:5432, when this
+# user may run it (root, a pg_ctlcluster cluster); nothing otherwise. The chaos soak uses it.
+local_pg_restart_command() {
+  [ "$(id -u)" = 0 ] && command -v pg_lsclusters >/dev/null || return 0
+  case "$DATABASE_URL" in *@127.0.0.1:5432/*|*@localhost:5432/*) ;; *) return 0 ;; esac
+  pg_lsclusters --no-header 2>/dev/null |
+    awk '$3 == 5432 && $4 == "online" { printf "pg_ctlcluster --skip-systemctl-redirect %s %s restart", $1, $2; exit }'
+}
+
 # Prints DATABASE_URL with its database replaced by $1, creating that database if needed.
 database_url_for() {
   local name=$1 server=${DATABASE_URL%%\?*}

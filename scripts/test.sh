@@ -21,7 +21,14 @@ step "Validating template.yaml (sam validate --lint)"
 step "Linting (cargo clippy --all-targets -- -D warnings)"
 cargo clippy --workspace --all-targets --quiet -- -D warnings || die "clippy found problems"
 
+SOAK_PG_RESTART_CMD=$(local_pg_restart_command)
+export SOAK_PG_RESTART_CMD
 step "Running the tests against ${DATABASE_URL%%@*}@… (cargo test --workspace)"
+if [ -n "$SOAK_PG_RESTART_CMD" ]; then
+  note "the chaos soak restarts PostgreSQL halfway: $SOAK_PG_RESTART_CMD"
+else
+  note "the chaos soak cannot restart this PostgreSQL (not root, or not a local cluster): it terminates every connection instead"
+fi
 log=$(mktemp)
 on_exit 'rm -f "$log"'
 status=0

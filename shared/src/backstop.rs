@@ -49,6 +49,13 @@ impl Backstop {
                     .map(|j| j.to_string())
                     .unwrap_or_else(|| "without an id".into())
             );
+            // A body too broken to carry a job id can only be poison, and poison is never
+            // attempted: its letter says 1, however often crashes of its batch redelivered it.
+            let kind = if ids.job_id.is_some() {
+                ErrorKind::Crashed
+            } else {
+                ErrorKind::Poison
+            };
             let letter = NewDeadLetter {
                 job_id: ids.job_id,
                 tenant_id: ids.tenant_id,
@@ -56,13 +63,12 @@ impl Backstop {
                 queue: &self.job_queue,
                 message_id: &msg.message_id,
                 payload: &payload,
-                attempts: self.max_receive_count,
-                // A body too broken to carry a job id can only be poison.
-                kind: if ids.job_id.is_some() {
-                    ErrorKind::Crashed
+                attempts: if kind == ErrorKind::Poison {
+                    1
                 } else {
-                    ErrorKind::Poison
+                    self.max_receive_count
                 },
+                kind,
                 last_error: &error,
                 correlation_id: ids.correlation_id.as_deref(),
                 replay_of: msg.replay_of,

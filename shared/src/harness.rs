@@ -222,7 +222,9 @@ impl<C: Consumer> Harness<C> {
             Ok(envelope) => envelope,
             Err(poison) => {
                 return self
-                    .dead_letter(msg, &poison.ids, attempt, ErrorKind::Poison, poison.reason)
+                    // Poison is never attempted, so its letter says 1 attempt even when crashes
+                    // of its batch delivered it more than once.
+                    .dead_letter(msg, &poison.ids, 1, ErrorKind::Poison, poison.reason)
                     .await;
             }
         };

@@ -129,6 +129,9 @@ pub struct EventSource<'a> {
     pub function: &'a LambdaHost,
     /// Records per invocation (1–10).
     pub batch_size: i32,
+    /// The share of `DeleteMessageBatch` calls that are lost (an injected SQS API fault): the
+    /// records stay and come back after the visibility timeout, as duplicates. 0 normally.
+    pub delete_loss: f64,
 }
 
 impl EventSource<'_> {
@@ -190,6 +193,11 @@ impl EventSource<'_> {
                     .expect("entry")
             })
             .collect();
+        if !done.is_empty() && self.delete_loss > 0.0 && rand::random_bool(self.delete_loss) {
+            report.left = messages.len();
+            report.invoke_error = Some("DeleteMessageBatch lost (injected fault)".into());
+            return report;
+        }
         report.deleted = done.len();
         report.left = messages.len() - done.len();
         if !done.is_empty() {

@@ -96,6 +96,8 @@ pub struct LambdaHost {
     sandbox: tokio::sync::Mutex<Option<Sandbox>>,
     metrics: Arc<Mutex<BTreeMap<String, u64>>>,
     starts: Mutex<u32>,
+    /// The running process's pid (0: none), readable while an invocation holds the sandbox.
+    pid: std::sync::atomic::AtomicU32,
 }
 
 impl LambdaHost {
@@ -106,6 +108,7 @@ impl LambdaHost {
             sandbox: Default::default(),
             metrics: Default::default(),
             starts: Mutex::new(0),
+            pid: Default::default(),
         }
     }
 
@@ -123,6 +126,18 @@ impl LambdaHost {
             .lines()
             .find_map(|l| l.strip_prefix("VmHWM:"))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    }
+
+    /// Sends SIGKILL to the running process, wherever it is (mid-invocation included), as a
+    /// host failure or an out-of-memory kill would. Returns whether a process was there.
+    pub fn kill(&self) -> bool {
+        let pid = self.pid.swap(0, std::sync::atomic::Ordering::SeqCst);
+        pid != 0
+            && std::process::Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
     }
 
     /// How many processes were started (1 + crashes and timeouts).
@@ -219,6 +234,10 @@ impl LambdaHost {
         let stdout = child.stdout.take().expect("piped");
         tokio::spawn(sum_emf(stdout, self.metrics.clone()));
         *self.starts.lock().unwrap() += 1;
+        self.pid.store(
+            child.id().unwrap_or_default(),
+            std::sync::atomic::Ordering::SeqCst,
+        );
         Ok(Sandbox {
             child,
             server,

@@ -3,9 +3,11 @@
 
 pub mod alert_receiver;
 pub mod api_client;
+pub mod bench;
 pub mod demo;
 pub mod event_source;
 pub mod lambda_host;
+pub mod soak;
 pub mod stack;
 
 use rand::SeedableRng;

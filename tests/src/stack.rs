@@ -97,6 +97,40 @@ impl StackSpec {
     }
 }
 
+impl StackSpec {
+    /// What every function of the stack gets: the database, the consumer name, no alerts.
+    pub fn common_env(&self) -> Vec<(String, String)> {
+        [
+            ("DATABASE_URL", self.database_url.as_str()),
+            ("CONSUMER_NAME", self.consumer_name.as_str()),
+            ("DATABASE_POOL_SIZE", "4"),
+            ("ALERTING_DISABLED", "true"),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .to_vec()
+    }
+
+    /// Where the function `name` logs, if anywhere.
+    pub fn log_file(&self, name: &str) -> Option<PathBuf> {
+        self.log_dir.as_ref().map(|d| d.join(format!("{name}.log")))
+    }
+
+    /// The consumer function as a Lambda named `name` (each name is one sandbox).
+    pub fn consumer_function(&self, name: &str) -> FunctionSpec {
+        FunctionSpec {
+            name: name.into(),
+            binary: self.binaries.consumer.clone(),
+            env: self
+                .common_env()
+                .into_iter()
+                .chain(self.consumer_env.iter().cloned())
+                .collect(),
+            timeout: self.consumer_timeout,
+            log_file: self.log_file(name),
+        }
+    }
+}
+
 /// A running local stack.
 pub struct Stack {
     /// The SQS client.
@@ -152,24 +186,9 @@ impl Stack {
             spec.max_receive_count,
         )
         .await;
-        let common = [
-            ("DATABASE_URL".to_owned(), spec.database_url.clone()),
-            ("CONSUMER_NAME".to_owned(), spec.consumer_name.clone()),
-            ("DATABASE_POOL_SIZE".to_owned(), "4".to_owned()),
-            ("ALERTING_DISABLED".to_owned(), "true".to_owned()),
-        ];
-        let log = |name: &str| spec.log_dir.as_ref().map(|d| d.join(format!("{name}.log")));
-        let consumer = LambdaHost::new(FunctionSpec {
-            name: "consumer".into(),
-            binary: spec.binaries.consumer.clone(),
-            env: common
-                .iter()
-                .cloned()
-                .chain(spec.consumer_env.iter().cloned())
-                .collect(),
-            timeout: spec.consumer_timeout,
-            log_file: log("consumer"),
-        });
+        let common = spec.common_env();
+        let log = |name: &str| spec.log_file(name);
+        let consumer = LambdaHost::new(spec.consumer_function("consumer"));
         let ingester_env = [
             ("JOB_QUEUE_NAME".to_owned(), jobs.name.clone()),
             (
@@ -244,12 +263,14 @@ impl Stack {
             queue: &self.jobs,
             function: &self.consumer,
             batch_size: 10,
+            delete_loss: 0.0,
         };
         let dlq = EventSource {
             sqs: &self.sqs,
             queue: &self.dlq,
             function: &self.ingester,
             batch_size: 10,
+            delete_loss: 0.0,
         };
         tokio::join!(jobs.poll_once(), dlq.poll_once())
     }

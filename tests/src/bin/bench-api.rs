@@ -3,6 +3,7 @@
 //! operation over many calls; list pages first and deep (by cursor), with and without filters.
 //! Written to `target/bench/api.json`. A measurement, not a test: it fails only if a call fails.
 
+use e2e::bench::{self, BenchDatabase};
 use serde_json::json;
 use shared::api::list_query::encode_cursor;
 use shared::api::replayer::Replayer;
@@ -10,8 +11,6 @@ use shared::api::{Api, ApiRequest, Caller};
 use shared::clock::SystemClock;
 use shared::review::Position;
 use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -100,36 +99,12 @@ async fn sample(pool: &PgPool, filter: &str, n: usize) -> Vec<uuid::Uuid> {
 
 #[tokio::main]
 async fn main() {
-    let url = std::env::var("DATABASE_URL").expect("DATABASE_URL: is not set");
-    let pool = PgPoolOptions::new()
-        .max_connections(4)
-        .connect(&url)
-        .await
-        .expect("connect");
-    shared::MIGRATOR.run(&pool).await.expect("migrate");
-    let version: String = sqlx::query_scalar("SHOW server_version")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    println!(
-        "machine: {} cores, PostgreSQL {version}; {CALLS} calls per figure after {WARMUP} warm-up",
-        std::thread::available_parallelism().map_or(0, |n| n.get())
-    );
-    let seed = concat!(env!("CARGO_MANIFEST_DIR"), "/bench/seed_dead_letters.sql");
-    let status = Command::new("psql")
-        .args([
-            &url,
-            "-q",
-            "-v",
-            "ON_ERROR_STOP=1",
-            "-v",
-            &format!("n={LETTERS}"),
-            "-f",
-            seed,
-        ])
-        .status()
-        .expect("psql runs");
-    assert!(status.success(), "seeding failed");
+    let BenchDatabase { url, pool, version } = bench::open(
+        4,
+        &format!("{CALLS} calls per figure after {WARMUP} warm-up"),
+    )
+    .await;
+    bench::psql(&url, "seed_dead_letters.sql", &[("n", LETTERS.to_string())]);
 
     let sqs = aws_sdk_sqs::Client::new(&aws_config::load_from_env().await);
     for q in 0..5 {

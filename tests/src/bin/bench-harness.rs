@@ -8,13 +8,12 @@
 //! Each pair runs alternately, in random order, for several rounds; medians and ratios are
 //! printed and written to `target/bench/harness.json`. A measurement, not a test.
 
+use e2e::bench::{self, BenchDatabase, median, psql};
 use rand::RngExt;
 use rand::seq::SliceRandom;
 use serde_json::{Value, json};
 use shared::harness::{IncomingMessage, RecordOutcome};
 use shared::reference::AwardPoints;
-use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,26 +28,6 @@ const RSS_BATCHES: usize = 500;
 /// Messages prepared per harness run: more than RUN can take at any concurrency here.
 const MESSAGES_PER_RUN: usize = 200_000;
 
-fn script(name: &str) -> String {
-    concat!(env!("CARGO_MANIFEST_DIR"), "/bench/").to_owned() + name
-}
-
-fn psql(url: &str, file: &str) {
-    let status = Command::new("psql")
-        .args([
-            url,
-            "-q",
-            "-v",
-            "ON_ERROR_STOP=1",
-            "-v",
-            &format!("dups={DUPS}"),
-        ])
-        .args(["-f", &script(file)])
-        .status()
-        .expect("psql runs");
-    assert!(status.success(), "psql -f {file} failed");
-}
-
 /// Transactions per second of `pgbench` running `file` with `clients` connections.
 fn pgbench(url: &str, file: &str, clients: usize) -> f64 {
     let out = Command::new("pgbench")
@@ -59,7 +38,13 @@ fn pgbench(url: &str, file: &str, clients: usize) -> f64 {
             "-j",
             &clients.min(2).to_string(),
         ])
-        .args(["-T", &RUN.as_secs().to_string(), "-f", &script(file), url])
+        .args([
+            "-T",
+            &RUN.as_secs().to_string(),
+            "-f",
+            &bench::script(file),
+            url,
+        ])
         .output()
         .expect("pgbench runs (bash scripts/bench.sh installs it)");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -91,20 +76,7 @@ fn message(job_id: uuid::Uuid) -> IncomingMessage {
 /// Jobs per second of the harness with `workers` concurrent workers, each on its own connection.
 async fn harness(url: &str, workers: usize, duplicates: bool) -> f64 {
     // The pool the functions build, sized like pgbench's clients.
-    let pool = shared::config::DatabaseConfig {
-        url: url.to_owned(),
-        pool_size: workers as u32,
-        acquire_timeout: Duration::from_secs(30),
-    }
-    .lazy_pool()
-    .expect("a valid URL");
-    // Open every connection before the clock starts, as pgbench does.
-    let warm: Vec<_> = futures_util::future::join_all((0..workers).map(|_| pool.acquire()))
-        .await
-        .into_iter()
-        .map(|c| c.expect("connection"))
-        .collect();
-    drop(warm);
+    let pool = bench::warm_pool(url, workers).await;
     let harness = Arc::new(e2e::harness(
         pool.clone(),
         AwardPoints::new(e2e::consumer_name()),
@@ -145,30 +117,13 @@ async fn harness(url: &str, workers: usize, duplicates: bool) -> f64 {
             })
         })
         .collect();
-    for t in tasks {
-        t.await.unwrap();
-    }
-    let rate = done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64();
-    pool.close().await;
-    rate
+    jobs_per_second(tasks, &done, started, pool).await
 }
 
 /// Jobs per second of bare sqlx sending pgbench's statements (no harness): what this driver
 /// and runtime can do on this machine, so the table separates the harness's cost from theirs.
 async fn bare_sqlx(url: &str, workers: usize, duplicates: bool) -> f64 {
-    let pool = shared::config::DatabaseConfig {
-        url: url.to_owned(),
-        pool_size: workers as u32,
-        acquire_timeout: Duration::from_secs(30),
-    }
-    .lazy_pool()
-    .expect("a valid URL");
-    let warm: Vec<_> = futures_util::future::join_all((0..workers).map(|_| pool.acquire()))
-        .await
-        .into_iter()
-        .map(|c| c.expect("connection"))
-        .collect();
-    drop(warm);
+    let pool = bench::warm_pool(url, workers).await;
     let done = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let tasks: Vec<_> = (0..workers)
@@ -213,17 +168,22 @@ async fn bare_sqlx(url: &str, workers: usize, duplicates: bool) -> f64 {
             })
         })
         .collect();
-    for t in tasks {
-        t.await.unwrap();
+    jobs_per_second(tasks, &done, started, pool).await
+}
+
+/// Waits for the workers; the jobs they did per second of the run.
+async fn jobs_per_second(
+    workers: Vec<tokio::task::JoinHandle<()>>,
+    done: &AtomicU64,
+    started: Instant,
+    pool: sqlx::PgPool,
+) -> f64 {
+    for worker in workers {
+        worker.await.unwrap();
     }
     let rate = done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64();
     pool.close().await;
     rate
-}
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
 }
 
 /// One figure: `ROUNDS` rounds of pgbench, bare sqlx and the harness, in random order each round.
@@ -312,23 +272,15 @@ async fn consumer_memory(url: &str) -> (u64, u64, f64) {
 
 #[tokio::main]
 async fn main() {
-    let url = std::env::var("DATABASE_URL").expect("DATABASE_URL: is not set");
-    let pool: PgPool = PgPoolOptions::new()
-        .max_connections(2)
-        .connect(&url)
-        .await
-        .expect("connect");
-    shared::MIGRATOR.run(&pool).await.expect("migrate");
-    let version: String = sqlx::query_scalar("SHOW server_version")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    println!(
-        "machine: {} cores, PostgreSQL {version}; {ROUNDS} rounds of {} s per side, alternating, medians",
-        std::thread::available_parallelism().map_or(0, |n| n.get()),
-        RUN.as_secs()
-    );
-    psql(&url, "reset_for_harness.sql");
+    let BenchDatabase { url, version, .. } = bench::open(
+        2,
+        &format!(
+            "{ROUNDS} rounds of {} s per side, alternating, medians",
+            RUN.as_secs()
+        ),
+    )
+    .await;
+    psql(&url, "reset_for_harness.sql", &[("dups", DUPS.to_string())]);
 
     println!(
         "\n{:<22} {:>10} {:>10} {:>10} {:>10} {:>10}",

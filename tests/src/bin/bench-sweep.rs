@@ -3,6 +3,7 @@
 //! database (`DATABASE_URL`). Pairs alternate over several rounds; medians and ratios are printed
 //! and written to `target/bench/sweep.json`. A measurement, not a test: it asserts nothing.
 
+use e2e::bench::{self, BenchDatabase, median, psql};
 use rand::seq::SliceRandom;
 use serde_json::json;
 use shared::clock::SystemClock;
@@ -10,8 +11,6 @@ use shared::harness::RecordOutcome;
 use shared::reference::AwardPoints;
 use shared::sweeper::{SweepSettings, sweep};
 use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -33,22 +32,6 @@ const PACED: SweepSettings = SweepSettings {
     budget: Duration::from_secs(600),
     pause: Duration::from_millis(20),
 };
-
-fn psql(url: &str, file: &str, vars: &[(&str, String)]) {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/bench/").to_owned() + file;
-    let mut cmd = Command::new("psql");
-    cmd.args([url, "-q", "-v", "ON_ERROR_STOP=1", "-f", &path]);
-    for (k, v) in vars {
-        cmd.args(["-v", &format!("{k}={v}")]);
-    }
-    let status = cmd.status().expect("psql runs");
-    assert!(status.success(), "psql -f {file} failed");
-}
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
-}
 
 async fn consumers(pool: &PgPool) -> f64 {
     let harness = Arc::new(e2e::harness(
@@ -85,21 +68,8 @@ async fn consumers(pool: &PgPool) -> f64 {
 
 #[tokio::main]
 async fn main() {
-    let url = std::env::var("DATABASE_URL").expect("DATABASE_URL: is not set");
-    let pool = PgPoolOptions::new()
-        .max_connections(CONCURRENCY as u32 + 4)
-        .connect(&url)
-        .await
-        .expect("connect");
-    shared::MIGRATOR.run(&pool).await.expect("migrate");
-    let version: String = sqlx::query_scalar("SHOW server_version")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    println!(
-        "machine: {} cores, PostgreSQL {version}; {ROUNDS} rounds, medians",
-        std::thread::available_parallelism().map_or(0, |n| n.get())
-    );
+    let BenchDatabase { url, pool, version } =
+        bench::open(CONCURRENCY as u32 + 4, &format!("{ROUNDS} rounds, medians")).await;
 
     psql(
         &url,

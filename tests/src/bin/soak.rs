@@ -1,0 +1,50 @@
+//! `soak [jobs] [seed]`: the chaos soak's long form (default 10,000 jobs) on `DATABASE_URL`
+//! (a fresh database; `bash scripts/soak.sh` makes one) and the local SQS API. Prints the counts
+//! and exits non-zero if any invariant broke.
+
+use e2e::soak::{Restart, SoakSpec, run};
+use e2e::stack::{Binaries, StackSpec};
+use std::time::Duration;
+
+#[tokio::main]
+async fn main() {
+    let mut args = std::env::args().skip(1);
+    let jobs = args
+        .next()
+        .map_or(10_000, |a| a.parse().expect("jobs: a number"));
+    let seed = args
+        .next()
+        .map_or(1, |a| a.parse().expect("seed: a number"));
+    let url = std::env::var("DATABASE_URL").expect("DATABASE_URL: is not set");
+    let admin = sqlx::PgPool::connect(&url).await.expect("connect");
+    shared::MIGRATOR.run(&admin).await.expect("migrate");
+    let mut stack = StackSpec::time_scaled(
+        Binaries::beside_current_exe(),
+        &url,
+        &format!("soak-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]),
+    );
+    stack.log_dir = Some(std::env::temp_dir().join("job-harness-soak"));
+    std::fs::create_dir_all(stack.log_dir.as_ref().unwrap()).expect("log dir");
+    let spec = SoakSpec {
+        jobs,
+        seed,
+        consumers: 4,
+        kill_every: Duration::from_secs(2),
+        delete_loss: 0.03,
+        restart: Restart::from_env(),
+        timeout: Duration::from_secs(1800),
+    };
+    println!(
+        "soak: {jobs} jobs, seed {seed}, {} consumer sandboxes, a SIGKILL every ~{:?}, {:.0}% of deletes lost, PostgreSQL: {:?}",
+        spec.consumers,
+        spec.kill_every,
+        spec.delete_loss * 100.0,
+        spec.restart
+    );
+    let report = run(&spec, stack, &admin).await;
+    println!("{report}");
+    if !report.holds() {
+        eprintln!("FAILED: the promise broke");
+        std::process::exit(1);
+    }
+}
