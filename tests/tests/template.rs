@@ -4,8 +4,8 @@
 //! timeouts and permissions must fit the harness's rules.
 
 use serde_json::{Map, Value};
-use shared::api::{ApiConfig, ROUTES};
-use shared::config::{BackstopConfig, ConsumerConfig, Env, SweeperConfig};
+use shared::api::ROUTES;
+use shared::config::{ApiConfig, BackstopConfig, ConsumerConfig, Env, SweeperConfig};
 use shared::retry::RetryPolicy;
 use std::collections::BTreeMap;
 use std::path::Path;

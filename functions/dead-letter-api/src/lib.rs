@@ -3,9 +3,9 @@
 //! `shared::api`.
 
 use lambda_http::Error;
-use shared::api::{Api, ApiConfig, lambda::serve, replayer::Replayer};
+use shared::api::{Api, lambda::serve, replayer::Replayer};
 use shared::clock::{Clock, SystemClock};
-use shared::config::{Env, or_exit};
+use shared::config::{ApiConfig, Env, or_exit};
 use std::sync::Arc;
 use std::time::Duration;
 

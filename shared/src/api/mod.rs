@@ -20,7 +20,6 @@ pub use error::ApiError;
 pub use handlers::MAX_REASON_CHARS;
 
 use crate::clock::Clock;
-use crate::config::{ConfigError, DatabaseConfig, Env};
 use serde_json::Value;
 use sqlx::PgPool;
 use std::sync::Arc;
@@ -116,36 +115,6 @@ impl From<ApiError> for ApiResponse {
             status: error.status,
             body: error.body(),
         }
-    }
-}
-
-/// Settings of the API functions.
-#[derive(Debug, Clone)]
-pub struct ApiConfig {
-    /// The database.
-    pub database: DatabaseConfig,
-    /// How long a review waits for a concurrent review of the same letter (`API_LOCK_WAIT_MS`,
-    /// default 2000) before answering 409.
-    pub lock_wait: Duration,
-}
-
-/// `API_LOCK_WAIT_MS`.
-pub const API_LOCK_WAIT_MS: &str = "API_LOCK_WAIT_MS";
-
-impl ApiConfig {
-    /// Reads the database settings and [`API_LOCK_WAIT_MS`] (1 to 30000).
-    pub fn from_env(env: &Env<'_>) -> Result<Self, ConfigError> {
-        let wait = env.parsed(API_LOCK_WAIT_MS, 2_000u64)?;
-        if !(1..=30_000).contains(&wait) {
-            return Err(ConfigError {
-                variable: API_LOCK_WAIT_MS,
-                problem: format!("must be 1 to 30000 milliseconds, got {wait}"),
-            });
-        }
-        Ok(Self {
-            database: DatabaseConfig::from_env(env)?,
-            lock_wait: Duration::from_millis(wait),
-        })
     }
 }
 

@@ -1,0 +1,85 @@
+//! The retry policy and fence TTL every function that touches fences must agree on.
+
+use super::*;
+use crate::fence::ttl_floor;
+use crate::retry::RetryPolicy;
+
+/// The retry policy and fence settings every function that touches fences must agree on.
+#[derive(Debug, Clone)]
+pub struct FenceConfig {
+    /// The retry policy (platform default unless overridden with a rationale).
+    pub policy: RetryPolicy,
+    /// Why the policy differs from the platform default, when it does.
+    pub override_rationale: Option<String>,
+    /// Fence lifetime.
+    pub ttl: Duration,
+    /// The job queue's retention.
+    pub queue_retention: Duration,
+}
+
+impl FenceConfig {
+    /// Reads the retry policy, [`FENCE_TTL_SECONDS`] (default 7 days) and
+    /// [`QUEUE_RETENTION_SECONDS`] (default 4 days, the SQS default), and checks the TTL floor.
+    pub fn from_env(env: &Env<'_>) -> Result<Self, ConfigError> {
+        let default = RetryPolicy::default();
+        let attempts = env.parsed(RETRY_MAX_ATTEMPTS, default.max_attempts())?;
+        let base = env.seconds(RETRY_BASE_SECONDS, default.base())?;
+        let cap = env.seconds(RETRY_CAP_SECONDS, default.cap())?;
+        let policy = RetryPolicy::new(attempts, base, cap).map_err(|e| ConfigError {
+            variable: match e {
+                crate::retry::PolicyError::Attempts(_) => RETRY_MAX_ATTEMPTS,
+                crate::retry::PolicyError::Base => RETRY_BASE_SECONDS,
+                crate::retry::PolicyError::Cap { .. } => RETRY_CAP_SECONDS,
+            },
+            problem: e.to_string(),
+        })?;
+        let override_rationale = env.get(RETRY_OVERRIDE_RATIONALE);
+        if policy != default && override_rationale.is_none() {
+            return Err(ConfigError {
+                variable: RETRY_OVERRIDE_RATIONALE,
+                problem: format!(
+                    "is required because the retry policy ({attempts} attempts, base {} s, cap {} s) \
+                     overrides the platform default ({} attempts, base {} s, cap {} s); say why",
+                    base.as_secs(),
+                    cap.as_secs(),
+                    default.max_attempts(),
+                    default.base().as_secs(),
+                    default.cap().as_secs()
+                ),
+            });
+        }
+        let queue_retention =
+            env.seconds(QUEUE_RETENTION_SECONDS, Duration::from_secs(4 * 86_400))?;
+        if !(60..=1_209_600).contains(&queue_retention.as_secs()) {
+            return Err(ConfigError {
+                variable: QUEUE_RETENTION_SECONDS,
+                problem: format!(
+                    "must be 60 to 1209600 (SQS's range), got {}",
+                    queue_retention.as_secs()
+                ),
+            });
+        }
+        let ttl = env.seconds(FENCE_TTL_SECONDS, Duration::from_secs(7 * 86_400))?;
+        let floor = ttl_floor(queue_retention, &policy);
+        if ttl < floor {
+            return Err(ConfigError {
+                variable: FENCE_TTL_SECONDS,
+                problem: format!(
+                    "{} s is below the safe floor of {} s ({QUEUE_RETENTION_SECONDS} {} s + max retry window {} s \
+                     + margin {} s): a copy of a job arriving after its fence expired would apply its effect twice",
+                    ttl.as_secs(),
+                    floor.as_secs(),
+                    queue_retention.as_secs(),
+                    policy.max_retry_window().as_secs(),
+                    crate::fence::TTL_MARGIN.as_secs()
+                ),
+            });
+        }
+        Ok(Self {
+            policy,
+            override_rationale,
+            ttl,
+            queue_retention,
+        })
+    }
+}

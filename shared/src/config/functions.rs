@@ -1,0 +1,184 @@
+//! What each Lambda function reads at start-up, built from the shared parts.
+
+use super::*;
+
+/// Everything the scheduled function (sweep, escalation, alert retries) needs at start-up.
+#[derive(Debug, Clone)]
+pub struct SweeperConfig {
+    /// The database.
+    pub database: DatabaseConfig,
+    /// The fence TTL, checked against its floor: the sweeper refuses to run below it.
+    pub fence: FenceConfig,
+    /// Sweep bounds.
+    pub sweep: crate::sweeper::SweepSettings,
+    /// Escalation threshold.
+    pub escalate_after: Duration,
+    /// BetterStack, unless disabled.
+    pub alerts: Option<AlertConfig>,
+    /// The EMF namespace.
+    pub metrics_namespace: String,
+}
+
+impl SweeperConfig {
+    /// Reads and validates every variable the scheduled function needs.
+    pub fn from_env(env: &Env<'_>) -> Result<Self, ConfigError> {
+        let batch_size = env.parsed(SWEEP_BATCH_SIZE, 5_000i64)?;
+        if !(1..=100_000).contains(&batch_size) {
+            return Err(ConfigError {
+                variable: SWEEP_BATCH_SIZE,
+                problem: format!("must be 1 to 100000, got {batch_size}"),
+            });
+        }
+        let days = env.parsed(ESCALATE_AFTER_DAYS, 3.0f64)?;
+        if !(days.is_finite() && days > 0.0) {
+            return Err(ConfigError {
+                variable: ESCALATE_AFTER_DAYS,
+                problem: format!("must be a positive number of days, got {days}"),
+            });
+        }
+        Ok(Self {
+            database: DatabaseConfig::from_env(env)?,
+            fence: FenceConfig::from_env(env)?,
+            sweep: crate::sweeper::SweepSettings {
+                batch_size,
+                budget: env.seconds(SWEEP_TIME_BUDGET_SECONDS, Duration::from_secs(240))?,
+                pause: Duration::from_millis(env.parsed(SWEEP_PAUSE_MS, 20u64)?),
+            },
+            escalate_after: Duration::from_secs_f64(days * 86_400.0),
+            alerts: AlertConfig::from_env(env)?,
+            metrics_namespace: env.parsed(METRICS_NAMESPACE, "JobHarness".to_owned())?,
+        })
+    }
+}
+
+/// Everything a consumer function needs at start-up.
+#[derive(Debug, Clone)]
+pub struct ConsumerConfig {
+    /// The database.
+    pub database: DatabaseConfig,
+    /// The fence's consumer name.
+    pub consumer_name: ConsumerName,
+    /// Retry policy and fence TTL.
+    pub fence: FenceConfig,
+    /// How long a copy waits for a concurrent copy's fence (default 2 s).
+    pub lock_timeout: Duration,
+    /// The EMF namespace (default `JobHarness`).
+    pub metrics_namespace: String,
+    /// Time to keep free before the Lambda deadline (default 5 s).
+    pub deadline_margin: Duration,
+    /// BetterStack alerting, unless disabled.
+    pub alerts: Option<AlertConfig>,
+}
+
+impl ConsumerConfig {
+    /// Reads and validates every variable a consumer needs; the first problem is returned.
+    pub fn from_env(env: &Env<'_>) -> Result<Self, ConfigError> {
+        let consumer_name = consumer_name(env)?;
+        let lock_timeout = Duration::from_millis(env.parsed(FENCE_LOCK_TIMEOUT_MS, 2_000u64)?);
+        if lock_timeout.is_zero() {
+            return Err(ConfigError {
+                variable: FENCE_LOCK_TIMEOUT_MS,
+                problem: "must be at least 1".into(),
+            });
+        }
+        Ok(Self {
+            database: DatabaseConfig::from_env(env)?,
+            consumer_name,
+            fence: FenceConfig::from_env(env)?,
+            lock_timeout,
+            metrics_namespace: env.parsed(METRICS_NAMESPACE, "JobHarness".to_owned())?,
+            deadline_margin: Duration::from_millis(env.parsed(DEADLINE_MARGIN_MS, 5_000u64)?),
+            alerts: AlertConfig::from_env(env)?,
+        })
+    }
+
+    /// The harness settings this configuration describes. A contended fence is retried after
+    /// the lock timeout plus a second, when the copy holding it has usually finished.
+    pub fn harness_settings(&self) -> crate::harness::HarnessSettings {
+        crate::harness::HarnessSettings {
+            policy: self.fence.policy,
+            fence_ttl: self.fence.ttl,
+            lock_timeout: self.lock_timeout,
+            contended_retry_after: self.lock_timeout + Duration::from_secs(1),
+        }
+    }
+
+    /// How batches are processed: as many records at once as the pool has connections.
+    pub fn batch_settings(&self) -> crate::sqs::BatchSettings {
+        crate::sqs::BatchSettings {
+            concurrency: self.database.pool_size as usize,
+            deadline_margin: self.deadline_margin,
+        }
+    }
+}
+
+/// Everything the backstop DLQ ingester needs at start-up.
+#[derive(Debug, Clone)]
+pub struct BackstopConfig {
+    /// The database.
+    pub database: DatabaseConfig,
+    /// The consumer whose DLQ this is.
+    pub consumer_name: ConsumerName,
+    /// The job queue the DLQ belongs to.
+    pub job_queue: String,
+    /// The job queue's redrive `maxReceiveCount` (default: the policy's attempts + 2).
+    pub max_receive_count: u32,
+    /// The EMF namespace.
+    pub metrics_namespace: String,
+    /// BetterStack alerting, unless disabled.
+    pub alerts: Option<AlertConfig>,
+}
+
+impl BackstopConfig {
+    /// Reads and validates every variable the ingester needs. `maxReceiveCount` must exceed the
+    /// retry policy's attempts, or the backstop would pre-empt the harness's own retries.
+    pub fn from_env(env: &Env<'_>) -> Result<Self, ConfigError> {
+        let consumer_name = consumer_name(env)?;
+        let fence = FenceConfig::from_env(env)?;
+        let attempts = fence.policy.max_attempts();
+        let max_receive_count = env.parsed(REDRIVE_MAX_RECEIVE_COUNT, attempts + 2)?;
+        if max_receive_count <= attempts {
+            return Err(ConfigError {
+                variable: REDRIVE_MAX_RECEIVE_COUNT,
+                problem: format!(
+                    "{max_receive_count} must exceed the retry policy's {attempts} attempts"
+                ),
+            });
+        }
+        Ok(Self {
+            database: DatabaseConfig::from_env(env)?,
+            consumer_name,
+            job_queue: env.required(JOB_QUEUE_NAME)?,
+            max_receive_count,
+            metrics_namespace: env.parsed(METRICS_NAMESPACE, "JobHarness".to_owned())?,
+            alerts: AlertConfig::from_env(env)?,
+        })
+    }
+}
+
+/// Settings of the API functions.
+#[derive(Debug, Clone)]
+pub struct ApiConfig {
+    /// The database.
+    pub database: DatabaseConfig,
+    /// How long a review waits for a concurrent review of the same letter (`API_LOCK_WAIT_MS`,
+    /// default 2000) before answering 409.
+    pub lock_wait: Duration,
+}
+
+impl ApiConfig {
+    /// Reads the database settings and [`API_LOCK_WAIT_MS`] (1 to 30000).
+    pub fn from_env(env: &Env<'_>) -> Result<Self, ConfigError> {
+        let wait = env.parsed(API_LOCK_WAIT_MS, 2_000u64)?;
+        if !(1..=30_000).contains(&wait) {
+            return Err(ConfigError {
+                variable: API_LOCK_WAIT_MS,
+                problem: format!("must be 1 to 30000 milliseconds, got {wait}"),
+            });
+        }
+        Ok(Self {
+            database: DatabaseConfig::from_env(env)?,
+            lock_wait: Duration::from_millis(wait),
+        })
+    }
+}

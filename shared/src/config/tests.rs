@@ -1,0 +1,176 @@
+use super::*;
+use crate::retry::RetryPolicy;
+
+const BASE: [(&str, &str); 3] = [
+    (DATABASE_URL, "postgres://localhost/db"),
+    (CONSUMER_NAME, "award-points"),
+    (BETTERSTACK_API_TOKEN, "t0ken"),
+];
+
+fn load(extra: &[(&'static str, &'static str)]) -> Result<ConsumerConfig, ConfigError> {
+    let pairs: Vec<_> = BASE.iter().chain(extra).copied().collect();
+    ConsumerConfig::from_env(&Env::from_pairs(&pairs))
+}
+
+#[test]
+fn defaults_are_the_platform_policy() {
+    let c = load(&[]).unwrap();
+    assert_eq!(c.fence.policy, RetryPolicy::default());
+    assert_eq!(c.fence.ttl, Duration::from_secs(7 * 86_400));
+    assert_eq!(c.database.pool_size, 5);
+    assert_eq!(c.consumer_name.as_str(), "award-points");
+}
+
+#[test]
+fn a_ttl_under_the_floor_is_rejected_naming_the_variable() {
+    let err = load(&[(FENCE_TTL_SECONDS, "86400")]).unwrap_err();
+    assert_eq!(err.variable, FENCE_TTL_SECONDS);
+    assert!(
+        err.to_string()
+            .starts_with("FENCE_TTL_SECONDS: 86400 s is below the safe floor"),
+        "{err}"
+    );
+    // Raising the retention raises the floor too.
+    let err = load(&[(QUEUE_RETENTION_SECONDS, "1209600")]).unwrap_err();
+    assert_eq!(err.variable, FENCE_TTL_SECONDS, "{err}");
+    assert!(
+        load(&[
+            (QUEUE_RETENTION_SECONDS, "1209600"),
+            (FENCE_TTL_SECONDS, "1400000")
+        ])
+        .is_ok()
+    );
+}
+
+#[test]
+fn a_policy_override_without_rationale_is_rejected_naming_the_variable() {
+    let err = load(&[(RETRY_MAX_ATTEMPTS, "8")]).unwrap_err();
+    assert_eq!(err.variable, RETRY_OVERRIDE_RATIONALE);
+    assert!(
+        err.to_string().contains("overrides the platform default"),
+        "{err}"
+    );
+    let ok = load(&[
+        (RETRY_MAX_ATTEMPTS, "8"),
+        (RETRY_OVERRIDE_RATIONALE, "provider outages last hours"),
+    ])
+    .unwrap();
+    assert_eq!(ok.fence.policy.max_attempts(), 8);
+    // Stating the default explicitly is not an override.
+    assert!(load(&[(RETRY_BASE_SECONDS, "30")]).is_ok());
+}
+
+#[test]
+fn alerting_needs_a_token_unless_explicitly_disabled() {
+    let pairs = [(DATABASE_URL, "postgres://h/d"), (CONSUMER_NAME, "c")];
+    let err = ConsumerConfig::from_env(&Env::from_pairs(&pairs)).unwrap_err();
+    assert_eq!(err.variable, BETTERSTACK_API_TOKEN);
+    assert!(err.to_string().contains("ALERTING_DISABLED=true"), "{err}");
+    let disabled = [pairs[0], pairs[1], (ALERTING_DISABLED, "true")];
+    assert!(
+        ConsumerConfig::from_env(&Env::from_pairs(&disabled))
+            .unwrap()
+            .alerts
+            .is_none()
+    );
+    let on = load(&[]).unwrap().alerts.expect("alerting on");
+    assert_eq!(on.base_url, "https://uptime.betterstack.com");
+    assert!(
+        !format!("{on:?}").contains("t0ken"),
+        "the token never shows in Debug"
+    );
+    assert_eq!(
+        load(&[(BETTERSTACK_BASE_URL, "ftp://x")])
+            .unwrap_err()
+            .variable,
+        BETTERSTACK_BASE_URL
+    );
+}
+
+#[test]
+fn the_sweeper_refuses_a_ttl_under_the_floor_naming_the_variable() {
+    let pairs = [
+        (DATABASE_URL, "postgres://h/d"),
+        (ALERTING_DISABLED, "true"),
+        (FENCE_TTL_SECONDS, "86400"),
+    ];
+    let err = SweeperConfig::from_env(&Env::from_pairs(&pairs)).unwrap_err();
+    assert_eq!(err.variable, FENCE_TTL_SECONDS);
+    assert!(
+        err.to_string().contains("would apply its effect twice"),
+        "{err}"
+    );
+    let ok = SweeperConfig::from_env(&Env::from_pairs(&pairs[..2])).unwrap();
+    assert_eq!(
+        (ok.sweep.batch_size, ok.escalate_after),
+        (5_000, Duration::from_secs(3 * 86_400))
+    );
+    let bad = [pairs[0], pairs[1], (ESCALATE_AFTER_DAYS, "0")];
+    assert_eq!(
+        SweeperConfig::from_env(&Env::from_pairs(&bad))
+            .unwrap_err()
+            .variable,
+        ESCALATE_AFTER_DAYS
+    );
+}
+
+#[test]
+fn the_redrive_count_must_exceed_the_attempts() {
+    let base = [
+        (DATABASE_URL, "postgres://h/d"),
+        (CONSUMER_NAME, "award-points"),
+        (JOB_QUEUE_NAME, "jobs"),
+        (ALERTING_DISABLED, "true"),
+    ];
+    let with = |extra: &[(&'static str, &'static str)]| {
+        let pairs: Vec<_> = base.iter().chain(extra).copied().collect();
+        BackstopConfig::from_env(&Env::from_pairs(&pairs))
+    };
+    assert_eq!(with(&[]).unwrap().max_receive_count, 7);
+    assert_eq!(
+        with(&[(REDRIVE_MAX_RECEIVE_COUNT, "5")])
+            .unwrap_err()
+            .variable,
+        REDRIVE_MAX_RECEIVE_COUNT
+    );
+    let no_queue =
+        BackstopConfig::from_env(&Env::from_pairs(&[base[0], base[1], base[3]])).unwrap_err();
+    assert_eq!(no_queue.variable, JOB_QUEUE_NAME);
+}
+
+#[test]
+fn missing_and_malformed_variables_name_themselves() {
+    let err = ConsumerConfig::from_env(&Env::from_pairs(&[(CONSUMER_NAME, "x")])).unwrap_err();
+    assert_eq!(err.to_string(), "DATABASE_URL: is not set");
+    let err = ConsumerConfig::from_env(&Env::from_pairs(&[(DATABASE_URL, "postgres://h/d")]))
+        .unwrap_err();
+    assert_eq!(err.variable, CONSUMER_NAME);
+    assert_eq!(
+        load(&[(RETRY_BASE_SECONDS, "soon")]).unwrap_err().variable,
+        RETRY_BASE_SECONDS
+    );
+    assert_eq!(
+        load(&[
+            (RETRY_CAP_SECONDS, "99999999"),
+            (RETRY_OVERRIDE_RATIONALE, "r")
+        ])
+        .unwrap_err()
+        .variable,
+        RETRY_CAP_SECONDS
+    );
+    assert_eq!(
+        load(&[(DATABASE_POOL_SIZE, "0")]).unwrap_err().variable,
+        DATABASE_POOL_SIZE
+    );
+    assert_eq!(
+        load(&[(QUEUE_RETENTION_SECONDS, "5")])
+            .unwrap_err()
+            .variable,
+        QUEUE_RETENTION_SECONDS
+    );
+    let bad_url = ConsumerConfig::from_env(&Env::from_pairs(&[
+        (CONSUMER_NAME, "x"),
+        (DATABASE_URL, "mysql://x"),
+    ]));
+    assert_eq!(bad_url.unwrap_err().variable, DATABASE_URL);
+}
