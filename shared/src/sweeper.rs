@@ -1,9 +1,10 @@
 //! The TTL sweep of `core.processed_jobs`.
 //!
 //! Invariants: a row is deleted only when its `expires_at` is before the injected `now` (the TTL
-//! floor guarantees no copy of its job can still arrive); each batch is one short statement that
-//! skips rows another sweep holds (`FOR UPDATE SKIP LOCKED`), so overlapping sweeps never wait on
-//! each other and consumers, which only insert fresh rows, never wait on a sweep.
+//! floor guarantees no copy of its job can still arrive); one sweep runs at a time (a session
+//! advisory lock; an overlapping run steps aside at once instead of waiting), so the batches
+//! need no row locks; each batch is one short statement, and consumers, which only insert fresh
+//! rows, never wait on a sweep.
 
 use crate::clock::Clock;
 use chrono::{DateTime, Utc};
@@ -25,8 +26,7 @@ pub async fn sweep_expired(
              DELETE FROM core.processed_jobs
              WHERE ctid IN (SELECT ctid FROM core.processed_jobs
                             WHERE expires_at >= coalesce($3, '-infinity') AND expires_at < $1
-                            ORDER BY expires_at LIMIT $2
-                            FOR UPDATE SKIP LOCKED)
+                            ORDER BY expires_at LIMIT $2)
              RETURNING expires_at)
          SELECT count(*), max(expires_at) FROM gone",
     )
@@ -58,6 +58,8 @@ pub enum SweepStop {
     Budget,
     /// The Lambda deadline is near.
     Deadline,
+    /// Another sweep is running (it holds the sweep lock); this one stepped aside.
+    Busy,
 }
 
 /// What one sweep did.
@@ -86,14 +88,48 @@ pub struct SweepSettings {
     pub pause: Duration,
 }
 
+/// The advisory lock (class, key) sweeps take turns on: "job" and 1.
+const SWEEP_LOCK: (i32, i32) = (0x006a_6f62, 1);
+
 /// Deletes expired fences batch by batch until a short batch, the budget or `deadline`
-/// (wall time; `None` for no deadline). `now` comes from `clock` once, at the start.
+/// (wall time; `None` for no deadline). `now` comes from `clock` once, at the start. If another
+/// sweep is running, returns at once with [`SweepStop::Busy`].
 pub async fn sweep(
     pool: &PgPool,
     clock: &dyn Clock,
     settings: SweepSettings,
     deadline: Option<Instant>,
 ) -> sqlx::Result<SweepReport> {
+    let mut conn = pool.acquire().await?;
+    let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1, $2)")
+        .bind(SWEEP_LOCK.0)
+        .bind(SWEEP_LOCK.1)
+        .fetch_one(&mut *conn)
+        .await?;
+    if !locked {
+        return report(pool, clock.now(), 0, 0, SweepStop::Busy).await;
+    }
+    let swept = sweep_locked(&mut conn, clock, settings, deadline).await;
+    let unlocked = sqlx::query("SELECT pg_advisory_unlock($1, $2)")
+        .bind(SWEEP_LOCK.0)
+        .bind(SWEEP_LOCK.1)
+        .execute(&mut *conn)
+        .await;
+    if unlocked.is_err() {
+        // Never hand a connection that may still hold the lock back to the pool: closing it
+        // releases the lock.
+        let _ = sqlx::Connection::close(conn.detach()).await;
+    }
+    let (deleted, batches, stop) = swept?;
+    report(pool, clock.now(), deleted, batches, stop).await
+}
+
+async fn sweep_locked(
+    conn: &mut sqlx::PgConnection,
+    clock: &dyn Clock,
+    settings: SweepSettings,
+    deadline: Option<Instant>,
+) -> sqlx::Result<(u64, u32, SweepStop)> {
     let now = clock.now();
     let started = Instant::now();
     let (mut deleted, mut batches) = (0, 0);
@@ -105,7 +141,7 @@ pub async fn sweep(
         if started.elapsed() >= settings.budget {
             break SweepStop::Budget;
         }
-        let (n, last) = sweep_expired(pool, now, from, settings.batch_size).await?;
+        let (n, last) = sweep_expired(&mut *conn, now, from, settings.batch_size).await?;
         deleted += n;
         batches += 1;
         if n < settings.batch_size as u64 {
@@ -114,6 +150,16 @@ pub async fn sweep(
         from = last.or(from);
         tokio::time::sleep(settings.pause).await;
     };
+    Ok((deleted, batches, stop))
+}
+
+async fn report(
+    pool: &PgPool,
+    now: DateTime<Utc>,
+    deleted: u64,
+    batches: u32,
+    stop: SweepStop,
+) -> sqlx::Result<SweepReport> {
     let oldest = oldest_fence(pool).await?;
     let age = |t: DateTime<Utc>| (now - t).to_std().unwrap_or_default();
     Ok(SweepReport {

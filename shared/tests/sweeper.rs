@@ -141,9 +141,13 @@ async fn a_sweep_stops_at_its_budget_and_reports_the_backlog(pool: PgPool) {
     );
 }
 
-/// Two overlapping sweeps skip each other's rows: every row is deleted once, neither waits.
+/// One sweep at a time: a sweep started while another runs returns at once (`Busy`) instead of
+/// waiting or competing for the same rows; the lock is released when the first ends.
 #[sqlx::test(migrator = "shared::MIGRATOR")]
-async fn two_sweeps_at_once_delete_every_row_once(_: PgPoolOptions, connect: PgConnectOptions) {
+async fn a_sweep_started_while_another_runs_steps_aside(
+    _: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
     let pool = PgPoolOptions::new()
         .max_connections(4)
         .connect_with(connect)
@@ -153,20 +157,34 @@ async fn two_sweeps_at_once_delete_every_row_once(_: PgPoolOptions, connect: PgC
     let small = SweepSettings {
         batch_size: 500,
         budget: Duration::from_secs(600),
-        pause: Duration::ZERO,
+        pause: Duration::from_millis(5),
     };
     let clock = Arc::new(ManualClock::new(t0()));
-    let (a, b) = tokio::join!(
-        sweep(&pool, clock.as_ref(), small, None),
-        sweep(&pool, clock.as_ref(), small, None)
+    let first = tokio::spawn({
+        let (pool, clock) = (pool.clone(), clock.clone());
+        async move { sweep(&pool, clock.as_ref(), small, None).await.unwrap() }
+    });
+    // Once the first is deleting, it holds the sweep lock for its 40 batches; a second one
+    // started meanwhile steps aside.
+    while fences(&pool).await == 20_000 {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let second = sweep(&pool, clock.as_ref(), small, None).await.unwrap();
+    let first = first.await.unwrap();
+    assert_eq!(
+        (second.deleted, second.stop),
+        (0, SweepStop::Busy),
+        "{second:?}"
     );
-    let (a, b) = (a.unwrap(), b.unwrap());
-    assert_eq!(a.deleted + b.deleted, 20_000, "{a:?} {b:?}");
-    assert!(
-        a.deleted > 0 && b.deleted > 0,
-        "both made progress: {a:?} {b:?}"
+    assert_eq!(
+        (first.deleted, first.stop),
+        (20_000, SweepStop::Done),
+        "{first:?}"
     );
     assert_eq!(fences(&pool).await, 0);
+    // The lock is released: the next sweep runs.
+    let third = sweep(&pool, clock.as_ref(), small, None).await.unwrap();
+    assert_eq!(third.stop, SweepStop::Done);
 }
 
 /// Consumers keep inserting fences while a sweep runs; the sweep takes only expired rows and
