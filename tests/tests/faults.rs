@@ -140,13 +140,17 @@ async fn with_the_database_unreachable_nothing_is_acked_and_nothing_lost(pool: P
 
     let healthy = e2e::harness(pool.clone(), AwardPoints::new(e2e::consumer_name()));
     let mut seen = 0;
-    while seen < 3 {
+    for _ in 0..10 {
+        if seen == 3 {
+            break;
+        }
         let records = receive(&sqs, &queue).await;
         seen += records.len();
         let failed = failed_ids(&healthy, &visibility, records.clone()).await;
         assert!(failed.is_empty(), "{failed:?}");
         ack(&sqs, &queue, &records, &failed).await;
     }
+    assert_eq!(seen, 3, "every message came back");
     for (job_id, _) in &jobs {
         assert_eq!(
             count_awards(&pool, *job_id).await.unwrap(),
