@@ -1,0 +1,94 @@
+//! What goes into the harness and what comes out: one delivery, and the outcome the transport
+//! turns into an ack or a delayed redelivery.
+
+use crate::dead_letter::{ErrorKind, Recorded};
+use crate::ids::DeadLetterId;
+use crate::metrics::Metric;
+use std::time::Duration;
+
+/// One delivery of a queue message, independent of the transport.
+#[derive(Debug, Clone)]
+pub struct IncomingMessage {
+    /// The transport's message id (SQS `messageId`); stable across redeliveries.
+    pub message_id: String,
+    /// The queue it came from (SQS queue name).
+    pub queue: String,
+    /// The raw body: the envelope as JSON, if well-formed.
+    pub body: String,
+    /// Which delivery this is, from 1 (SQS `ApproximateReceiveCount`).
+    pub receive_count: u32,
+    /// The dead letter whose replay produced this message, if any.
+    pub replay_of: Option<DeadLetterId>,
+}
+
+/// What became of one message; the transport turns it into an ack or a delayed redelivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecordOutcome {
+    /// The work and its fence committed.
+    Processed,
+    /// The job was already processed by this consumer; skipped.
+    Duplicate,
+    /// A concurrent copy holds the fence; redeliver after `retry_after` to find out how it ended.
+    Contended {
+        /// Short delay before redelivery.
+        retry_after: Duration,
+    },
+    /// A transient failure; redeliver after the backoff delay.
+    Retry {
+        /// The attempt that failed.
+        attempt: u32,
+        /// The backoff delay.
+        after: Duration,
+        /// What went wrong.
+        error: String,
+    },
+    /// A dead letter is committed (or already was, for a redelivered message).
+    DeadLettered {
+        /// Why.
+        kind: ErrorKind,
+        /// The letter.
+        letter: Recorded,
+        /// What went wrong.
+        error: String,
+    },
+    /// The dead letter could not be written: do not ack; the message comes back after
+    /// `retry_after` and, past the attempt budget, is dead-lettered as `crashed`.
+    DeadLetterFailed {
+        /// Delay before redelivery.
+        retry_after: Duration,
+        /// The write's error.
+        error: String,
+    },
+}
+
+impl RecordOutcome {
+    /// Whether the message may be deleted from the queue.
+    pub fn is_ack(&self) -> bool {
+        matches!(
+            self,
+            Self::Processed | Self::Duplicate | Self::DeadLettered { .. }
+        )
+    }
+
+    /// For an outcome that is not an ack: how long to hide the message before redelivery.
+    pub fn redeliver_after(&self) -> Option<Duration> {
+        match self {
+            Self::Contended { retry_after } | Self::DeadLetterFailed { retry_after, .. } => {
+                Some(*retry_after)
+            }
+            Self::Retry { after, .. } => Some(*after),
+            Self::Processed | Self::Duplicate | Self::DeadLettered { .. } => None,
+        }
+    }
+
+    pub(super) fn metric(&self) -> Metric {
+        match self {
+            Self::Processed => Metric::Processed,
+            Self::Duplicate => Metric::DuplicateSkipped,
+            Self::Contended { .. } => Metric::FenceContended,
+            Self::Retry { .. } => Metric::Retried,
+            Self::DeadLettered { kind, .. } => Metric::DeadLettered(*kind),
+            Self::DeadLetterFailed { .. } => Metric::DeadLetterWriteFailed,
+        }
+    }
+}
