@@ -200,6 +200,21 @@ pub async fn replays_of(db: impl PgExecutor<'_>, id: DeadLetterId) -> sqlx::Resu
     .await
 }
 
+/// Whether `letter`'s job already has a fence for its consumer (a replay is then a no-op).
+/// `None` for a letter without a job id.
+pub async fn letter_fence_exists(
+    db: impl PgExecutor<'_>,
+    letter: &DeadLetter,
+) -> sqlx::Result<Option<bool>> {
+    let (Some(job_id), Ok(consumer)) = (letter.job_id, ConsumerName::new(letter.consumer.clone()))
+    else {
+        return Ok(None);
+    };
+    crate::fence::fence_exists(db, JobId(job_id), &consumer)
+        .await
+        .map(Some)
+}
+
 /// How a review closes a letter.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
@@ -246,18 +261,9 @@ impl LockedLetter {
         ReviewStatus::parse(&self.letter.status)
     }
 
-    /// Whether the letter's job already has a fence for its consumer (a replay is then a no-op).
-    /// `None` for a letter without a job id.
+    /// [`letter_fence_exists`] for the locked letter, inside the review's transaction.
     pub async fn fence_exists(&mut self) -> sqlx::Result<Option<bool>> {
-        let Some(job_id) = self.letter.job_id else {
-            return Ok(None);
-        };
-        let Ok(consumer) = ConsumerName::new(self.letter.consumer.clone()) else {
-            return Ok(None);
-        };
-        crate::fence::fence_exists(&mut *self.tx, JobId(job_id), &consumer)
-            .await
-            .map(Some)
+        letter_fence_exists(&mut *self.tx, &self.letter).await
     }
 
     /// Writes the verdict (not yet committed) and returns the letter as it now reads.

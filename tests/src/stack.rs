@@ -160,11 +160,12 @@ pub struct ApiFunctions {
 }
 
 impl ApiFunctions {
-    /// The function that serves `request`'s route, by the route table in `shared::api`.
+    /// The function that serves `request`'s route, by the route table in `shared::api`; the
+    /// read function for a request no route matches (it answers 404 or 405).
     pub fn serving(&self, request: &shared::api::ApiRequest) -> &LambdaHost {
-        match (request.method.as_str(), request.path.rsplit('/').next()) {
-            ("POST", Some("replay")) => &self.replay,
-            ("POST", Some("discard")) => &self.discard,
+        match shared::api::function_for(&request.method, &request.path) {
+            Some("dead-letters-replay") => &self.replay,
+            Some("dead-letters-discard") => &self.discard,
             _ => &self.read,
         }
     }

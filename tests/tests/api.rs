@@ -63,9 +63,9 @@ async fn setup(pool_opts: PgPoolOptions, connect: PgConnectOptions) -> (PgPool, 
 
 impl Apis {
     async fn call(&self, request: ApiRequest) -> ApiResponse {
-        let api = match (request.method.as_str(), request.path.rsplit('/').next()) {
-            ("POST", Some("replay")) => &self.replay,
-            ("POST", Some("discard")) => &self.discard,
+        let api = match shared::api::function_for(&request.method, &request.path) {
+            Some("dead-letters-replay") => &self.replay,
+            Some("dead-letters-discard") => &self.discard,
             _ => &self.read,
         };
         api.handle(&request).await

@@ -7,7 +7,7 @@
 use super::error::ApiError;
 use super::list_query::{encode_cursor, parse_list_query};
 use super::{Api, ApiRequest, ApiResponse, Operation, Route};
-use crate::ids::{ConsumerName, DeadLetterId, JobId};
+use crate::ids::DeadLetterId;
 use crate::review::{self, LockedLetter, ReviewStatus, Verdict};
 use serde_json::{Value, json};
 
@@ -67,14 +67,9 @@ async fn get(api: &Api, route: &Route, id: DeadLetterId) -> Result<ApiResponse, 
         .await
         .map_err(db)?
         .ok_or_else(|| not_found(id))?;
-    let fence_exists = match (letter.job_id, ConsumerName::new(letter.consumer.clone())) {
-        (Some(job), Ok(consumer)) => Some(
-            crate::fence::fence_exists(&api.pool, JobId(job), &consumer)
-                .await
-                .map_err(db)?,
-        ),
-        _ => None,
-    };
+    let fence_exists = review::letter_fence_exists(&api.pool, &letter)
+        .await
+        .map_err(db)?;
     let failed_replays = review::replays_of(&api.pool, id).await.map_err(db)?;
     ok(json!({"letter": letter, "fence_exists": fence_exists, "failed_replays": failed_replays}))
 }

@@ -208,6 +208,14 @@ impl Api {
     }
 }
 
+/// The function (binary) that serves `method path`, by [`ROUTES`]; `None` for no route.
+pub fn function_for(method: &str, path: &str) -> Option<&'static str> {
+    ROUTES
+        .iter()
+        .find(|r| r.method.eq_ignore_ascii_case(method) && match_path(r.path, path).is_some())
+        .map(|r| r.function)
+}
+
 /// Matches `path` against a template with at most one `{id}` segment; returns the id if any.
 fn match_path<'p>(template: &str, path: &'p str) -> Option<Option<&'p str>> {
     let path = path
