@@ -1,19 +1,25 @@
 //! The backstop: messages the harness never saw finish (timeouts, out-of-memory, crash loops)
-//! are moved by the queue's redrive policy to an SQS DLQ, and become `crashed` dead letters here.
+//! are moved by the queue's redrive policy to an SQS DLQ, and become dead letters here.
 //!
-//! Invariant: one letter per message (its id survives the redrive), so a DLQ message delivered
+//! Invariants: a letter is a true record. A redriven job whose effect committed (its batch kept
+//! failing after it) gets no letter, only the `RedrivenAlreadyProcessed` metric, settled
+//! through the fence ([`record_unless_processed`]). A body that is no envelope is `poison`; any
+//! other redriven job is `crashed`, or `exhausted` when its executions ran out on a recorded
+//! failure. One letter per message (its id survives the redrive), so a DLQ message delivered
 //! twice, or one the harness had already dead-lettered, yields one row. A record is reported
-//! as failed (left in the DLQ) unless its letter is committed.
+//! as failed (left in the DLQ) unless its outcome is committed.
 
 use crate::clock::Clock;
-use crate::dead_letter::{ErrorKind, NewDeadLetter, record_dead_letter_in};
-use crate::envelope::body_as_json;
+use crate::dead_letter::{ErrorKind, NewDeadLetter, Settled, record_unless_processed};
+use crate::envelope::{Envelope, body_as_json};
+use crate::execution::{Ledger, ledger};
 use crate::ids::ConsumerName;
 use crate::metrics::{Metric, Metrics};
-use crate::sqs::{batch_response, incoming, record_ids};
+use crate::sqs::{batch_response, incoming};
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsMessage};
 use sqlx::PgPool;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Writes dead letters for the messages of one consumer's DLQ.
 pub struct Backstop {
@@ -25,59 +31,27 @@ pub struct Backstop {
     pub job_queue: String,
     /// The job queue's redrive `maxReceiveCount`: how often each message was delivered.
     pub max_receive_count: u32,
+    /// The consumer's attempt budget (executions).
+    pub max_attempts: u32,
+    /// How long settling a job's fence may wait for a copy still inside its transaction.
+    pub settle_wait: Duration,
     /// Time.
     pub clock: Arc<dyn Clock>,
-    /// `DeadLetteredCrashed` and `DeadLetterWriteFailed` counts.
+    /// `DeadLettered*`, `RedrivenAlreadyProcessed` and `DeadLetterWriteFailed` counts.
     pub metrics: Metrics,
     /// Pages BetterStack after the batch's letters are committed, if configured.
     pub alerter: Option<crate::alerting::Alerter>,
 }
 
 impl Backstop {
-    /// Records a `crashed` letter for each record; returns the records whose letter failed.
+    /// Records a letter for each record whose job did not commit; returns the records whose
+    /// outcome could not be committed.
     pub async fn ingest(&self, records: Vec<SqsMessage>) -> SqsBatchResponse {
         let mut failed = Vec::new();
         for record in &records {
             let msg = incoming(record);
-            let ids = record_ids(record);
-            let payload = body_as_json(&msg.body);
-            let error = format!(
-                "redriven to the dead-letter queue after {} deliveries without a recorded outcome \
-                 (timeout, crash or out of memory); see the function's logs for job {}",
-                self.max_receive_count,
-                ids.job_id
-                    .map(|j| j.to_string())
-                    .unwrap_or_else(|| "without an id".into())
-            );
-            // A body too broken to carry a job id can only be poison, and poison is never
-            // attempted: its letter says 1, however often crashes of its batch redelivered it.
-            let kind = if ids.job_id.is_some() {
-                ErrorKind::Crashed
-            } else {
-                ErrorKind::Poison
-            };
-            let letter = NewDeadLetter {
-                job_id: ids.job_id,
-                tenant_id: ids.tenant_id,
-                consumer: &self.consumer,
-                queue: &self.job_queue,
-                message_id: &msg.message_id,
-                payload: &payload,
-                attempts: if kind == ErrorKind::Poison {
-                    1
-                } else {
-                    self.max_receive_count
-                },
-                kind,
-                last_error: &error,
-                correlation_id: ids.correlation_id.as_deref(),
-                replay_of: msg.replay_of,
-            };
-            match record_dead_letter_in(&self.pool, &letter, self.clock.now()).await {
-                Ok(recorded) => {
-                    self.metrics.increment(Metric::DeadLettered(letter.kind));
-                    tracing::warn!(message_id = %msg.message_id, letter = %recorded.id(), kind = %letter.kind, "backstop dead letter");
-                }
+            match self.ingest_one(&msg).await {
+                Ok(()) => {}
                 Err(e) => {
                     self.metrics.increment(Metric::DeadLetterWriteFailed);
                     tracing::error!(message_id = %msg.message_id, error = %e, "backstop letter not written; left in the DLQ");
@@ -91,5 +65,60 @@ impl Backstop {
                 .await;
         }
         batch_response(failed)
+    }
+
+    async fn ingest_one(
+        &self,
+        msg: &crate::harness::IncomingMessage,
+    ) -> Result<(), crate::fence::FenceError> {
+        let redriven = format!(
+            "redriven to the dead-letter queue after {} deliveries",
+            self.max_receive_count
+        );
+        let (ids, kind, attempts, error) =
+            match Envelope::<serde_json::Value>::parse(&msg.body) {
+                // Poison is never attempted: its letter says 1, however often crashes of its
+                // batch redelivered it.
+                Err(poison) => (
+                    poison.ids,
+                    ErrorKind::Poison,
+                    1,
+                    format!("{}; {redriven}", poison.reason),
+                ),
+                Ok(envelope) => {
+                    let ledger: Ledger =
+                        ledger(&self.pool, envelope.job_id, &self.consumer).await?;
+                    let (kind, error) = ledger.verdict(self.max_attempts, &redriven);
+                    (envelope.ids(), kind, ledger.executions, error)
+                }
+            };
+        let payload = body_as_json(&msg.body);
+        let letter = NewDeadLetter {
+            job_id: ids.job_id,
+            tenant_id: ids.tenant_id,
+            consumer: &self.consumer,
+            queue: &self.job_queue,
+            message_id: &msg.message_id,
+            payload: &payload,
+            attempts,
+            kind,
+            last_error: &error,
+            correlation_id: ids.correlation_id.as_deref(),
+            replay_of: msg.replay_of,
+        };
+        match record_unless_processed(&self.pool, &letter, self.clock.now(), self.settle_wait)
+            .await?
+        {
+            Settled::AlreadyProcessed => {
+                self.metrics.increment(Metric::RedrivenAlreadyProcessed);
+                tracing::info!(message_id = %msg.message_id, job_id = ?ids.job_id,
+                    "redriven message of a job that committed: no letter");
+            }
+            Settled::Recorded(recorded) => {
+                self.metrics.increment(Metric::DeadLettered(kind));
+                tracing::warn!(message_id = %msg.message_id, letter = %recorded.id(), %kind, "backstop dead letter");
+            }
+        }
+        Ok(())
     }
 }

@@ -1,9 +1,13 @@
 //! The dead-letter store, `core.dead_letters`: every failure, with its payload.
 //!
-//! Invariant: one letter per (consumer, SQS message id). A redelivery of a message whose letter
-//! is already written (the ack was lost) finds it instead of writing a second one. The table is
-//! append-only; the database rejects anything but the review transition.
+//! Invariants: a letter is a true record. [`record_unless_processed`] settles through the fence,
+//! in the letter's own transaction, that the job's effect did not commit (a copy still inside
+//! its transaction is waited for, not missed), so a committed job gets no letter. One letter per
+//! (consumer, SQS message id): a redelivery of a message whose letter is already written (the
+//! ack was lost) finds it instead of writing a second one. The table is append-only; the
+//! database rejects anything but the review transition.
 
+use crate::fence::{FenceClaim, FenceError, claim_fence};
 use crate::ids::{ConsumerName, DeadLetterId, JobId, TenantId};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -113,7 +117,10 @@ pub async fn record_dead_letter(
     let inserted: Option<uuid::Uuid> = sqlx::query_scalar(
         "INSERT INTO core.dead_letters (job_id, tenant_id, consumer, queue, message_id, payload,
              attempts, error_kind, last_error, correlation_id, replay_of, created_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+         -- replay_of comes from a message attribute any producer can set: it links only to a
+         -- letter of the same job, so a stray id can never make the letter unwritable.
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
+                 (SELECT id FROM core.dead_letters WHERE id = $11 AND job_id IS NOT DISTINCT FROM $1), $12)
          ON CONFLICT ON CONSTRAINT dead_letters_one_per_message DO NOTHING
          RETURNING id",
     )
@@ -125,7 +132,7 @@ pub async fn record_dead_letter(
     .bind(letter.payload)
     .bind(i32::try_from(letter.attempts).unwrap_or(i32::MAX))
     .bind(letter.kind.as_str())
-    .bind(without_nul(truncate(letter.last_error, MAX_ERROR_BYTES)))
+    .bind(storable_error(letter.last_error))
     .bind(letter.correlation_id.map(without_nul))
     .bind(letter.replay_of.map(|r| r.0))
     .bind(now)
@@ -144,13 +151,54 @@ pub async fn record_dead_letter(
     Ok(Recorded::AlreadyRecorded(DeadLetterId(existing)))
 }
 
-/// [`record_dead_letter`] on a connection of `pool`.
-pub async fn record_dead_letter_in(
+/// What [`record_unless_processed`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settled {
+    /// The job's effect had not committed: the letter is written (or already was).
+    Recorded(Recorded),
+    /// The job's effect committed (through this message or another copy): no letter.
+    AlreadyProcessed,
+}
+
+/// Writes `letter` only if its job's effect did not commit, as one transaction: it claims the
+/// job's fence first (waiting at most `wait` for a copy still inside its transaction), writes
+/// the letter while holding it, then removes the claim, and the job's execution ledger with it.
+/// A letter without a job id (unreadable poison) is written as it is. A wait that runs out is
+/// [`FenceError::Contended`]: nothing is written, try again later.
+pub async fn record_unless_processed(
     pool: &sqlx::PgPool,
     letter: &NewDeadLetter<'_>,
     now: DateTime<Utc>,
-) -> sqlx::Result<Recorded> {
-    record_dead_letter(&mut *pool.acquire().await?, letter, now).await
+    wait: std::time::Duration,
+) -> Result<Settled, FenceError> {
+    let mut tx = pool.begin().await?;
+    if let Some(job_id) = letter.job_id {
+        // The claim is a placeholder: it exists only inside this transaction, so any copy of the
+        // job that tries to claim meanwhile waits and then finds no fence.
+        let tenant = letter.tenant_id.unwrap_or(TenantId(uuid::Uuid::nil()));
+        let ttl = std::time::Duration::from_secs(60);
+        match claim_fence(&mut tx, job_id, letter.consumer, tenant, now, ttl, wait).await? {
+            FenceClaim::Duplicate => {
+                tx.rollback().await?;
+                return Ok(Settled::AlreadyProcessed);
+            }
+            FenceClaim::Claimed => {}
+        }
+        let recorded = record_dead_letter(&mut tx, letter, now).await?;
+        sqlx::query(
+            "WITH claim AS (DELETE FROM core.processed_jobs WHERE job_id = $1 AND consumer = $2)
+             DELETE FROM core.job_executions WHERE job_id = $1 AND consumer = $2",
+        )
+        .bind(job_id.0)
+        .bind(letter.consumer.as_str())
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        return Ok(Settled::Recorded(recorded));
+    }
+    let recorded = record_dead_letter(&mut tx, letter, now).await?;
+    tx.commit().await?;
+    Ok(Settled::Recorded(recorded))
 }
 
 /// A stored dead letter.
@@ -190,6 +238,13 @@ pub struct DeadLetter {
     pub reviewed_at: Option<DateTime<Utc>>,
     /// When it was written.
     pub created_at: DateTime<Utc>,
+    /// For a replayed letter: `queued` (recorded, not yet accepted by the queue), `sent`, or
+    /// `already_processed` (the job's fence existed, so nothing was sent).
+    pub replay_outcome: Option<String>,
+    /// The message the queue accepted for the replay.
+    pub replay_message_id: Option<String>,
+    /// When the queue accepted it.
+    pub replay_sent_at: Option<DateTime<Utc>>,
 }
 
 /// The letters of one job for one consumer, oldest first.
@@ -219,6 +274,11 @@ pub async fn letter_for_message(
         .bind(message_id)
         .fetch_optional(db)
         .await
+}
+
+/// An error as a letter stores it: cut to [`MAX_ERROR_BYTES`], NUL replaced.
+pub fn storable_error(error: &str) -> std::borrow::Cow<'_, str> {
+    without_nul(truncate(error, MAX_ERROR_BYTES))
 }
 
 /// `s` with NUL replaced by U+FFFD: PostgreSQL text cannot store NUL, and a letter must be

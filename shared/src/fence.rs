@@ -78,6 +78,54 @@ pub async fn claim_fence(
     })
 }
 
+/// The last statement of a job's transaction, before `COMMIT`: true when the fence is this
+/// transaction's own and the transaction is alive. An aborted transaction (a handler that
+/// swallowed an SQL error: PostgreSQL would answer its `COMMIT` with a silent `ROLLBACK`) fails
+/// here with SQLSTATE `25P02`; a handler that committed or rolled back by itself gets `false`.
+/// When true, the job's execution ledger is cleared and any letter still pending for the job
+/// is closed, all in the job's transaction (see `core.finish_job`).
+pub async fn finish_job(
+    tx: &mut PgConnection,
+    job_id: JobId,
+    consumer: &ConsumerName,
+    message_id: &str,
+    now: DateTime<Utc>,
+) -> sqlx::Result<bool> {
+    sqlx::query_scalar("SELECT core.finish_job($1, $2, $3, $4)")
+        .bind(job_id.0)
+        .bind(consumer.as_str())
+        .bind(message_id)
+        .bind(now)
+        .fetch_one(tx)
+        .await
+}
+
+/// Whether the job's effect committed, settled through its fence rather than read: a claim
+/// waits (at most `wait`) for a copy still inside its transaction, so an in-flight commit is
+/// seen as it ends. The claim is rolled back. For a `COMMIT` whose reply was lost.
+pub async fn settle_committed(
+    pool: &sqlx::PgPool,
+    job_id: JobId,
+    consumer: &ConsumerName,
+    now: DateTime<Utc>,
+    wait: Duration,
+) -> Result<bool, FenceError> {
+    let mut tx = pool.begin().await?;
+    let placeholder = TenantId(uuid::Uuid::nil());
+    let claim = claim_fence(
+        &mut tx,
+        job_id,
+        consumer,
+        placeholder,
+        now,
+        Duration::from_secs(60),
+        wait,
+    )
+    .await?;
+    tx.rollback().await?;
+    Ok(claim == FenceClaim::Duplicate)
+}
+
 /// Whether a committed fence exists for (`job_id`, `consumer`): if so, a replay will be a no-op.
 pub async fn fence_exists(
     db: impl PgExecutor<'_>,

@@ -21,6 +21,7 @@ pub mod dead_letter;
 pub mod decision;
 pub mod envelope;
 pub mod escalation;
+pub mod execution;
 pub mod fence;
 pub mod harness;
 pub mod ids;

@@ -24,9 +24,14 @@ pub enum Metric {
     DeadLettered(ErrorKind),
     /// A dead letter could not be written; the message was handed back, not acked.
     DeadLetterWriteFailed,
+    /// Nothing ran (the database was unavailable before the work): the message was handed back
+    /// without charging an execution.
+    HandedBack,
+    /// A message reached the dead-letter queue although its job had committed: no letter.
+    RedrivenAlreadyProcessed,
 }
 
-const NAMES: [&str; 9] = [
+const NAMES: [&str; 11] = [
     "Processed",
     "DuplicateSkipped",
     "FenceContended",
@@ -36,6 +41,8 @@ const NAMES: [&str; 9] = [
     "DeadLetteredExhausted",
     "DeadLetteredCrashed",
     "DeadLetterWriteFailed",
+    "HandedBack",
+    "RedrivenAlreadyProcessed",
 ];
 
 impl Metric {
@@ -50,6 +57,8 @@ impl Metric {
             Metric::DeadLettered(ErrorKind::Exhausted) => 6,
             Metric::DeadLettered(ErrorKind::Crashed) => 7,
             Metric::DeadLetterWriteFailed => 8,
+            Metric::HandedBack => 9,
+            Metric::RedrivenAlreadyProcessed => 10,
         }
     }
 

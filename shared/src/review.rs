@@ -4,7 +4,8 @@
 //! Invariant: a letter leaves `pending_review` once. A review locks the row (`FOR UPDATE`, with a
 //! bounded wait) and reads its status under the lock, so of two concurrent reviews of one letter
 //! exactly one sees it pending; the other sees the winner's status. Nothing here sends anything:
-//! the caller does, between [`LockedLetter::mark`] and [`LockedLetter::commit`].
+//! a replay commits its verdict first and sends after ([`record_replay_sent`]), so no message
+//! is ever out while its letter could still be discarded or left pending.
 
 use crate::dead_letter::{DeadLetter, ErrorKind};
 use crate::ids::{ConsumerName, DeadLetterId, JobId};
@@ -118,6 +119,8 @@ pub struct LetterSummary {
     pub reviewed_at: Option<DateTime<Utc>>,
     /// When it was written.
     pub created_at: DateTime<Utc>,
+    /// For a replayed letter: `queued`, `sent` or `already_processed`.
+    pub replay_outcome: Option<String>,
 }
 
 impl LetterSummary {
@@ -149,7 +152,7 @@ pub async fn list_letters(
         .push_bind(LIST_ERROR_CHARS)
         .push(
             " AS last_error_truncated, correlation_id, replay_of, status, discard_reason,
-                reviewed_by, reviewed_at, created_at
+                reviewed_by, reviewed_at, created_at, replay_outcome
              FROM core.dead_letters WHERE true",
         );
     if let Some(status) = filter.status {
@@ -215,11 +218,34 @@ pub async fn letter_fence_exists(
         .map(Some)
 }
 
+/// What a replay did, as the letter records it (`replay_outcome`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplayOutcome {
+    /// Recorded; the message is to be sent (by the replay itself, else by the scheduled run).
+    Queued,
+    /// The queue accepted the message.
+    Sent,
+    /// The job's fence existed: its effect has committed, so nothing was sent.
+    AlreadyProcessed,
+}
+
+impl ReplayOutcome {
+    /// The value stored in `core.dead_letters.replay_outcome`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Sent => "sent",
+            Self::AlreadyProcessed => "already_processed",
+        }
+    }
+}
+
 /// How a review closes a letter.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
-    /// Republished to its queue.
-    Replayed,
+    /// Replayed: queued for sending, or found already processed (nothing to send).
+    Replayed(ReplayOutcome),
     /// Closed, with the reason the schema requires.
     Discarded {
         /// Why; not blank.
@@ -273,12 +299,20 @@ impl LockedLetter {
         actor: &str,
         now: DateTime<Utc>,
     ) -> sqlx::Result<&DeadLetter> {
-        let (status, reason) = match verdict {
-            Verdict::Replayed => (ReviewStatus::Replayed, None),
-            Verdict::Discarded { reason } => (ReviewStatus::Discarded, Some(reason.as_str())),
+        let (status, reason, outcome) = match verdict {
+            Verdict::Replayed(outcome) => (ReviewStatus::Replayed, None, Some(outcome.as_str())),
+            Verdict::Discarded { reason } => {
+                (ReviewStatus::Discarded, Some(reason.as_str()), None)
+            }
         };
-        self.letter =
-            mark_reviewed(&mut self.tx, self.letter.id, status, reason, actor, now).await?;
+        self.letter = mark_reviewed(
+            &mut self.tx,
+            self.letter.id,
+            (status, reason, outcome),
+            actor,
+            now,
+        )
+        .await?;
         Ok(&self.letter)
     }
 
@@ -292,14 +326,14 @@ impl LockedLetter {
 async fn mark_reviewed(
     conn: &mut PgConnection,
     id: Uuid,
-    status: ReviewStatus,
-    reason: Option<&str>,
+    (status, reason, outcome): (ReviewStatus, Option<&str>, Option<&str>),
     actor: &str,
     now: DateTime<Utc>,
 ) -> sqlx::Result<DeadLetter> {
     sqlx::query_as(
         "UPDATE core.dead_letters
-         SET status = $2, discard_reason = $3, reviewed_by = $4, reviewed_at = $5
+         SET status = $2, discard_reason = $3, reviewed_by = $4, reviewed_at = $5,
+             replay_outcome = $6
          WHERE id = $1
          RETURNING *",
     )
@@ -308,7 +342,46 @@ async fn mark_reviewed(
     .bind(reason)
     .bind(actor)
     .bind(now)
+    .bind(outcome)
     .fetch_one(conn)
+    .await
+}
+
+/// Records that the queue accepted a queued replay as `message_id`; returns the letter as it
+/// now reads, or `None` if it was not a queued replay (another sender recorded it first).
+pub async fn record_replay_sent(
+    db: impl PgExecutor<'_>,
+    id: DeadLetterId,
+    message_id: &str,
+    now: DateTime<Utc>,
+) -> sqlx::Result<Option<DeadLetter>> {
+    sqlx::query_as(
+        "UPDATE core.dead_letters
+         SET replay_outcome = 'sent', replay_message_id = $2, replay_sent_at = $3
+         WHERE id = $1 AND replay_outcome = 'queued'
+         RETURNING *",
+    )
+    .bind(id.0)
+    .bind(message_id)
+    .bind(now)
+    .fetch_optional(db)
+    .await
+}
+
+/// Replays recorded before `before` whose message no queue has accepted yet, oldest first.
+pub async fn queued_replays(
+    db: impl PgExecutor<'_>,
+    before: DateTime<Utc>,
+    limit: i64,
+) -> sqlx::Result<Vec<DeadLetter>> {
+    sqlx::query_as(
+        "SELECT * FROM core.dead_letters
+         WHERE replay_outcome = 'queued' AND reviewed_at < $1
+         ORDER BY reviewed_at LIMIT $2",
+    )
+    .bind(before)
+    .bind(limit)
+    .fetch_all(db)
     .await
 }
 

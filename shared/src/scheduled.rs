@@ -1,5 +1,6 @@
-//! The scheduled run (EventBridge): retry unsent alerts, escalate unreviewed letters, sweep
-//! expired fences. Each step is bounded; a failing step is reported and does not stop the others.
+//! The scheduled run (EventBridge): send replays that were recorded but not sent, retry unsent
+//! alerts, escalate unreviewed letters, sweep expired fences. Each step is bounded; a failing
+//! step is reported and does not stop the others.
 
 use crate::alerting::{Alerter, BetterStack, Delivery};
 use crate::clock::Clock;
@@ -14,6 +15,10 @@ use tokio::time::Instant;
 
 /// Unsent alert groups retried per run.
 const ALERT_RETRIES_PER_RUN: i64 = 100;
+/// Queued replays sent per run.
+const REPLAYS_PER_RUN: i64 = 500;
+/// A queued replay younger than this is left to the replay request that recorded it.
+const REPLAY_GRACE: Duration = Duration::from_secs(60);
 
 /// What the scheduled run works with.
 pub struct ScheduledRun {
@@ -31,6 +36,17 @@ pub struct ScheduledRun {
     pub escalate_after: Duration,
     /// Time budget of one page.
     pub page_budget: Duration,
+    /// Sends replays that were recorded but not sent; `None` leaves them queued.
+    pub replayer: Option<crate::api::replayer::Replayer>,
+}
+
+/// Queued replays this run sent, and those the queue still refused.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReplaySends {
+    /// Sent and recorded.
+    pub sent: u64,
+    /// Still queued.
+    pub failed: u64,
 }
 
 /// What one scheduled run did.
@@ -42,11 +58,14 @@ pub struct ScheduledReport {
     pub escalation: Result<EscalationReport, String>,
     /// The sweep, or why it failed.
     pub sweep: Result<SweepReport, String>,
+    /// Queued replays sent, or why the step failed.
+    pub replays: Result<ReplaySends, String>,
 }
 
 impl ScheduledRun {
     /// Runs the three steps; the sweep stops before `deadline`.
     pub async fn run(&self, deadline: Option<Instant>) -> ScheduledReport {
+        let replays = self.send_queued_replays().await.map_err(|e| e.to_string());
         let alerts = match &self.alerter {
             Some(alerter) => alerter.deliver_pending(ALERT_RETRIES_PER_RUN).await,
             None => Delivery::default(),
@@ -69,6 +88,7 @@ impl ScheduledRun {
             .await
             .map_err(|e| e.to_string());
         for (step, error) in [
+            ("replays", replays.as_ref().err()),
             ("escalation", escalation.as_ref().err()),
             ("sweep", sweep.as_ref().err()),
         ] {
@@ -80,7 +100,34 @@ impl ScheduledRun {
             alerts,
             escalation,
             sweep,
+            replays,
         }
+    }
+
+    /// Sends the replays recorded over a minute ago that no queue accepted yet (the replay's own
+    /// send failed, or its process died right after the commit). A message sent twice is
+    /// harmless: it carries the same job id, and the consumer's fence applies it once.
+    async fn send_queued_replays(&self) -> sqlx::Result<ReplaySends> {
+        let Some(replayer) = &self.replayer else {
+            return Ok(ReplaySends::default());
+        };
+        let before = self.clock.now() - chrono::Duration::from_std(REPLAY_GRACE).unwrap_or_default();
+        let mut sends = ReplaySends::default();
+        for letter in crate::review::queued_replays(&self.pool, before, REPLAYS_PER_RUN).await? {
+            let id = crate::ids::DeadLetterId(letter.id);
+            match replayer.send(&letter).await {
+                Ok(sent) => {
+                    crate::review::record_replay_sent(&self.pool, id, &sent.message_id, self.clock.now())
+                        .await?;
+                    sends.sent += 1;
+                }
+                Err(error) => {
+                    tracing::error!(letter = %id, error, "queued replay still not sent");
+                    sends.failed += 1;
+                }
+            }
+        }
+        Ok(sends)
     }
 }
 
@@ -95,6 +142,7 @@ impl ScheduledReport {
             "alerts": {"sent": self.alerts.sent, "failed": self.alerts.failed},
             "escalation": self.escalation.as_ref().map(|e| json!({"pages": e.pages, "letters": e.letters, "failed": e.failed})).unwrap_or_else(|e| json!({"error": e})),
             "sweep": sweep.unwrap_or_else(|e| json!({"error": e})),
+            "replays": self.replays.as_ref().map(|r| json!({"sent": r.sent, "failed": r.failed})).unwrap_or_else(|e| json!({"error": e})),
         })
     }
 
@@ -113,8 +161,12 @@ impl ScheduledReport {
             .as_ref()
             .map(|e| e.letters as f64)
             .unwrap_or(0.0);
-        let failed_steps =
-            f64::from(u8::from(self.escalation.is_err()) + u8::from(self.sweep.is_err()));
+        let failed_steps = f64::from(
+            u8::from(self.escalation.is_err())
+                + u8::from(self.sweep.is_err())
+                + u8::from(self.replays.is_err()),
+        );
+        let replays = self.replays.clone().unwrap_or_default();
         let values = [
             ("FencesDeleted", deleted, "Count"),
             ("OldestFenceAgeSeconds", age.floor(), "Seconds"),
@@ -123,6 +175,8 @@ impl ScheduledReport {
             ("AlertsRetriedSent", self.alerts.sent as f64, "Count"),
             ("AlertsRetriedFailed", self.alerts.failed as f64, "Count"),
             ("ScheduledStepsFailed", failed_steps, "Count"),
+            ("QueuedReplaysSent", replays.sent as f64, "Count"),
+            ("QueuedReplaysFailed", replays.failed as f64, "Count"),
         ];
         emf_line(namespace, ("Function", "sweeper"), &values, at)
     }

@@ -9,11 +9,13 @@
 //! A process crash (an abort, out of memory, a timeout) fails the whole invocation, as Lambda
 //! does, and every record not yet committed comes back. So records on their first delivery,
 //! which cannot have crashed anything yet, run first and concurrently; records seen before
-//! (retries, survivors of a crash) run afterwards one at a time. A crash-looping job then cannot
-//! take down the fresh records of its batch: they have committed before it runs.
+//! (retries, survivors of a crash) run afterwards one at a time, those with the fewest
+//! executions charged first. A crash-looping job then cannot take down its batch-mates: they
+//! have committed before it runs, and a crash is charged to it alone (see [`crate::execution`]).
 
 use crate::consumer::Consumer;
 use crate::envelope::read_ids;
+use crate::execution::executions_of;
 use crate::harness::{Harness, IncomingMessage};
 use crate::ids::DeadLetterId;
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsMessage};
@@ -170,9 +172,9 @@ pub async fn process_batch<C: Consumer>(
         }
         Some(msg.message_id)
     };
-    let (fresh, mut seen_before): (Vec<_>, Vec<_>) =
+    let (fresh, seen_before): (Vec<_>, Vec<_>) =
         records.into_iter().partition(|r| receive_count(r) == 1);
-    seen_before.sort_by_key(receive_count);
+    let seen_before = least_run_first(harness, seen_before).await;
     let mut failures: Vec<String> = futures_util::stream::iter(fresh)
         .map(run)
         .buffer_unordered(settings.concurrency.max(1))
@@ -183,6 +185,29 @@ pub async fn process_batch<C: Consumer>(
         failures.extend(run(record).await);
     }
     batch_response(failures)
+}
+
+/// Repeat deliveries ordered so that jobs with fewer executions charged go first: a job that
+/// crashed its batch has been charged for it, so its batch-mates, which never ran, commit
+/// before it runs again. Ties keep the order of fewer receives. If the ledger cannot be read,
+/// receives alone order them (each record then reports its own database failure).
+async fn least_run_first<C: Consumer>(
+    harness: &Harness<C>,
+    mut records: Vec<SqsMessage>,
+) -> Vec<SqsMessage> {
+    if records.len() < 2 {
+        return records;
+    }
+    let job_of = |r: &SqsMessage| read_ids(r.body.as_deref().unwrap_or_default()).job_id;
+    let jobs: Vec<_> = records.iter().filter_map(job_of).collect();
+    let executions = executions_of(harness.pool(), harness.consumer().name(), &jobs)
+        .await
+        .unwrap_or_default();
+    records.sort_by_key(|r| {
+        let ran = job_of(r).and_then(|j| executions.get(&j).copied());
+        (ran.unwrap_or(0), receive_count(r))
+    });
+    records
 }
 
 /// A partial batch response reporting `message_ids` as failed.
@@ -197,11 +222,6 @@ pub fn batch_response(message_ids: Vec<String>) -> SqsBatchResponse {
         })
         .collect();
     response
-}
-
-/// The identifiers a backstop letter can carry, read leniently from a record's body.
-pub fn record_ids(record: &SqsMessage) -> crate::envelope::PartialIds {
-    read_ids(record.body.as_deref().unwrap_or_default())
 }
 
 #[cfg(test)]

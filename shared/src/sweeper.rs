@@ -1,7 +1,9 @@
 //! The TTL sweep of `core.processed_jobs`.
 //!
 //! Invariants: a row is deleted only when its `expires_at` is before the injected `now` (the TTL
-//! floor guarantees no copy of its job can still arrive); one sweep runs at a time (a session
+//! floor guarantees no copy of its job can still arrive) and no dead letter of its job is
+//! pending review (a replay of that letter must still find the fence, however late it comes);
+//! one sweep runs at a time (a session
 //! advisory lock; an overlapping run steps aside at once instead of waiting), so the batches
 //! need no row locks; each batch is one short statement, and consumers, which only insert fresh
 //! rows, never wait on a sweep.
@@ -24,8 +26,11 @@ pub async fn sweep_expired(
     let (deleted, last): (i64, Option<DateTime<Utc>>) = sqlx::query_as(
         "WITH gone AS (
              DELETE FROM core.processed_jobs
-             WHERE ctid IN (SELECT ctid FROM core.processed_jobs
+             WHERE ctid IN (SELECT ctid FROM core.processed_jobs p
                             WHERE expires_at >= coalesce($3, '-infinity') AND expires_at < $1
+                              AND NOT EXISTS (SELECT 1 FROM core.dead_letters d
+                                              WHERE d.job_id = p.job_id AND d.consumer = p.consumer
+                                                AND d.status = 'pending_review')
                             ORDER BY expires_at LIMIT $2)
              RETURNING expires_at)
          SELECT count(*), max(expires_at) FROM gone",
@@ -38,12 +43,17 @@ pub async fn sweep_expired(
     Ok((deleted as u64, last))
 }
 
-/// The fence that expires first: (`processed_at`, `expires_at`), if any.
+/// The sweepable fence that expires first: (`processed_at`, `expires_at`), if any. Fences kept
+/// for a letter pending review are not backlog.
 pub async fn oldest_fence(
     db: impl PgExecutor<'_>,
 ) -> sqlx::Result<Option<(DateTime<Utc>, DateTime<Utc>)>> {
     sqlx::query_as(
-        "SELECT processed_at, expires_at FROM core.processed_jobs ORDER BY expires_at LIMIT 1",
+        "SELECT processed_at, expires_at FROM core.processed_jobs p
+         WHERE NOT EXISTS (SELECT 1 FROM core.dead_letters d
+                           WHERE d.job_id = p.job_id AND d.consumer = p.consumer
+                             AND d.status = 'pending_review')
+         ORDER BY expires_at LIMIT 1",
     )
     .fetch_optional(db)
     .await
@@ -86,6 +96,8 @@ pub struct SweepSettings {
     pub budget: Duration,
     /// Rest between batches, so consumers on the same database keep their share of it.
     pub pause: Duration,
+    /// Execution-ledger rows untouched for this long are removed (the fence TTL).
+    pub ledger_ttl: Duration,
 }
 
 /// The advisory lock (class, key) sweeps take turns on: "job" and 1.
@@ -107,9 +119,15 @@ pub async fn sweep(
         .fetch_one(&mut *conn)
         .await?;
     if !locked {
-        return report(pool, clock.now(), 0, 0, SweepStop::Busy).await;
+        return report(&mut conn, clock.now(), 0, 0, SweepStop::Busy).await;
     }
     let swept = sweep_locked(&mut conn, clock, settings, deadline).await;
+    let reported = match &swept {
+        Ok((deleted, batches, stop)) => {
+            Some(report(&mut conn, clock.now(), *deleted, *batches, *stop).await)
+        }
+        Err(_) => None,
+    };
     let unlocked = sqlx::query("SELECT pg_advisory_unlock($1, $2)")
         .bind(SWEEP_LOCK.0)
         .bind(SWEEP_LOCK.1)
@@ -120,8 +138,8 @@ pub async fn sweep(
         // releases the lock.
         let _ = sqlx::Connection::close(conn.detach()).await;
     }
-    let (deleted, batches, stop) = swept?;
-    report(pool, clock.now(), deleted, batches, stop).await
+    swept?;
+    reported.expect("reported when swept")
 }
 
 async fn sweep_locked(
@@ -150,17 +168,24 @@ async fn sweep_locked(
         from = last.or(from);
         tokio::time::sleep(settings.pause).await;
     };
+    if stop == SweepStop::Done {
+        // Ledger rows of jobs that never finished (their messages expired long ago): older than
+        // a fence TTL, nothing can still read them. One bounded batch per run.
+        let ttl = chrono::Duration::from_std(settings.ledger_ttl).unwrap_or(chrono::Duration::MAX);
+        let stale = now.checked_sub_signed(ttl).unwrap_or(DateTime::<Utc>::MIN_UTC);
+        crate::execution::sweep_stale_ledgers(&mut *conn, stale, settings.batch_size).await?;
+    }
     Ok((deleted, batches, stop))
 }
 
 async fn report(
-    pool: &PgPool,
+    conn: &mut sqlx::PgConnection,
     now: DateTime<Utc>,
     deleted: u64,
     batches: u32,
     stop: SweepStop,
 ) -> sqlx::Result<SweepReport> {
-    let oldest = oldest_fence(pool).await?;
+    let oldest = oldest_fence(conn).await?;
     let age = |t: DateTime<Utc>| (now - t).to_std().unwrap_or_default();
     Ok(SweepReport {
         deleted,

@@ -352,15 +352,17 @@ async fn a_redelivered_dead_lettered_message_writes_no_second_letter(pool: PgPoo
     }
 }
 
-/// A delivery past the budget means earlier attempts died without an outcome: it is
-/// dead-lettered as `crashed` without running the work again.
+/// A job whose executions are all charged (each crashed: the ledger holds no error) is
+/// dead-lettered as `crashed` on its next delivery, without running the work again. The letter
+/// counts executions, not the receives SQS counted.
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_delivery_past_the_attempt_budget_is_dead_lettered_as_crashed_without_running(
     pool: PgPool,
 ) {
     let harness = harness(&pool, Counting::new());
     let (job_id, body) = job(award(1));
-    let outcome = harness.process(&message(&body, 6)).await;
+    charge_crashed_executions(&pool, job_id, 5).await;
+    let outcome = harness.process(&message(&body, 9)).await;
     assert!(
         matches!(
             outcome,
@@ -372,12 +374,12 @@ async fn a_delivery_past_the_attempt_budget_is_dead_lettered_as_crashed_without_
         "{outcome:?}"
     );
     assert_eq!(harness.consumer().calls(), 0);
-    assert_eq!(
-        letters_for_job(&pool, job_id, &consumer_name())
-            .await
-            .unwrap()[0]
-            .attempts,
-        6
+    let letters = letters_for_job(&pool, job_id, &consumer_name()).await.unwrap();
+    assert_eq!(letters[0].attempts, 5);
+    assert!(
+        letters[0].last_error.contains("5 of 5 executions ran"),
+        "{}",
+        letters[0].last_error
     );
 }
 
@@ -473,16 +475,15 @@ async fn with_the_database_unreachable_nothing_is_acked(_: PgPool) {
     let (_, body) = job(award(1));
     let first = harness.process(&message(&body, 1)).await;
     assert!(matches!(first, RecordOutcome::Retry { .. }), "{first:?}");
-    let last = harness.process(&message(&body, 5)).await;
+    // A repeat delivery cannot even read the ledger: it is handed back, charging nothing.
+    let later = harness.process(&message(&body, 5)).await;
     assert!(
-        matches!(last, RecordOutcome::DeadLetterFailed { .. }),
-        "{last:?}"
+        matches!(later, RecordOutcome::HandedBack { .. }),
+        "{later:?}"
     );
-    assert!(!first.is_ack() && !last.is_ack());
+    assert!(!first.is_ack() && !later.is_ack());
     assert_eq!(
-        harness
-            .metrics()
-            .get(shared::metrics::Metric::DeadLetterWriteFailed),
+        harness.metrics().get(shared::metrics::Metric::HandedBack),
         1
     );
 }

@@ -18,6 +18,7 @@ const ALL_AT_ONCE: SweepSettings = SweepSettings {
     batch_size: 1_000,
     budget: Duration::from_secs(600),
     pause: Duration::ZERO,
+    ledger_ttl: Duration::from_secs(7 * 86_400),
 };
 
 /// Seeds `n` fences of one consumer expiring at `expires_at` (processed a week before).
@@ -125,6 +126,7 @@ async fn a_sweep_stops_at_its_budget_and_reports_the_backlog(pool: PgPool) {
         batch_size: 1_000,
         budget: Duration::ZERO,
         pause: Duration::ZERO,
+        ledger_ttl: Duration::from_secs(7 * 86_400),
     };
     let report = sweep(&pool, &ManualClock::new(t0()), budgeted, None)
         .await
@@ -158,6 +160,7 @@ async fn a_sweep_started_while_another_runs_steps_aside(
         batch_size: 500,
         budget: Duration::from_secs(600),
         pause: Duration::from_millis(5),
+        ledger_ttl: Duration::from_secs(7 * 86_400),
     };
     let clock = Arc::new(ManualClock::new(t0()));
     let first = tokio::spawn({

@@ -5,7 +5,7 @@
 use crate::lambda_host::LambdaHost;
 use serde_json::{Value, json};
 use shared::api::{ApiRequest, ApiResponse, Caller, Scope};
-use shared::dead_letter::{ErrorKind, NewDeadLetter, record_dead_letter_in};
+use shared::dead_letter::{ErrorKind, NewDeadLetter, record_dead_letter};
 use shared::ids::{DeadLetterId, JobId, TenantId};
 use sqlx::PgPool;
 
@@ -115,7 +115,7 @@ pub async fn seed_letter_for(
         correlation_id: Some("api-test"),
         replay_of: None,
     };
-    record_dead_letter_in(pool, &letter, chrono::Utc::now())
+    record_dead_letter(&mut *pool.acquire().await.unwrap(), &letter, chrono::Utc::now())
         .await
         .expect("letter written")
         .id()

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use shared::api::replayer::Replayer;
 use shared::api::{Api, ApiRequest, ApiResponse, Scope};
 use shared::clock::SystemClock;
-use shared::dead_letter::{ErrorKind, NewDeadLetter, record_dead_letter_in};
+use shared::dead_letter::{ErrorKind, NewDeadLetter, record_dead_letter};
 use shared::ids::DeadLetterId;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -285,7 +285,7 @@ async fn a_poison_letter_without_a_job_id_cannot_be_replayed(
         correlation_id: None,
         replay_of: None,
     };
-    let id = record_dead_letter_in(&pool, &letter, chrono::Utc::now())
+    let id = record_dead_letter(&mut *pool.acquire().await.unwrap(), &letter, chrono::Utc::now())
         .await
         .unwrap()
         .id();

@@ -141,6 +141,9 @@ fn the_letter_schemas_have_exactly_the_fields_the_api_sends() {
         reviewed_by: None,
         reviewed_at: None,
         created_at: chrono::Utc::now(),
+        replay_outcome: None,
+        replay_message_id: None,
+        replay_sent_at: None,
     };
     let sent = serde_json::to_value(&letter).unwrap();
     assert_eq!(keys(&schemas["DeadLetter"]["properties"]), keys(&sent));
@@ -162,6 +165,7 @@ fn the_letter_schemas_have_exactly_the_fields_the_api_sends() {
         reviewed_by: None,
         reviewed_at: None,
         created_at: letter.created_at,
+        replay_outcome: None,
     };
     let listed = serde_json::to_value(&summary).unwrap();
     assert_eq!(keys(&schemas["LetterSummary"]["properties"]), keys(&listed));

@@ -65,9 +65,11 @@ fn scheduled(
             batch_size: 1_000,
             budget: Duration::from_secs(60),
             pause: Duration::ZERO,
+            ledger_ttl: Duration::from_secs(7 * 86_400),
         },
         escalate_after: Duration::from_secs(3 * 86_400),
         page_budget: Duration::from_secs(1),
+        replayer: None,
     }
 }
 

@@ -1,14 +1,15 @@
 //! The four operations, after routing and authorization.
 //!
 //! Invariant: input is validated before the first query; a review changes a row only through
-//! [`crate::review`]'s lock-check-mark-commit, and a replay sends inside that transaction, before
-//! the commit, so a refused send leaves the letter pending and unchanged.
+//! [`crate::review`]'s lock-check-mark-commit. A replay commits its verdict before it sends, so
+//! a message is never out while the letter says otherwise; a refused send leaves the replay
+//! `queued` for the scheduled run.
 
 use super::error::ApiError;
 use super::list_query::{encode_cursor, parse_list_query};
 use super::{Api, ApiRequest, ApiResponse, Operation, Route};
 use crate::ids::DeadLetterId;
-use crate::review::{self, LockedLetter, ReviewStatus, Verdict};
+use crate::review::{self, LockedLetter, ReplayOutcome, ReviewStatus, Verdict};
 use serde_json::{Value, json};
 
 /// The longest discard reason, in characters.
@@ -95,48 +96,72 @@ async fn replay(
              deduplicated; fix and republish it by hand, then discard it with a reason",
         ));
     };
+    // The fence of a job with a pending letter is never swept, so this answer holds at any age.
     let fence_exists = locked.fence_exists().await.map_err(db)?.unwrap_or(false);
+    let outcome = if fence_exists {
+        ReplayOutcome::AlreadyProcessed
+    } else {
+        ReplayOutcome::Queued
+    };
     locked
-        .mark(&Verdict::Replayed, actor, api.clock.now())
+        .mark(&Verdict::Replayed(outcome), actor, api.clock.now())
         .await
         .map_err(db)?;
-    let sent = match replayer.send(&locked.letter).await {
-        Ok(sent) => sent,
-        Err(cause) => {
-            drop(locked);
-            tracing::error!(route = route.path, letter = %id, error = %cause, "replay not sent");
-            return Err(ApiError::unavailable(
-                "queue_unavailable",
-                "the queue did not accept the replay; the letter is unchanged and still \
-                 pending_review, so retrying is safe",
-            ));
-        }
-    };
-    let letter = locked.commit().await.map_err(|e| {
-        // Sent but not recorded: the letter stays pending. A second replay is still safe, since
-        // the job id is the same and the consumer's fence lets it apply at most once.
-        tracing::error!(letter = %id, message_id = %sent.message_id, error = %e,
-            "replay sent but its review was not committed");
-        db(e)
-    })?;
-    let effect = if fence_exists {
-        "none: this job already has a fence for its consumer, so the consumer will acknowledge \
-         the replay as a duplicate"
+    // Recorded before anything is sent: a message is never out while its letter could still be
+    // discarded or left pending.
+    let mut letter = locked.commit().await.map_err(db)?;
+    let (status, sent, effect) = if fence_exists {
+        (
+            200,
+            None,
+            "none: the job's effect has committed (its fence exists), so nothing was sent",
+        )
     } else {
-        "the job has no fence yet, so the consumer will run it, at most once"
-    };
-    tracing::info!(letter = %id, job = %job_id, actor, message_id = %sent.message_id, fence_exists,
-        "dead letter replayed");
-    ok(json!({
-        "letter": letter,
-        "replay": {
-            "job_id": job_id,
-            "queue": letter.queue,
-            "message_id": sent.message_id,
-            "fence_exists": fence_exists,
-            "effect": effect,
+        match replayer.send(&letter).await {
+            Ok(sent) => {
+                match review::record_replay_sent(&api.pool, id, &sent.message_id, api.clock.now())
+                    .await
+                {
+                    Ok(Some(updated)) => letter = updated,
+                    Ok(None) => {}
+                    Err(e) => tracing::error!(letter = %id, message_id = %sent.message_id,
+                        error = %e, "replay sent, but recording its message id failed; the \
+                        scheduled run may send it again (the fence makes that harmless)"),
+                }
+                (
+                    200,
+                    Some(sent.message_id),
+                    "sent: the job has no fence yet, so the consumer will run it, at most once",
+                )
+            }
+            Err(cause) => {
+                tracing::error!(route = route.path, letter = %id, error = %cause,
+                    "replay recorded but not sent; the scheduled run will send it");
+                (
+                    202,
+                    None,
+                    "queued: the replay is recorded but the queue refused it just now; the \
+                     scheduled function sends it on its next run",
+                )
+            }
         }
-    }))
+    };
+    tracing::info!(letter = %id, job = %job_id, actor, message_id = ?sent, fence_exists,
+        "dead letter replayed");
+    Ok(ApiResponse {
+        status,
+        body: json!({
+            "letter": letter,
+            "replay": {
+                "job_id": job_id,
+                "queue": letter.queue,
+                "message_id": sent,
+                "sent": sent.is_some(),
+                "fence_exists": fence_exists,
+                "effect": effect,
+            }
+        }),
+    })
 }
 
 async fn discard(
@@ -222,9 +247,10 @@ fn parse_reason(body: &[u8]) -> Result<String, ApiError> {
             ));
         }
     };
-    if reason.is_empty() {
+    if !reason.chars().any(is_visible) {
         return Err(ApiError::invalid_body(
-            "`reason` is blank: say why this letter needs no replay",
+            "`reason` is blank (only spaces or invisible characters): say why this letter needs \
+             no replay",
         ));
     }
     if reason.contains('\0') {
@@ -239,6 +265,15 @@ fn parse_reason(body: &[u8]) -> Result<String, ApiError> {
         )));
     }
     Ok(reason.to_owned())
+}
+
+/// Whether `c` shows on a screen: not white space, and not one of the invisible format
+/// characters (zero-width spaces and joiners, word joiner, BOM, soft hyphen, …) that the
+/// schema's `dead_letters_reason_visible` check rejects as well.
+fn is_visible(c: char) -> bool {
+    !(c.is_whitespace()
+        || matches!(c, '\u{00ad}' | '\u{180e}' | '\u{200b}'..='\u{200f}' | '\u{2028}'..='\u{202f}'
+            | '\u{205f}'..='\u{2064}' | '\u{feff}'))
 }
 
 #[cfg(test)]
@@ -258,6 +293,8 @@ mod tests {
             (b"[1]", 422),
             (b"{}", 422),
             (br#"{"reason": "  "}"#, 422),
+            ("{\"reason\": \"\u{200b}\u{200b}\"}".as_bytes(), 422),
+            ("{\"reason\": \" \u{feff}\u{2060} \"}".as_bytes(), 422),
             (br#"{"reason": 7}"#, 422),
             (br#"{"reason": "a\u0000b"}"#, 422),
             (br#"{"reason": "x", "force": true}"#, 422),

@@ -1,4 +1,5 @@
-//! The retry policy and fence TTL every function that touches fences must agree on.
+//! The retry policy, fence TTL and queue settings every function that touches fences must agree
+//! on, with the checks that stop a function whose settings would lose or double a message.
 
 use super::*;
 use crate::fence::ttl_floor;
@@ -15,11 +16,24 @@ pub struct FenceConfig {
     pub ttl: Duration,
     /// The job queue's retention.
     pub queue_retention: Duration,
+    /// The job queue's redrive `maxReceiveCount` (default: the policy's attempts + 2).
+    pub max_receive_count: u32,
+    /// How long a copy of a job waits for a concurrent copy's fence (default 2 s); settling a
+    /// job's fence before a letter waits as long.
+    pub lock_timeout: Duration,
 }
 
+/// SQS must keep a message this much longer than its retry window: time for the last attempt
+/// to run and for deliveries handed back on the way (deadline near, fence contended).
+pub const RETENTION_MARGIN: Duration = Duration::from_secs(60 * 60);
+
 impl FenceConfig {
-    /// Reads the retry policy, [`FENCE_TTL_SECONDS`] (default 7 days) and
-    /// [`QUEUE_RETENTION_SECONDS`] (default 4 days, the SQS default), and checks the TTL floor.
+    /// Reads the retry policy, [`FENCE_TTL_SECONDS`] (default 7 days),
+    /// [`QUEUE_RETENTION_SECONDS`] (default 4 days, the SQS default),
+    /// [`REDRIVE_MAX_RECEIVE_COUNT`] and [`FENCE_LOCK_TIMEOUT_MS`], and refuses settings that
+    /// lose messages: a retention shorter than the retry window (SQS would delete a message
+    /// mid-retry, and an expired message is never redriven), a `maxReceiveCount` that does not
+    /// exceed the attempts (the redrive would pre-empt the harness), and a TTL below its floor.
     pub fn from_env(env: &Env<'_>) -> Result<Self, ConfigError> {
         let default = RetryPolicy::default();
         let attempts = env.parsed(RETRY_MAX_ATTEMPTS, default.max_attempts())?;
@@ -59,6 +73,38 @@ impl FenceConfig {
                 ),
             });
         }
+        let needed = policy.max_retry_window() + RETENTION_MARGIN;
+        if queue_retention < needed {
+            return Err(ConfigError {
+                variable: QUEUE_RETENTION_SECONDS,
+                problem: format!(
+                    "{} s is shorter than the retry window {} s + margin {} s: SQS would delete a \
+                     message between its attempts, and an expired message is never redriven, so \
+                     its failure would leave no record",
+                    queue_retention.as_secs(),
+                    policy.max_retry_window().as_secs(),
+                    RETENTION_MARGIN.as_secs()
+                ),
+            });
+        }
+        let max_receive_count = env.parsed(REDRIVE_MAX_RECEIVE_COUNT, attempts + 2)?;
+        if max_receive_count <= attempts {
+            return Err(ConfigError {
+                variable: REDRIVE_MAX_RECEIVE_COUNT,
+                problem: format!(
+                    "{max_receive_count} must exceed the retry policy's {attempts} attempts: \
+                     otherwise the queue redrives a job to its DLQ before the harness has run it \
+                     {attempts} times"
+                ),
+            });
+        }
+        let lock_timeout = Duration::from_millis(env.parsed(FENCE_LOCK_TIMEOUT_MS, 2_000u64)?);
+        if lock_timeout.is_zero() {
+            return Err(ConfigError {
+                variable: FENCE_LOCK_TIMEOUT_MS,
+                problem: "must be at least 1".into(),
+            });
+        }
         let ttl = env.seconds(FENCE_TTL_SECONDS, Duration::from_secs(7 * 86_400))?;
         let floor = ttl_floor(queue_retention, &policy);
         if ttl < floor {
@@ -80,6 +126,8 @@ impl FenceConfig {
             override_rationale,
             ttl,
             queue_retention,
+            max_receive_count,
+            lock_timeout,
         })
     }
 }

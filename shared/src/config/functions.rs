@@ -36,14 +36,17 @@ impl SweeperConfig {
                 problem: format!("must be a positive number of days, got {days}"),
             });
         }
+        let database = DatabaseConfig::from_env(env)?;
+        let fence = FenceConfig::from_env(env)?;
         Ok(Self {
-            database: DatabaseConfig::from_env(env)?,
-            fence: FenceConfig::from_env(env)?,
+            database,
             sweep: crate::sweeper::SweepSettings {
                 batch_size,
                 budget: env.seconds(SWEEP_TIME_BUDGET_SECONDS, Duration::from_secs(240))?,
                 pause: Duration::from_millis(env.parsed(SWEEP_PAUSE_MS, 20u64)?),
+                ledger_ttl: fence.ttl,
             },
+            fence,
             escalate_after: Duration::from_secs_f64(days * 86_400.0),
             alerts: AlertConfig::from_env(env)?,
             metrics_namespace: env.parsed(METRICS_NAMESPACE, "JobHarness".to_owned())?,
@@ -58,10 +61,8 @@ pub struct ConsumerConfig {
     pub database: DatabaseConfig,
     /// The fence's consumer name.
     pub consumer_name: ConsumerName,
-    /// Retry policy and fence TTL.
+    /// Retry policy, fence TTL, queue settings and the fence's lock timeout.
     pub fence: FenceConfig,
-    /// How long a copy waits for a concurrent copy's fence (default 2 s).
-    pub lock_timeout: Duration,
     /// The EMF namespace (default `JobHarness`).
     pub metrics_namespace: String,
     /// Time to keep free before the Lambda deadline (default 5 s).
@@ -73,19 +74,10 @@ pub struct ConsumerConfig {
 impl ConsumerConfig {
     /// Reads and validates every variable a consumer needs; the first problem is returned.
     pub fn from_env(env: &Env<'_>) -> Result<Self, ConfigError> {
-        let consumer_name = consumer_name(env)?;
-        let lock_timeout = Duration::from_millis(env.parsed(FENCE_LOCK_TIMEOUT_MS, 2_000u64)?);
-        if lock_timeout.is_zero() {
-            return Err(ConfigError {
-                variable: FENCE_LOCK_TIMEOUT_MS,
-                problem: "must be at least 1".into(),
-            });
-        }
         Ok(Self {
+            consumer_name: consumer_name(env)?,
             database: DatabaseConfig::from_env(env)?,
-            consumer_name,
             fence: FenceConfig::from_env(env)?,
-            lock_timeout,
             metrics_namespace: env.parsed(METRICS_NAMESPACE, "JobHarness".to_owned())?,
             deadline_margin: Duration::from_millis(env.parsed(DEADLINE_MARGIN_MS, 5_000u64)?),
             alerts: AlertConfig::from_env(env)?,
@@ -98,8 +90,8 @@ impl ConsumerConfig {
         crate::harness::HarnessSettings {
             policy: self.fence.policy,
             fence_ttl: self.fence.ttl,
-            lock_timeout: self.lock_timeout,
-            contended_retry_after: self.lock_timeout + Duration::from_secs(1),
+            lock_timeout: self.fence.lock_timeout,
+            contended_retry_after: self.fence.lock_timeout + Duration::from_secs(1),
         }
     }
 
@@ -121,8 +113,8 @@ pub struct BackstopConfig {
     pub consumer_name: ConsumerName,
     /// The job queue the DLQ belongs to.
     pub job_queue: String,
-    /// The job queue's redrive `maxReceiveCount` (default: the policy's attempts + 2).
-    pub max_receive_count: u32,
+    /// Retry policy, queue settings and the fence's lock timeout.
+    pub fence: FenceConfig,
     /// The EMF namespace.
     pub metrics_namespace: String,
     /// BetterStack alerting, unless disabled.
@@ -130,26 +122,14 @@ pub struct BackstopConfig {
 }
 
 impl BackstopConfig {
-    /// Reads and validates every variable the ingester needs. `maxReceiveCount` must exceed the
-    /// retry policy's attempts, or the backstop would pre-empt the harness's own retries.
+    /// Reads and validates every variable the ingester needs, with the same queue checks as
+    /// the consumer's ([`FenceConfig`]).
     pub fn from_env(env: &Env<'_>) -> Result<Self, ConfigError> {
-        let consumer_name = consumer_name(env)?;
-        let fence = FenceConfig::from_env(env)?;
-        let attempts = fence.policy.max_attempts();
-        let max_receive_count = env.parsed(REDRIVE_MAX_RECEIVE_COUNT, attempts + 2)?;
-        if max_receive_count <= attempts {
-            return Err(ConfigError {
-                variable: REDRIVE_MAX_RECEIVE_COUNT,
-                problem: format!(
-                    "{max_receive_count} must exceed the retry policy's {attempts} attempts"
-                ),
-            });
-        }
         Ok(Self {
+            consumer_name: consumer_name(env)?,
             database: DatabaseConfig::from_env(env)?,
-            consumer_name,
+            fence: FenceConfig::from_env(env)?,
             job_queue: env.required(JOB_QUEUE_NAME)?,
-            max_receive_count,
             metrics_namespace: env.parsed(METRICS_NAMESPACE, "JobHarness".to_owned())?,
             alerts: AlertConfig::from_env(env)?,
         })

@@ -126,7 +126,7 @@ fn the_redrive_count_must_exceed_the_attempts() {
         let pairs: Vec<_> = base.iter().chain(extra).copied().collect();
         BackstopConfig::from_env(&Env::from_pairs(&pairs))
     };
-    assert_eq!(with(&[]).unwrap().max_receive_count, 7);
+    assert_eq!(with(&[]).unwrap().fence.max_receive_count, 7);
     assert_eq!(
         with(&[(REDRIVE_MAX_RECEIVE_COUNT, "5")])
             .unwrap_err()
@@ -173,4 +173,41 @@ fn missing_and_malformed_variables_name_themselves() {
         (DATABASE_URL, "mysql://x"),
     ]));
     assert_eq!(bad_url.unwrap_err().variable, DATABASE_URL);
+}
+
+/// Issue 13, hole 4: settings that would lose messages stop every function that reads them.
+#[test]
+fn a_redrive_count_not_above_the_attempts_stops_the_consumer_and_the_sweeper_too() {
+    let consumer = load(&[(REDRIVE_MAX_RECEIVE_COUNT, "5")]).unwrap_err();
+    assert_eq!(consumer.variable, REDRIVE_MAX_RECEIVE_COUNT);
+    assert!(consumer.problem.contains("must exceed"), "{consumer}");
+    let sweeper = SweeperConfig::from_env(&Env::from_pairs(&[
+        (DATABASE_URL, "postgres://h/d"),
+        (ALERTING_DISABLED, "true"),
+        (REDRIVE_MAX_RECEIVE_COUNT, "3"),
+    ]))
+    .unwrap_err();
+    assert_eq!(sweeper.variable, REDRIVE_MAX_RECEIVE_COUNT);
+    assert_eq!(load(&[(REDRIVE_MAX_RECEIVE_COUNT, "6")]).unwrap().fence.max_receive_count, 6);
+}
+
+/// Issue 13, hole 4: SQS deletes a message at the end of its retention whatever its retries,
+/// and an expired message is never redriven: a retention inside the retry window loses it.
+#[test]
+fn a_queue_retention_shorter_than_the_retry_window_stops_the_consumer() {
+    // The default policy waits up to 675 s between its attempts; + 1 h margin = 4275 s.
+    let short = load(&[(QUEUE_RETENTION_SECONDS, "4000"), (FENCE_TTL_SECONDS, "604800")])
+        .unwrap_err();
+    assert_eq!(short.variable, QUEUE_RETENTION_SECONDS);
+    assert!(short.problem.contains("retry window 675 s"), "{short}");
+    assert!(load(&[(QUEUE_RETENTION_SECONDS, "4275")]).is_ok());
+    let backstop = BackstopConfig::from_env(&Env::from_pairs(&[
+        (DATABASE_URL, "postgres://h/d"),
+        (CONSUMER_NAME, "award-points"),
+        (JOB_QUEUE_NAME, "jobs"),
+        (ALERTING_DISABLED, "true"),
+        (QUEUE_RETENTION_SECONDS, "600"),
+    ]))
+    .unwrap_err();
+    assert_eq!(backstop.variable, QUEUE_RETENTION_SECONDS);
 }

@@ -1,17 +1,22 @@
 //! The processing of one message: the life of a job as DESIGN.md describes it.
 //!
 //! Invariants:
-//! - fence and work share one transaction, the fence inserted first;
+//! - fence and work share one transaction, the fence inserted first, and `COMMIT` is sent only
+//!   after the transaction has proved itself whole ([`crate::fence::finish_job`]);
 //! - nothing is acked unless it committed, was a duplicate, or has its dead letter committed;
+//! - a letter is written only after the fence settles that the job did not commit;
+//! - attempts are executions, counted in [`crate::execution`]'s ledger, not SQS receives;
 //! - a panic or a database fault in the work is a transient failure, never a lost message.
 
 use crate::alerting::Alerter;
 use crate::clock::Clock;
 use crate::consumer::{Consumer, Job, ProcessError};
-use crate::dead_letter::{ErrorKind, NewDeadLetter, Recorded, record_dead_letter_in};
+use crate::dead_letter::{ErrorKind, NewDeadLetter, Recorded, Settled, record_unless_processed};
 use crate::decision::{Disposition, decide};
 use crate::envelope::{Envelope, PartialIds, body_as_json};
-use crate::fence::{FenceClaim, FenceError, claim_fence, fence_exists};
+use crate::execution::{Start, record_failure, start_execution, uncharge};
+use crate::fence::{FenceClaim, FenceError, claim_fence, finish_job, settle_committed};
+use crate::ids::JobId;
 use crate::metrics::Metrics;
 use crate::retry::RetryPolicy;
 use futures_util::FutureExt;
@@ -53,6 +58,8 @@ pub struct Harness<C> {
 
 enum AttemptError {
     Contended,
+    /// `COMMIT` returned an error: the job may or may not have committed.
+    CommitUnknown(sqlx::Error),
     Failed(ProcessError),
 }
 
@@ -98,6 +105,16 @@ impl<C: Consumer> Harness<C> {
         &self.consumer
     }
 
+    /// The database.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The settings.
+    pub fn settings(&self) -> &HarnessSettings {
+        &self.settings
+    }
+
     /// Processes one delivery and says what to do with the message. Never panics on the
     /// message's content; never acks a message whose outcome is not committed.
     pub async fn process(&self, msg: &IncomingMessage) -> RecordOutcome {
@@ -124,6 +141,9 @@ impl<C: Consumer> Harness<C> {
             } => {
                 tracing::warn!(consumer, message_id = %msg.message_id, %kind, letter = %letter.id(), error, "dead-lettered")
             }
+            RecordOutcome::HandedBack { error, .. } => {
+                tracing::warn!(consumer, message_id = %msg.message_id, error, "handed back without running")
+            }
             RecordOutcome::DeadLetterFailed { error, .. } => {
                 tracing::error!(consumer, message_id = %msg.message_id, error, "dead letter not written; message kept")
             }
@@ -132,7 +152,6 @@ impl<C: Consumer> Harness<C> {
     }
 
     async fn process_unrecorded(&self, msg: &IncomingMessage) -> RecordOutcome {
-        let attempt = msg.receive_count.max(1);
         let envelope = match Envelope::<C::Payload>::parse(&msg.body) {
             Ok(envelope) => envelope,
             Err(poison) => {
@@ -143,43 +162,79 @@ impl<C: Consumer> Harness<C> {
                     .await;
             }
         };
+        let (job_id, consumer) = (envelope.job_id, self.consumer.name());
         let policy = &self.settings.policy;
-        if policy.is_over_budget(attempt) {
-            // A duplicate is always acked: a job processed by an earlier copy or delivery (whose
-            // ack was lost in a crash of its batch) is done, however often it was delivered.
-            match fence_exists(&self.pool, envelope.job_id, self.consumer.name()).await {
-                Ok(true) => return RecordOutcome::Duplicate,
-                Ok(false) => {}
-                Err(e) => {
-                    return RecordOutcome::DeadLetterFailed {
-                        retry_after: policy.base(),
-                        error: format!("checking the fence of an over-budget delivery failed: {e}"),
+        // A first delivery cannot follow an execution of this message, so it runs without a
+        // look at the ledger; a repeat delivery asks it first, in one statement.
+        let charged = msg.receive_count > 1;
+        let attempt = if charged {
+            let start = start_execution(
+                &self.pool,
+                job_id,
+                consumer,
+                &msg.message_id,
+                policy.max_attempts(),
+                self.clock.now(),
+            )
+            .await;
+            match start {
+                Ok(Start::Run { attempt }) => attempt,
+                Ok(Start::AlreadyProcessed) => return RecordOutcome::Duplicate,
+                Ok(Start::AlreadyLettered { id, kind }) => {
+                    return RecordOutcome::DeadLettered {
+                        kind,
+                        letter: Recorded::AlreadyRecorded(id),
+                        error: "this message's dead letter was already written".into(),
                     };
                 }
+                Ok(Start::OverBudget(ledger)) => {
+                    let context = format!("delivered {} times", msg.receive_count);
+                    let (kind, error) = ledger.verdict(policy.max_attempts(), &context);
+                    return self
+                        .dead_letter(msg, &envelope.ids(), ledger.executions, kind, error)
+                        .await;
+                }
+                Err(e) => return self.hand_back(format!("reading the execution ledger: {e}")),
             }
-            let error = format!(
-                "delivered {attempt} times with a budget of {} attempts: earlier attempts ended without \
-                 an outcome (timeout, crash or lost acknowledgement)",
-                policy.max_attempts()
-            );
-            return self
-                .dead_letter(msg, &envelope.ids(), attempt, ErrorKind::Crashed, error)
-                .await;
-        }
+        } else {
+            1
+        };
         let job = Job {
             envelope,
             attempt,
             started_at: self.clock.now(),
         };
-        let failure = match self.attempt(&job).await {
+        let failure = match self.attempt(&job, msg).await {
             Ok(FenceClaim::Claimed) => return RecordOutcome::Processed,
             Ok(FenceClaim::Duplicate) => return RecordOutcome::Duplicate,
             Err(AttemptError::Contended) => {
+                if charged {
+                    // It never ran: take the charge back (best effort; a failure only costs
+                    // the job one of its attempts).
+                    let _ = uncharge(&self.pool, job_id, consumer).await;
+                }
                 return RecordOutcome::Contended {
                     retry_after: self.settings.contended_retry_after,
                 };
             }
+            Err(AttemptError::CommitUnknown(e)) => match self.settle_commit(job_id, e).await {
+                Ok(committed) => return committed,
+                Err(failure) => failure,
+            },
             Err(AttemptError::Failed(failure)) => failure,
+        };
+        let attempt = match &failure {
+            ProcessError::Transient(error) => record_failure(
+                &self.pool,
+                job_id,
+                consumer,
+                charged,
+                error,
+                self.clock.now(),
+            )
+            .await
+            .unwrap_or(attempt),
+            _ => attempt,
         };
         let disposition = decide(
             Err(&failure),
@@ -201,8 +256,51 @@ impl<C: Consumer> Harness<C> {
         }
     }
 
-    /// One transaction: lock timeout, fence first, work, commit. `Ok(Claimed)` means committed.
-    async fn attempt(&self, job: &Job<C::Payload>) -> Result<FenceClaim, AttemptError> {
+    /// A `COMMIT` that failed may still have committed (its reply was lost with the
+    /// connection). The fence settles it: committed is `Ok(Processed)`; not committed is the
+    /// transient failure to retry; an answer that cannot be had yet hands the record back.
+    async fn settle_commit(
+        &self,
+        job_id: JobId,
+        commit_error: sqlx::Error,
+    ) -> Result<RecordOutcome, ProcessError> {
+        let settled = settle_committed(
+            &self.pool,
+            job_id,
+            self.consumer.name(),
+            self.clock.now(),
+            self.settings.lock_timeout,
+        )
+        .await;
+        match settled {
+            Ok(true) => {
+                tracing::warn!(job_id = %job_id, error = %commit_error,
+                    "COMMIT reported an error, but the fence shows the job committed");
+                Ok(RecordOutcome::Processed)
+            }
+            Ok(false) => Err(ProcessError::Transient(format!(
+                "COMMIT failed ({commit_error}); the fence shows the job did not commit"
+            ))),
+            Err(e) => Ok(self.hand_back(format!(
+                "COMMIT failed ({commit_error}) and its outcome could not be settled yet: {e}"
+            ))),
+        }
+    }
+
+    fn hand_back(&self, error: String) -> RecordOutcome {
+        RecordOutcome::HandedBack {
+            retry_after: self.settings.contended_retry_after,
+            error,
+        }
+    }
+
+    /// One transaction: fence first, work, a check that the transaction is still whole, commit.
+    /// `Ok(Claimed)` means committed.
+    async fn attempt(
+        &self,
+        job: &Job<C::Payload>,
+        msg: &IncomingMessage,
+    ) -> Result<FenceClaim, AttemptError> {
         let failed = |e: sqlx::Error| AttemptError::Failed(e.into());
         let mut tx = self.pool.begin().await.map_err(failed)?;
         let envelope = &job.envelope;
@@ -234,29 +332,46 @@ impl<C: Consumer> Harness<C> {
         let work = AssertUnwindSafe(self.consumer.handle(job, &mut tx))
             .catch_unwind()
             .await;
-        match work {
+        let error = match work {
             Ok(Ok(())) => {
-                tx.commit().await.map_err(|e| {
-                    AttemptError::Failed(ProcessError::Transient(format!("commit failed: {e}")))
-                })?;
-                Ok(FenceClaim::Claimed)
+                let finished = finish_job(
+                    &mut tx,
+                    envelope.job_id,
+                    self.consumer.name(),
+                    &msg.message_id,
+                    job.started_at,
+                )
+                .await;
+                match finished {
+                    Ok(true) => {
+                        return match tx.commit().await {
+                            Ok(()) => Ok(FenceClaim::Claimed),
+                            Err(e) => Err(AttemptError::CommitUnknown(e)),
+                        };
+                    }
+                    Ok(false) => ProcessError::Transient(
+                        "the handler returned Ok but ended the harness's transaction itself \
+                         (COMMIT or ROLLBACK inside handle): the job's fence is not its own"
+                            .into(),
+                    ),
+                    Err(e) => ProcessError::Transient(format!(
+                        "the handler returned Ok from a transaction that cannot commit: an SQL \
+                         error inside handle was not returned ({e})"
+                    )),
+                }
             }
-            Ok(Err(error)) => {
-                let _ = tx.rollback().await;
-                Err(AttemptError::Failed(error))
-            }
+            Ok(Err(error)) => error,
             Err(panic) => {
-                let _ = tx.rollback().await;
                 let what = panic
                     .downcast_ref::<&str>()
                     .map(|s| s.to_string())
                     .or_else(|| panic.downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "non-string panic".into());
-                Err(AttemptError::Failed(ProcessError::Transient(format!(
-                    "handler panicked: {what}"
-                ))))
+                ProcessError::Transient(format!("handler panicked: {what}"))
             }
-        }
+        };
+        let _ = tx.rollback().await;
+        Err(AttemptError::Failed(error))
     }
 
     async fn dead_letter(
@@ -281,8 +396,16 @@ impl<C: Consumer> Harness<C> {
             correlation_id: ids.correlation_id.as_deref(),
             replay_of: msg.replay_of,
         };
-        match record_dead_letter_in(&self.pool, &letter, self.clock.now()).await {
-            Ok(letter) => {
+        let settled = record_unless_processed(
+            &self.pool,
+            &letter,
+            self.clock.now(),
+            self.settings.lock_timeout,
+        )
+        .await;
+        match settled {
+            Ok(Settled::AlreadyProcessed) => RecordOutcome::Duplicate,
+            Ok(Settled::Recorded(letter)) => {
                 if let (Recorded::New(_), Some(alerter)) = (letter, &self.alerter) {
                     alerter.deliver_pending(ALERTS_PER_ROUND).await;
                 }
@@ -293,7 +416,7 @@ impl<C: Consumer> Harness<C> {
                 }
             }
             Err(e) => RecordOutcome::DeadLetterFailed {
-                retry_after: self.settings.policy.base(),
+                retry_after: self.settings.contended_retry_after,
                 error: format!(
                     "writing the {kind} dead letter failed: {e}; original error: {error}"
                 ),

@@ -15,7 +15,8 @@ pub struct IncomingMessage {
     pub queue: String,
     /// The raw body: the envelope as JSON, if well-formed.
     pub body: String,
-    /// Which delivery this is, from 1 (SQS `ApproximateReceiveCount`).
+    /// Which delivery this is, from 1 (SQS `ApproximateReceiveCount`). Only a hint: 1 means no
+    /// earlier delivery can have run the job; attempts are counted in the execution ledger.
     pub receive_count: u32,
     /// The dead letter whose replay produced this message, if any.
     pub replay_of: Option<DeadLetterId>,
@@ -51,6 +52,14 @@ pub enum RecordOutcome {
         /// What went wrong.
         error: String,
     },
+    /// Nothing ran and no execution was charged (the database was unavailable, or a settle of
+    /// the fence could not finish): redeliver after `retry_after`.
+    HandedBack {
+        /// Delay before redelivery.
+        retry_after: Duration,
+        /// Why.
+        error: String,
+    },
     /// The dead letter could not be written: do not ack; the message comes back after
     /// `retry_after` and, past the attempt budget, is dead-lettered as `crashed`.
     DeadLetterFailed {
@@ -73,9 +82,9 @@ impl RecordOutcome {
     /// For an outcome that is not an ack: how long to hide the message before redelivery.
     pub fn redeliver_after(&self) -> Option<Duration> {
         match self {
-            Self::Contended { retry_after } | Self::DeadLetterFailed { retry_after, .. } => {
-                Some(*retry_after)
-            }
+            Self::Contended { retry_after }
+            | Self::HandedBack { retry_after, .. }
+            | Self::DeadLetterFailed { retry_after, .. } => Some(*retry_after),
             Self::Retry { after, .. } => Some(*after),
             Self::Processed | Self::Duplicate | Self::DeadLettered { .. } => None,
         }
@@ -89,6 +98,7 @@ impl RecordOutcome {
             Self::Retry { .. } => Metric::Retried,
             Self::DeadLettered { kind, .. } => Metric::DeadLettered(*kind),
             Self::DeadLetterFailed { .. } => Metric::DeadLetterWriteFailed,
+            Self::HandedBack { .. } => Metric::HandedBack,
         }
     }
 }

@@ -25,12 +25,14 @@ const FLAT_OUT: SweepSettings = SweepSettings {
     batch_size: 5_000,
     budget: Duration::from_secs(600),
     pause: Duration::ZERO,
+    ledger_ttl: Duration::from_secs(7 * 86_400),
 };
 /// The defaults (`SWEEP_BATCH_SIZE`, `SWEEP_PAUSE_MS`): what consumers share the database with.
 const PACED: SweepSettings = SweepSettings {
     batch_size: 5_000,
     budget: Duration::from_secs(600),
     pause: Duration::from_millis(20),
+    ledger_ttl: Duration::from_secs(7 * 86_400),
 };
 
 async fn consumers(pool: &PgPool) -> f64 {

@@ -1,0 +1,439 @@
+//! Issue 13 at the library level: every dead letter is a true record, nothing is acked that did
+//! not commit its fence, and attempts are executions. Each test is named by the hole it closes
+//! and failed on the code before the fix (see the closing note of issue 13).
+
+mod support;
+
+use serde_json::{Value, json};
+use shared::consumer::{Consumer, Job, ProcessError};
+use shared::dead_letter::{ErrorKind, letters_for_job};
+use shared::fence::{claim_fence, fence_exists};
+use shared::harness::{HarnessSettings, IncomingMessage, RecordOutcome};
+use shared::ids::{ConsumerName, DeadLetterId, JobId, TenantId};
+use shared::reference::{PointsAward, count_awards, insert_award};
+use shared::retry::RetryPolicy;
+use shared::sweeper::{SweepSettings, sweep};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
+use sqlx::{PgConnection, PgPool};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+use support::commit_cutter::{CommitCutter, Cut};
+use support::*;
+use uuid::Uuid;
+
+async fn letters(pool: &PgPool, job_id: JobId) -> Vec<shared::dead_letter::DeadLetter> {
+    letters_for_job(pool, job_id, &consumer_name()).await.unwrap()
+}
+
+/// Fails permanently on its first call, then awards like the reference consumer.
+struct PermanentOnce {
+    calls: AtomicUsize,
+}
+
+impl Consumer for PermanentOnce {
+    type Payload = PointsAward;
+    fn name(&self) -> &ConsumerName {
+        static NAME: std::sync::OnceLock<ConsumerName> = std::sync::OnceLock::new();
+        NAME.get_or_init(consumer_name)
+    }
+    async fn handle(
+        &self,
+        job: &Job<PointsAward>,
+        tx: &mut PgConnection,
+    ) -> Result<(), ProcessError> {
+        if self.calls.fetch_add(1, Ordering::SeqCst) == 0 {
+            return Err(ProcessError::Permanent("the account was closed (then reopened)".into()));
+        }
+        award_points().handle(job, tx).await
+    }
+}
+
+/// Writes its effect, then hits an SQL error and ignores it: the transaction is aborted.
+struct SwallowsSqlError;
+
+impl Consumer for SwallowsSqlError {
+    type Payload = PointsAward;
+    fn name(&self) -> &ConsumerName {
+        static NAME: std::sync::OnceLock<ConsumerName> = std::sync::OnceLock::new();
+        NAME.get_or_init(consumer_name)
+    }
+    async fn handle(
+        &self,
+        job: &Job<PointsAward>,
+        tx: &mut PgConnection,
+    ) -> Result<(), ProcessError> {
+        award_points().handle(job, tx).await?;
+        let ignored = sqlx::query("SELECT 1 / 0").execute(&mut *tx).await;
+        assert!(ignored.is_err(), "the statement fails");
+        Ok(())
+    }
+}
+
+/// Hole 1: the over-budget path read the fence with a query that cannot see a copy still inside
+/// its transaction, and wrote a `crashed` letter for a job that then committed.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn hole1_an_over_budget_delivery_waits_for_an_in_flight_copy_and_writes_no_letter(
+    pool: PgPool,
+) {
+    let harness = harness(&pool, Counting::new());
+    let (job_id, body) = job(award(3));
+    charge_crashed_executions(&pool, job_id, 5).await;
+    // Another copy is inside its transaction: fence claimed, effect written, not committed.
+    let mut copy = pool.begin().await.unwrap();
+    claim_fence(
+        &mut copy,
+        job_id,
+        &consumer_name(),
+        TenantId(Uuid::from_u128(7)),
+        t0(),
+        Duration::from_secs(86_400),
+        Duration::from_secs(1),
+    )
+    .await
+    .unwrap();
+    insert_award(&mut copy, job_id, TenantId(Uuid::from_u128(7)), "acct-1", 3, t0())
+        .await
+        .unwrap();
+    let late = tokio::spawn(async move { harness.process(&message(&body, 7)).await });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    copy.commit().await.unwrap();
+    let outcome = late.await.unwrap();
+    assert_eq!(outcome, RecordOutcome::Duplicate);
+    assert!(letters(&pool, job_id).await.is_empty(), "no letter for a committed job");
+    assert_eq!(count_awards(&pool, job_id).await.unwrap(), 1);
+}
+
+/// Hole 1: a COMMIT whose reply is lost on the last attempt became an `exhausted` letter,
+/// although the job had committed. A proxy forwards the COMMIT and drops the connection before
+/// the reply: the fence settles that it committed.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn hole1_a_commit_whose_reply_is_lost_is_settled_by_the_fence_as_processed(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let pool = pool_opts.clone().connect_with(connect.clone()).await.unwrap();
+    let cutter = CommitCutter::start(connect.get_port()).await;
+    let through = pool_opts
+        .connect_with(connect.host("127.0.0.1").port(cutter.port).ssl_mode(PgSslMode::Disable))
+        .await
+        .unwrap();
+    let harness = harness(&through, award_points());
+    let (job_id, body) = job(award(5));
+    record_transient_failures(&pool, job_id, 4).await;
+    cutter.arm(Cut::AfterCommitSent);
+    let outcome = harness.process(&message(&body, 5)).await;
+    assert!(cutter.fired(), "the COMMIT went through the proxy");
+    assert_eq!(outcome, RecordOutcome::Processed);
+    assert_eq!(count_awards(&pool, job_id).await.unwrap(), 1);
+    assert!(letters(&pool, job_id).await.is_empty(), "a committed job has no letter");
+}
+
+/// The other side of the same cut: a COMMIT that never reached the server did not commit, and
+/// on the last attempt that is an honest `exhausted` letter, with the fence free for a replay.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn hole1_a_commit_lost_before_the_server_is_a_failure_and_its_letter_is_true(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let pool = pool_opts.clone().connect_with(connect.clone()).await.unwrap();
+    let cutter = CommitCutter::start(connect.get_port()).await;
+    let through = pool_opts
+        .connect_with(connect.host("127.0.0.1").port(cutter.port).ssl_mode(PgSslMode::Disable))
+        .await
+        .unwrap();
+    let harness = harness(&through, award_points());
+    let (job_id, body) = job(award(5));
+    record_transient_failures(&pool, job_id, 4).await;
+    cutter.arm(Cut::BeforeCommitSent);
+    let outcome = harness.process(&message(&body, 5)).await;
+    assert!(cutter.fired());
+    assert!(
+        matches!(outcome, RecordOutcome::DeadLettered { kind: ErrorKind::Exhausted, .. }),
+        "{outcome:?}"
+    );
+    assert_eq!(count_awards(&pool, job_id).await.unwrap(), 0);
+    assert!(!fence_exists(&pool, job_id, &consumer_name()).await.unwrap());
+    let letter = &letters(&pool, job_id).await[0];
+    assert!(letter.last_error.contains("did not commit"), "{}", letter.last_error);
+}
+
+/// Hole 1: a permanent failure whose acknowledgement was lost ran again, succeeded, and left
+/// its letter pending for a job that had committed. Its message now finds its letter and is
+/// acked without running.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn hole1_a_redelivered_permanent_failure_is_acked_by_its_letter_without_running_again(
+    pool: PgPool,
+) {
+    let harness = harness(&pool, PermanentOnce { calls: AtomicUsize::new(0) });
+    let (job_id, body) = job(award(2));
+    let msg = message(&body, 1);
+    let first = harness.process(&msg).await;
+    assert!(matches!(first, RecordOutcome::DeadLettered { kind: ErrorKind::Permanent, .. }));
+    let again = IncomingMessage { receive_count: 2, ..msg };
+    let second = harness.process(&again).await;
+    assert!(
+        matches!(second, RecordOutcome::DeadLettered { kind: ErrorKind::Permanent, .. }),
+        "{second:?}"
+    );
+    assert_eq!(harness.consumer().calls.load(Ordering::SeqCst), 1, "not run again");
+    assert_eq!(count_awards(&pool, job_id).await.unwrap(), 0);
+    assert_eq!(letters(&pool, job_id).await[0].status, "pending_review");
+}
+
+/// Hole 1: two messages with one job id: one fails for good, the other later succeeds. The
+/// letter written for the first is closed in the commit of the second, so no letter stays
+/// pending for a job whose effect exists.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn hole1_a_letter_pending_for_a_job_is_closed_when_another_copy_commits_it(pool: PgPool) {
+    let harness = harness(&pool, PermanentOnce { calls: AtomicUsize::new(0) });
+    let (job_id, body) = job(award(2));
+    let failed = message(&body, 1);
+    assert!(matches!(harness.process(&failed).await, RecordOutcome::DeadLettered { .. }));
+    let other = message(&body, 1);
+    assert_eq!(harness.process(&other).await, RecordOutcome::Processed);
+    assert_eq!(count_awards(&pool, job_id).await.unwrap(), 1);
+    let letter = &letters(&pool, job_id).await[0];
+    assert_eq!(
+        (letter.status.as_str(), letter.reviewed_by.as_deref()),
+        ("discarded", Some("harness"))
+    );
+    let reason = letter.discard_reason.as_deref().unwrap();
+    assert!(reason.contains(&other.message_id), "{reason}");
+}
+
+/// Hole 1: the fence of a job with a letter pending review is never swept, however old, so a
+/// replay of that letter finds the job processed and sends nothing. Once reviewed, it goes.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn hole1_the_fence_of_a_job_with_a_pending_letter_outlives_its_ttl(pool: PgPool) {
+    let harness = harness(&pool, award_points());
+    let (job_id, body) = job(award(1));
+    assert_eq!(harness.process(&message(&body, 1)).await, RecordOutcome::Processed);
+    // A letter for the same job that the harness cannot close (written before this version).
+    sqlx::query(
+        "INSERT INTO core.dead_letters (job_id, consumer, queue, message_id, payload, attempts,
+             error_kind, last_error, created_at)
+         VALUES ($1, $2, $3, 'older-copy', $4, 7, 'crashed', 'redriven', $5)",
+    )
+    .bind(job_id.0)
+    .bind(consumer_name().as_str())
+    .bind(QUEUE)
+    .bind(serde_json::from_str::<Value>(&body).unwrap())
+    .bind(t0())
+    .execute(&pool)
+    .await
+    .unwrap();
+    let clock = shared::clock::ManualClock::new(t0() + chrono::Duration::days(30));
+    let settings = SweepSettings {
+        batch_size: 100,
+        budget: Duration::from_secs(60),
+        pause: Duration::ZERO,
+        ledger_ttl: Duration::from_secs(7 * 86_400),
+    };
+    let report = sweep(&pool, &clock, settings, None).await.unwrap();
+    assert_eq!(report.deleted, 0);
+    assert_eq!(report.backlog, Duration::ZERO, "a kept fence is no backlog");
+    assert!(fence_exists(&pool, job_id, &consumer_name()).await.unwrap());
+    sqlx::query(
+        "UPDATE core.dead_letters SET status = 'discarded', discard_reason = 'seen',
+             reviewed_by = 'op', reviewed_at = $2 WHERE job_id = $1",
+    )
+    .bind(job_id.0)
+    .bind(t0())
+    .execute(&pool)
+    .await
+    .unwrap();
+    assert_eq!(sweep(&pool, &clock, settings, None).await.unwrap().deleted, 1);
+}
+
+/// Hole 2: a handler that ignored an SQL error and returned Ok left its transaction aborted;
+/// PostgreSQL answered COMMIT with a silent ROLLBACK and the harness acked `Processed` with
+/// nothing committed. Now it is a transient failure with a clear error, then a letter.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn hole2_a_handler_returning_ok_from_an_aborted_transaction_is_retried_then_dead_lettered(
+    pool: PgPool,
+) {
+    let harness = harness(&pool, SwallowsSqlError);
+    let (job_id, body) = job(award(4));
+    let first = harness.process(&message(&body, 1)).await;
+    let RecordOutcome::Retry { attempt: 1, error, .. } = &first else {
+        panic!("{first:?}");
+    };
+    assert!(error.contains("SQL error inside handle was not returned"), "{error}");
+    assert!(!first.is_ack());
+    assert_eq!(count_awards(&pool, job_id).await.unwrap(), 0);
+    assert!(!fence_exists(&pool, job_id, &consumer_name()).await.unwrap());
+    let mut last = first;
+    for delivery in 2..=5 {
+        last = harness.process(&message(&body, delivery)).await;
+    }
+    assert!(
+        matches!(last, RecordOutcome::DeadLettered { kind: ErrorKind::Exhausted, .. }),
+        "{last:?}"
+    );
+    assert_eq!(letters(&pool, job_id).await[0].attempts, 5);
+}
+
+/// Hole 3: a `replay_of` attribute naming no letter broke the letter's foreign key, so neither
+/// the consumer nor the ingester could record the failure. Any producer can set it.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn hole3_a_replay_of_naming_no_letter_still_gets_its_letter(pool: PgPool) {
+    let harness = harness(&pool, award_points());
+    let (job_id, body) = job(json!({"account_id": "a", "points": -1}));
+    let msg = IncomingMessage {
+        replay_of: Some(DeadLetterId(Uuid::new_v4())),
+        ..message(&body, 1)
+    };
+    let outcome = harness.process(&msg).await;
+    assert!(
+        matches!(outcome, RecordOutcome::DeadLettered { kind: ErrorKind::Poison, .. }),
+        "{outcome:?}"
+    );
+    assert_eq!(letters(&pool, job_id).await[0].replay_of, None);
+}
+
+/// Hole 5: SQS receives are not executions. A delivery handed back (deadline, contention) or
+/// delivered many times by crashes of its batch-mates has not run: it runs as attempt 1.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn hole5_receives_that_ran_nothing_spend_no_attempts(pool: PgPool) {
+    let harness = harness(&pool, Counting::new());
+    let (job_id, body) = job(json!({"account_id": "a", "points": 1,
+        "demo_fault": {"transient_until_attempt": 2}}));
+    let outcome = harness.process(&message(&body, 6)).await;
+    assert!(matches!(outcome, RecordOutcome::Retry { attempt: 1, .. }), "{outcome:?}");
+    assert_eq!(harness.process(&message(&body, 7)).await, RecordOutcome::Processed);
+    assert_eq!(harness.consumer().calls(), 2);
+    assert!(letters(&pool, job_id).await.is_empty());
+}
+
+/// Hole 5: a contended fence means the execution did not run: its charge is taken back.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn hole5_a_contended_fence_charges_no_execution(pool: PgPool) {
+    let settings = HarnessSettings {
+        lock_timeout: Duration::from_millis(100),
+        ..settings(RetryPolicy::default())
+    };
+    let (harness, _) = harness_with(&pool, award_points(), settings);
+    let (job_id, body) = job(award(1));
+    let mut holder = pool.begin().await.unwrap();
+    claim_fence(
+        &mut holder,
+        job_id,
+        &consumer_name(),
+        TenantId(Uuid::from_u128(7)),
+        t0(),
+        Duration::from_secs(86_400),
+        Duration::from_secs(1),
+    )
+    .await
+    .unwrap();
+    for delivery in 2..=8 {
+        let outcome = harness.process(&message(&body, delivery)).await;
+        assert!(matches!(outcome, RecordOutcome::Contended { .. }), "{outcome:?}");
+    }
+    holder.rollback().await.unwrap();
+    let ledger = shared::execution::ledger(&pool, job_id, &consumer_name()).await.unwrap();
+    assert_eq!(ledger.executions, 0, "seven contended deliveries, no execution");
+    assert_eq!(harness.process(&message(&body, 9)).await, RecordOutcome::Processed);
+}
+
+/// Hole 6: a letter's payload is the body as received, number for number (it went through
+/// f64: 123456789012345678901234567890 was stored as 123456789012345680000000000000).
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn hole6_a_letter_keeps_every_number_of_the_body_as_received(pool: PgPool) {
+    let harness = harness(&pool, award_points());
+    let job_id = JobId(Uuid::new_v4());
+    let body = format!(
+        r#"{{"job_id":"{job_id}","tenant_id":"{}","correlation_id":"c","payload":{{"account_id":"a","points":"many","big":123456789012345678901234567890,"tiny":0.1000000000000000055511151231257827,"scaled":-7.250}}}}"#,
+        Uuid::from_u128(7)
+    );
+    let outcome = harness.process(&message(&body, 1)).await;
+    assert!(matches!(outcome, RecordOutcome::DeadLettered { kind: ErrorKind::Poison, .. }));
+    let stored: String = sqlx::query_scalar("SELECT payload::text FROM core.dead_letters WHERE job_id = $1")
+        .bind(job_id.0)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    for number in ["123456789012345678901234567890", "0.1000000000000000055511151231257827", "-7.250"] {
+        assert!(stored.contains(number), "{number} in {stored}");
+    }
+    let letter = &letters(&pool, job_id).await[0];
+    assert_eq!(letter.payload, serde_json::from_str::<Value>(&body).unwrap());
+    assert_eq!(shared::api::replayer::original_body(&letter.payload), letter.payload.to_string());
+    assert!(shared::api::replayer::original_body(&letter.payload).contains("0.1000000000000000055511151231257827"));
+}
+
+/// Hole 6: a consumer's payload type gets exact numbers where its fields can hold them: an
+/// amount as a decimal keeps every digit an f64 would lose.
+#[test]
+fn hole6_a_decimal_amount_reaches_the_payload_type_exactly() {
+    #[derive(serde::Deserialize)]
+    struct Payment {
+        amount: rust_decimal::Decimal,
+    }
+    let body = format!(
+        r#"{{"job_id":"{}","tenant_id":"{}","correlation_id":"c","payload":{{"amount":12345678901234567.89}}}}"#,
+        Uuid::new_v4(),
+        Uuid::new_v4()
+    );
+    let envelope = shared::envelope::Envelope::<Payment>::parse(&body).unwrap();
+    assert_eq!(envelope.payload.amount.to_string(), "12345678901234567.89");
+}
+
+/// Hole 7: the sweeper needed two connections and timed out with `DATABASE_POOL_SIZE=1`.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn hole7_the_sweeper_runs_on_a_pool_of_one_connection(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let one = pool_opts
+        .max_connections(1)
+        .acquire_timeout(Duration::from_secs(2))
+        .connect_with(connect)
+        .await
+        .unwrap();
+    let harness = harness(&one, award_points());
+    let (_, body) = job(award(1));
+    assert_eq!(harness.process(&message(&body, 1)).await, RecordOutcome::Processed);
+    let clock = shared::clock::ManualClock::new(t0() + chrono::Duration::days(30));
+    let settings = SweepSettings {
+        batch_size: 100,
+        budget: Duration::from_secs(60),
+        pause: Duration::ZERO,
+        ledger_ttl: Duration::from_secs(7 * 86_400),
+    };
+    let report = sweep(&one, &clock, settings, None).await.unwrap();
+    assert_eq!(report.deleted, 1);
+}
+
+/// Hole 7: a discard reason made only of invisible characters is no reason; the schema itself
+/// rejects it, whatever wrote it.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn hole7_the_schema_rejects_a_discard_reason_of_invisible_characters(pool: PgPool) {
+    let harness = harness(&pool, award_points());
+    let (job_id, body) = job(json!({"account_id": "a", "points": -1}));
+    harness.process(&message(&body, 1)).await;
+    for reason in ["\u{200b}\u{200b}", " \u{feff} ", "\u{2060}"] {
+        let rejected = sqlx::query(
+            "UPDATE core.dead_letters SET status = 'discarded', discard_reason = $2,
+                 reviewed_by = 'op', reviewed_at = now() WHERE job_id = $1",
+        )
+        .bind(job_id.0)
+        .bind(reason)
+        .execute(&pool)
+        .await;
+        assert!(rejected.is_err(), "{reason:?} accepted");
+    }
+}
+
+async fn record_transient_failures(pool: &PgPool, job_id: JobId, n: i32) {
+    sqlx::query(
+        "INSERT INTO core.job_executions (job_id, consumer, executions, last_error, updated_at)
+         VALUES ($1, $2, $3, 'simulated provider timeout', now())",
+    )
+    .bind(job_id.0)
+    .bind(consumer_name().as_str())
+    .bind(n)
+    .execute(pool)
+    .await
+    .unwrap();
+}
