@@ -75,23 +75,21 @@ impl Backstop {
             "redriven to the dead-letter queue after {} deliveries",
             self.max_receive_count
         );
-        let (ids, kind, attempts, error) =
-            match Envelope::<serde_json::Value>::parse(&msg.body) {
-                // Poison is never attempted: its letter says 1, however often crashes of its
-                // batch redelivered it.
-                Err(poison) => (
-                    poison.ids,
-                    ErrorKind::Poison,
-                    1,
-                    format!("{}; {redriven}", poison.reason),
-                ),
-                Ok(envelope) => {
-                    let ledger: Ledger =
-                        ledger(&self.pool, envelope.job_id, &self.consumer).await?;
-                    let (kind, error) = ledger.verdict(self.max_attempts, &redriven);
-                    (envelope.ids(), kind, ledger.executions, error)
-                }
-            };
+        let (ids, kind, attempts, error) = match Envelope::<serde_json::Value>::parse(&msg.body) {
+            // Poison is never attempted: its letter says 1, however often crashes of its
+            // batch redelivered it.
+            Err(poison) => (
+                poison.ids,
+                ErrorKind::Poison,
+                1,
+                format!("{}; {redriven}", poison.reason),
+            ),
+            Ok(envelope) => {
+                let ledger: Ledger = ledger(&self.pool, envelope.job_id, &self.consumer).await?;
+                let (kind, error) = ledger.verdict(self.max_attempts, &redriven);
+                (envelope.ids(), kind, ledger.executions, error)
+            }
+        };
         let payload = body_as_json(&msg.body);
         let letter = NewDeadLetter {
             job_id: ids.job_id,

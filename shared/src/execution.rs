@@ -54,7 +54,10 @@ impl Ledger {
         match &self.last_error {
             Some(error) if self.executions >= max_attempts => (
                 ErrorKind::Exhausted,
-                format!("{error} (attempt {} of {max_attempts}; {context})", self.executions),
+                format!(
+                    "{error} (attempt {} of {max_attempts}; {context})",
+                    self.executions
+                ),
             ),
             _ => (
                 ErrorKind::Crashed,

@@ -301,9 +301,7 @@ impl LockedLetter {
     ) -> sqlx::Result<&DeadLetter> {
         let (status, reason, outcome) = match verdict {
             Verdict::Replayed(outcome) => (ReviewStatus::Replayed, None, Some(outcome.as_str())),
-            Verdict::Discarded { reason } => {
-                (ReviewStatus::Discarded, Some(reason.as_str()), None)
-            }
+            Verdict::Discarded { reason } => (ReviewStatus::Discarded, Some(reason.as_str()), None),
         };
         self.letter = mark_reviewed(
             &mut self.tx,

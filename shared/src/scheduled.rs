@@ -111,14 +111,20 @@ impl ScheduledRun {
         let Some(replayer) = &self.replayer else {
             return Ok(ReplaySends::default());
         };
-        let before = self.clock.now() - chrono::Duration::from_std(REPLAY_GRACE).unwrap_or_default();
+        let before =
+            self.clock.now() - chrono::Duration::from_std(REPLAY_GRACE).unwrap_or_default();
         let mut sends = ReplaySends::default();
         for letter in crate::review::queued_replays(&self.pool, before, REPLAYS_PER_RUN).await? {
             let id = crate::ids::DeadLetterId(letter.id);
             match replayer.send(&letter).await {
                 Ok(sent) => {
-                    crate::review::record_replay_sent(&self.pool, id, &sent.message_id, self.clock.now())
-                        .await?;
+                    crate::review::record_replay_sent(
+                        &self.pool,
+                        id,
+                        &sent.message_id,
+                        self.clock.now(),
+                    )
+                    .await?;
                     sends.sent += 1;
                 }
                 Err(error) => {

@@ -172,7 +172,9 @@ async fn sweep_locked(
         // Ledger rows of jobs that never finished (their messages expired long ago): older than
         // a fence TTL, nothing can still read them. One bounded batch per run.
         let ttl = chrono::Duration::from_std(settings.ledger_ttl).unwrap_or(chrono::Duration::MAX);
-        let stale = now.checked_sub_signed(ttl).unwrap_or(DateTime::<Utc>::MIN_UTC);
+        let stale = now
+            .checked_sub_signed(ttl)
+            .unwrap_or(DateTime::<Utc>::MIN_UTC);
         crate::execution::sweep_stale_ledgers(&mut *conn, stale, settings.batch_size).await?;
     }
     Ok((deleted, batches, stop))

@@ -374,7 +374,9 @@ async fn a_delivery_past_the_attempt_budget_is_dead_lettered_as_crashed_without_
         "{outcome:?}"
     );
     assert_eq!(harness.consumer().calls(), 0);
-    let letters = letters_for_job(&pool, job_id, &consumer_name()).await.unwrap();
+    let letters = letters_for_job(&pool, job_id, &consumer_name())
+        .await
+        .unwrap();
     assert_eq!(letters[0].attempts, 5);
     assert!(
         letters[0].last_error.contains("5 of 5 executions ran"),

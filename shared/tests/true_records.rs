@@ -22,7 +22,9 @@ use support::*;
 use uuid::Uuid;
 
 async fn letters(pool: &PgPool, job_id: JobId) -> Vec<shared::dead_letter::DeadLetter> {
-    letters_for_job(pool, job_id, &consumer_name()).await.unwrap()
+    letters_for_job(pool, job_id, &consumer_name())
+        .await
+        .unwrap()
 }
 
 /// Fails permanently on its first call, then awards like the reference consumer.
@@ -42,7 +44,9 @@ impl Consumer for PermanentOnce {
         tx: &mut PgConnection,
     ) -> Result<(), ProcessError> {
         if self.calls.fetch_add(1, Ordering::SeqCst) == 0 {
-            return Err(ProcessError::Permanent("the account was closed (then reopened)".into()));
+            return Err(ProcessError::Permanent(
+                "the account was closed (then reopened)".into(),
+            ));
         }
         award_points().handle(job, tx).await
     }
@@ -91,15 +95,25 @@ async fn hole1_an_over_budget_delivery_waits_for_an_in_flight_copy_and_writes_no
     )
     .await
     .unwrap();
-    insert_award(&mut copy, job_id, TenantId(Uuid::from_u128(7)), "acct-1", 3, t0())
-        .await
-        .unwrap();
+    insert_award(
+        &mut copy,
+        job_id,
+        TenantId(Uuid::from_u128(7)),
+        "acct-1",
+        3,
+        t0(),
+    )
+    .await
+    .unwrap();
     let late = tokio::spawn(async move { harness.process(&message(&body, 7)).await });
     tokio::time::sleep(Duration::from_millis(400)).await;
     copy.commit().await.unwrap();
     let outcome = late.await.unwrap();
     assert_eq!(outcome, RecordOutcome::Duplicate);
-    assert!(letters(&pool, job_id).await.is_empty(), "no letter for a committed job");
+    assert!(
+        letters(&pool, job_id).await.is_empty(),
+        "no letter for a committed job"
+    );
     assert_eq!(count_awards(&pool, job_id).await.unwrap(), 1);
 }
 
@@ -111,10 +125,19 @@ async fn hole1_a_commit_whose_reply_is_lost_is_settled_by_the_fence_as_processed
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    let pool = pool_opts.clone().connect_with(connect.clone()).await.unwrap();
+    let pool = pool_opts
+        .clone()
+        .connect_with(connect.clone())
+        .await
+        .unwrap();
     let cutter = CommitCutter::start(connect.get_port()).await;
     let through = pool_opts
-        .connect_with(connect.host("127.0.0.1").port(cutter.port).ssl_mode(PgSslMode::Disable))
+        .connect_with(
+            connect
+                .host("127.0.0.1")
+                .port(cutter.port)
+                .ssl_mode(PgSslMode::Disable),
+        )
         .await
         .unwrap();
     let harness = harness(&through, award_points());
@@ -125,7 +148,10 @@ async fn hole1_a_commit_whose_reply_is_lost_is_settled_by_the_fence_as_processed
     assert!(cutter.fired(), "the COMMIT went through the proxy");
     assert_eq!(outcome, RecordOutcome::Processed);
     assert_eq!(count_awards(&pool, job_id).await.unwrap(), 1);
-    assert!(letters(&pool, job_id).await.is_empty(), "a committed job has no letter");
+    assert!(
+        letters(&pool, job_id).await.is_empty(),
+        "a committed job has no letter"
+    );
 }
 
 /// The other side of the same cut: a COMMIT that never reached the server did not commit, and
@@ -135,10 +161,19 @@ async fn hole1_a_commit_lost_before_the_server_is_a_failure_and_its_letter_is_tr
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    let pool = pool_opts.clone().connect_with(connect.clone()).await.unwrap();
+    let pool = pool_opts
+        .clone()
+        .connect_with(connect.clone())
+        .await
+        .unwrap();
     let cutter = CommitCutter::start(connect.get_port()).await;
     let through = pool_opts
-        .connect_with(connect.host("127.0.0.1").port(cutter.port).ssl_mode(PgSslMode::Disable))
+        .connect_with(
+            connect
+                .host("127.0.0.1")
+                .port(cutter.port)
+                .ssl_mode(PgSslMode::Disable),
+        )
         .await
         .unwrap();
     let harness = harness(&through, award_points());
@@ -148,13 +183,23 @@ async fn hole1_a_commit_lost_before_the_server_is_a_failure_and_its_letter_is_tr
     let outcome = harness.process(&message(&body, 5)).await;
     assert!(cutter.fired());
     assert!(
-        matches!(outcome, RecordOutcome::DeadLettered { kind: ErrorKind::Exhausted, .. }),
+        matches!(
+            outcome,
+            RecordOutcome::DeadLettered {
+                kind: ErrorKind::Exhausted,
+                ..
+            }
+        ),
         "{outcome:?}"
     );
     assert_eq!(count_awards(&pool, job_id).await.unwrap(), 0);
     assert!(!fence_exists(&pool, job_id, &consumer_name()).await.unwrap());
     let letter = &letters(&pool, job_id).await[0];
-    assert!(letter.last_error.contains("did not commit"), "{}", letter.last_error);
+    assert!(
+        letter.last_error.contains("did not commit"),
+        "{}",
+        letter.last_error
+    );
 }
 
 /// Hole 1: a permanent failure whose acknowledgement was lost ran again, succeeded, and left
@@ -164,18 +209,42 @@ async fn hole1_a_commit_lost_before_the_server_is_a_failure_and_its_letter_is_tr
 async fn hole1_a_redelivered_permanent_failure_is_acked_by_its_letter_without_running_again(
     pool: PgPool,
 ) {
-    let harness = harness(&pool, PermanentOnce { calls: AtomicUsize::new(0) });
+    let harness = harness(
+        &pool,
+        PermanentOnce {
+            calls: AtomicUsize::new(0),
+        },
+    );
     let (job_id, body) = job(award(2));
     let msg = message(&body, 1);
     let first = harness.process(&msg).await;
-    assert!(matches!(first, RecordOutcome::DeadLettered { kind: ErrorKind::Permanent, .. }));
-    let again = IncomingMessage { receive_count: 2, ..msg };
+    assert!(matches!(
+        first,
+        RecordOutcome::DeadLettered {
+            kind: ErrorKind::Permanent,
+            ..
+        }
+    ));
+    let again = IncomingMessage {
+        receive_count: 2,
+        ..msg
+    };
     let second = harness.process(&again).await;
     assert!(
-        matches!(second, RecordOutcome::DeadLettered { kind: ErrorKind::Permanent, .. }),
+        matches!(
+            second,
+            RecordOutcome::DeadLettered {
+                kind: ErrorKind::Permanent,
+                ..
+            }
+        ),
         "{second:?}"
     );
-    assert_eq!(harness.consumer().calls.load(Ordering::SeqCst), 1, "not run again");
+    assert_eq!(
+        harness.consumer().calls.load(Ordering::SeqCst),
+        1,
+        "not run again"
+    );
     assert_eq!(count_awards(&pool, job_id).await.unwrap(), 0);
     assert_eq!(letters(&pool, job_id).await[0].status, "pending_review");
 }
@@ -185,10 +254,18 @@ async fn hole1_a_redelivered_permanent_failure_is_acked_by_its_letter_without_ru
 /// pending for a job whose effect exists.
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn hole1_a_letter_pending_for_a_job_is_closed_when_another_copy_commits_it(pool: PgPool) {
-    let harness = harness(&pool, PermanentOnce { calls: AtomicUsize::new(0) });
+    let harness = harness(
+        &pool,
+        PermanentOnce {
+            calls: AtomicUsize::new(0),
+        },
+    );
     let (job_id, body) = job(award(2));
     let failed = message(&body, 1);
-    assert!(matches!(harness.process(&failed).await, RecordOutcome::DeadLettered { .. }));
+    assert!(matches!(
+        harness.process(&failed).await,
+        RecordOutcome::DeadLettered { .. }
+    ));
     let other = message(&body, 1);
     assert_eq!(harness.process(&other).await, RecordOutcome::Processed);
     assert_eq!(count_awards(&pool, job_id).await.unwrap(), 1);
@@ -207,7 +284,10 @@ async fn hole1_a_letter_pending_for_a_job_is_closed_when_another_copy_commits_it
 async fn hole1_the_fence_of_a_job_with_a_pending_letter_outlives_its_ttl(pool: PgPool) {
     let harness = harness(&pool, award_points());
     let (job_id, body) = job(award(1));
-    assert_eq!(harness.process(&message(&body, 1)).await, RecordOutcome::Processed);
+    assert_eq!(
+        harness.process(&message(&body, 1)).await,
+        RecordOutcome::Processed
+    );
     // A letter for the same job that the harness cannot close (written before this version).
     sqlx::query(
         "INSERT INTO core.dead_letters (job_id, consumer, queue, message_id, payload, attempts,
@@ -242,7 +322,10 @@ async fn hole1_the_fence_of_a_job_with_a_pending_letter_outlives_its_ttl(pool: P
     .execute(&pool)
     .await
     .unwrap();
-    assert_eq!(sweep(&pool, &clock, settings, None).await.unwrap().deleted, 1);
+    assert_eq!(
+        sweep(&pool, &clock, settings, None).await.unwrap().deleted,
+        1
+    );
 }
 
 /// Hole 2: a handler that ignored an SQL error and returned Ok left its transaction aborted;
@@ -255,10 +338,16 @@ async fn hole2_a_handler_returning_ok_from_an_aborted_transaction_is_retried_the
     let harness = harness(&pool, SwallowsSqlError);
     let (job_id, body) = job(award(4));
     let first = harness.process(&message(&body, 1)).await;
-    let RecordOutcome::Retry { attempt: 1, error, .. } = &first else {
+    let RecordOutcome::Retry {
+        attempt: 1, error, ..
+    } = &first
+    else {
         panic!("{first:?}");
     };
-    assert!(error.contains("SQL error inside handle was not returned"), "{error}");
+    assert!(
+        error.contains("SQL error inside handle was not returned"),
+        "{error}"
+    );
     assert!(!first.is_ack());
     assert_eq!(count_awards(&pool, job_id).await.unwrap(), 0);
     assert!(!fence_exists(&pool, job_id, &consumer_name()).await.unwrap());
@@ -267,7 +356,13 @@ async fn hole2_a_handler_returning_ok_from_an_aborted_transaction_is_retried_the
         last = harness.process(&message(&body, delivery)).await;
     }
     assert!(
-        matches!(last, RecordOutcome::DeadLettered { kind: ErrorKind::Exhausted, .. }),
+        matches!(
+            last,
+            RecordOutcome::DeadLettered {
+                kind: ErrorKind::Exhausted,
+                ..
+            }
+        ),
         "{last:?}"
     );
     assert_eq!(letters(&pool, job_id).await[0].attempts, 5);
@@ -285,7 +380,13 @@ async fn hole3_a_replay_of_naming_no_letter_still_gets_its_letter(pool: PgPool) 
     };
     let outcome = harness.process(&msg).await;
     assert!(
-        matches!(outcome, RecordOutcome::DeadLettered { kind: ErrorKind::Poison, .. }),
+        matches!(
+            outcome,
+            RecordOutcome::DeadLettered {
+                kind: ErrorKind::Poison,
+                ..
+            }
+        ),
         "{outcome:?}"
     );
     assert_eq!(letters(&pool, job_id).await[0].replay_of, None);
@@ -299,8 +400,14 @@ async fn hole5_receives_that_ran_nothing_spend_no_attempts(pool: PgPool) {
     let (job_id, body) = job(json!({"account_id": "a", "points": 1,
         "demo_fault": {"transient_until_attempt": 2}}));
     let outcome = harness.process(&message(&body, 6)).await;
-    assert!(matches!(outcome, RecordOutcome::Retry { attempt: 1, .. }), "{outcome:?}");
-    assert_eq!(harness.process(&message(&body, 7)).await, RecordOutcome::Processed);
+    assert!(
+        matches!(outcome, RecordOutcome::Retry { attempt: 1, .. }),
+        "{outcome:?}"
+    );
+    assert_eq!(
+        harness.process(&message(&body, 7)).await,
+        RecordOutcome::Processed
+    );
     assert_eq!(harness.consumer().calls(), 2);
     assert!(letters(&pool, job_id).await.is_empty());
 }
@@ -328,12 +435,23 @@ async fn hole5_a_contended_fence_charges_no_execution(pool: PgPool) {
     .unwrap();
     for delivery in 2..=8 {
         let outcome = harness.process(&message(&body, delivery)).await;
-        assert!(matches!(outcome, RecordOutcome::Contended { .. }), "{outcome:?}");
+        assert!(
+            matches!(outcome, RecordOutcome::Contended { .. }),
+            "{outcome:?}"
+        );
     }
     holder.rollback().await.unwrap();
-    let ledger = shared::execution::ledger(&pool, job_id, &consumer_name()).await.unwrap();
-    assert_eq!(ledger.executions, 0, "seven contended deliveries, no execution");
-    assert_eq!(harness.process(&message(&body, 9)).await, RecordOutcome::Processed);
+    let ledger = shared::execution::ledger(&pool, job_id, &consumer_name())
+        .await
+        .unwrap();
+    assert_eq!(
+        ledger.executions, 0,
+        "seven contended deliveries, no execution"
+    );
+    assert_eq!(
+        harness.process(&message(&body, 9)).await,
+        RecordOutcome::Processed
+    );
 }
 
 /// Hole 6: a letter's payload is the body as received, number for number (it went through
@@ -347,19 +465,39 @@ async fn hole6_a_letter_keeps_every_number_of_the_body_as_received(pool: PgPool)
         Uuid::from_u128(7)
     );
     let outcome = harness.process(&message(&body, 1)).await;
-    assert!(matches!(outcome, RecordOutcome::DeadLettered { kind: ErrorKind::Poison, .. }));
-    let stored: String = sqlx::query_scalar("SELECT payload::text FROM core.dead_letters WHERE job_id = $1")
-        .bind(job_id.0)
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    for number in ["123456789012345678901234567890", "0.1000000000000000055511151231257827", "-7.250"] {
+    assert!(matches!(
+        outcome,
+        RecordOutcome::DeadLettered {
+            kind: ErrorKind::Poison,
+            ..
+        }
+    ));
+    let stored: String =
+        sqlx::query_scalar("SELECT payload::text FROM core.dead_letters WHERE job_id = $1")
+            .bind(job_id.0)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    for number in [
+        "123456789012345678901234567890",
+        "0.1000000000000000055511151231257827",
+        "-7.250",
+    ] {
         assert!(stored.contains(number), "{number} in {stored}");
     }
     let letter = &letters(&pool, job_id).await[0];
-    assert_eq!(letter.payload, serde_json::from_str::<Value>(&body).unwrap());
-    assert_eq!(shared::api::replayer::original_body(&letter.payload), letter.payload.to_string());
-    assert!(shared::api::replayer::original_body(&letter.payload).contains("0.1000000000000000055511151231257827"));
+    assert_eq!(
+        letter.payload,
+        serde_json::from_str::<Value>(&body).unwrap()
+    );
+    assert_eq!(
+        shared::api::replayer::original_body(&letter.payload),
+        letter.payload.to_string()
+    );
+    assert!(
+        shared::api::replayer::original_body(&letter.payload)
+            .contains("0.1000000000000000055511151231257827")
+    );
 }
 
 /// Hole 6: a consumer's payload type gets exact numbers where its fields can hold them: an
@@ -393,7 +531,10 @@ async fn hole7_the_sweeper_runs_on_a_pool_of_one_connection(
         .unwrap();
     let harness = harness(&one, award_points());
     let (_, body) = job(award(1));
-    assert_eq!(harness.process(&message(&body, 1)).await, RecordOutcome::Processed);
+    assert_eq!(
+        harness.process(&message(&body, 1)).await,
+        RecordOutcome::Processed
+    );
     let clock = shared::clock::ManualClock::new(t0() + chrono::Duration::days(30));
     let settings = SweepSettings {
         batch_size: 100,

@@ -115,10 +115,14 @@ pub async fn seed_letter_for(
         correlation_id: Some("api-test"),
         replay_of: None,
     };
-    record_dead_letter(&mut *pool.acquire().await.unwrap(), &letter, chrono::Utc::now())
-        .await
-        .expect("letter written")
-        .id()
+    record_dead_letter(
+        &mut *pool.acquire().await.unwrap(),
+        &letter,
+        chrono::Utc::now(),
+    )
+    .await
+    .expect("letter written")
+    .id()
 }
 
 /// A fingerprint of every dead letter, fence and award: equal before and after means unchanged.

@@ -219,13 +219,20 @@ async fn poison_exhausted_permanent_and_crashed_letters_all_alert(pool: PgPool) 
     let harness = harness(&pool, alerter(&pool, &receiver.url, Arc::new(SystemClock)));
     let failing = |fault: &str| job(json!({"account_id": "a", "points": 1, "demo_fault": fault}));
     harness.process(&message("garbage", 1)).await;
-    harness
-        .process(&message(&failing("always_transient"), 5))
-        .await;
+    let exhausting = failing("always_transient");
+    for delivery in 1..=5 {
+        harness.process(&message(&exhausting, delivery)).await;
+    }
     harness.process(&message(&failing("permanent"), 1)).await;
-    harness
-        .process(&message(&job(json!({"account_id": "a", "points": 1})), 6))
-        .await;
+    // A job whose five executions all crashed: its next delivery is a `crashed` letter.
+    let crashed = job(json!({"account_id": "a", "points": 1}));
+    let crashed_id = serde_json::from_str::<serde_json::Value>(&crashed).unwrap()["job_id"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    e2e::charge_executions(&pool, shared::ids::JobId(crashed_id), 5, None).await;
+    harness.process(&message(&crashed, 6)).await;
     let mut names: Vec<String> = receiver
         .incidents()
         .iter()

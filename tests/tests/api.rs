@@ -285,10 +285,14 @@ async fn a_poison_letter_without_a_job_id_cannot_be_replayed(
         correlation_id: None,
         replay_of: None,
     };
-    let id = record_dead_letter(&mut *pool.acquire().await.unwrap(), &letter, chrono::Utc::now())
-        .await
-        .unwrap()
-        .id();
+    let id = record_dead_letter(
+        &mut *pool.acquire().await.unwrap(),
+        &letter,
+        chrono::Utc::now(),
+    )
+    .await
+    .unwrap()
+    .id();
     let before = fingerprint(&pool).await;
     assert_error(&apis.call(replay(id.0)).await, 409, "not_replayable");
     assert_eq!(fingerprint(&pool).await, before);
@@ -299,20 +303,64 @@ async fn a_poison_letter_without_a_job_id_cannot_be_replayed(
     assert_eq!(discarded.status, 200, "{:#}", discarded.body);
 }
 
+/// Issue 13, hole 7: a replay used to send before it committed, so a send followed by a failed
+/// commit left a letter that could later be discarded, although its message was out. A replay
+/// now records itself first: if the queue then refuses the message, the letter says `queued`,
+/// no discard can close it, and the scheduled run sends it once the queue takes it.
 #[sqlx::test(migrator = "shared::MIGRATOR")]
-async fn a_send_the_queue_refuses_leaves_the_letter_pending_and_unchanged(
+async fn hole7_a_replay_is_recorded_before_it_is_sent_and_a_refused_send_is_sent_later(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
     let (pool, apis) = setup(pool_opts, connect).await;
-    let (id, _) = seed_letter(&pool, "a-queue-that-does-not-exist", ErrorKind::Exhausted).await;
-    let before = fingerprint(&pool).await;
+    let queue = format!("late-{}", &Uuid::new_v4().simple().to_string()[..12]);
+    let (id, _) = seed_letter(&pool, &queue, ErrorKind::Exhausted).await;
     let response = apis.call(replay(id)).await;
-    assert_error(&response, 503, "queue_unavailable");
+    assert_eq!(response.status, 202, "{:#}", response.body);
+    assert_eq!(response.body["replay"]["sent"], false);
+    assert_eq!(response.body["letter"]["status"], "replayed");
+    assert_eq!(response.body["letter"]["replay_outcome"], "queued");
+    assert_error(
+        &apis
+            .call(discard(id, r#"{"reason": "changed my mind"}"#))
+            .await,
+        409,
+        "not_pending",
+    );
+
+    // The queue comes back; the scheduled run, a minute later, sends what stayed queued.
+    let late = create_queue(&apis.sqs, &queue, &[]).await;
+    let scheduled = shared::scheduled::ScheduledRun {
+        pool: pool.clone(),
+        clock: Arc::new(shared::clock::ManualClock::new(
+            chrono::Utc::now() + chrono::Duration::minutes(2),
+        )),
+        alerter: None,
+        pager: None,
+        sweep: shared::sweeper::SweepSettings {
+            batch_size: 10,
+            budget: Duration::from_secs(10),
+            pause: Duration::ZERO,
+            ledger_ttl: Duration::from_secs(7 * 86_400),
+        },
+        escalate_after: Duration::from_secs(3 * 86_400),
+        page_budget: Duration::from_secs(1),
+        replayer: Some(Replayer::new(apis.sqs.clone())),
+    };
+    let report = scheduled.run(None).await;
     assert_eq!(
-        fingerprint(&pool).await,
-        before,
-        "still pending, no reviewer"
+        report.replays,
+        Ok(shared::scheduled::ReplaySends { sent: 1, failed: 0 })
+    );
+    assert_eq!(depth(&apis.sqs, &late).await, 1);
+    let letter = shared::review::letter(&pool, id).await.unwrap().unwrap();
+    assert_eq!(letter.replay_outcome.as_deref(), Some("sent"));
+    assert!(letter.replay_message_id.is_some());
+    let again = scheduled.run(None).await;
+    assert_eq!(
+        again.replays,
+        Ok(shared::scheduled::ReplaySends::default()),
+        "sent once"
     );
 }
 

@@ -167,16 +167,21 @@ async fn ac5_replaying_a_job_that_already_succeeded_has_no_second_effect(
         .await;
     assert_eq!(response.status, 200, "{:#}", response.body);
     assert_eq!(
-        response.body["replay"]["fence_exists"], true,
-        "the response says it is a no-op"
+        (
+            &response.body["replay"]["fence_exists"],
+            &response.body["replay"]["sent"],
+            &response.body["letter"]["replay_outcome"]
+        ),
+        (&json!(true), &json!(false), &json!("already_processed")),
+        "the job is done: nothing is sent, and the letter says so"
     );
+    assert_eq!(stack.in_flight().await, 0, "nothing on the queue");
     stack.run_until(SETTLE, || async { true }).await;
     assert_eq!(
         count_awards(&pool, job_id).await.unwrap(),
         1,
         "no second effect"
     );
-    assert_eq!(stack.consumer.metrics().get("DuplicateSkipped"), Some(&1));
 }
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]

@@ -186,7 +186,9 @@ async fn a_poison_message_is_dead_lettered_with_zero_retries(
 
 /// The handler kills its own process on every delivery. Each crash leaves the message to come
 /// back after the visibility timeout; the delivery past the attempt budget is dead-lettered as
-/// `crashed` without running the work again.
+/// `crashed` without running the work again. Executions are charged from the second delivery
+/// on (a first delivery runs with its batch-mates, so its crash cannot be attributed): five
+/// charged executions after the uncharged first, and a letter saying five.
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_consumer_that_crashes_every_time_ends_as_a_crashed_dead_letter(
     pool_opts: PgPoolOptions,
@@ -205,9 +207,9 @@ async fn a_consumer_that_crashes_every_time_ends_as_a_crashed_dead_letter(
         .iter()
         .filter(|(_, p)| p.invoke_error.is_some())
         .count();
-    assert_eq!(crashes, 5, "{polls:?}");
+    assert_eq!(crashes, 6, "{polls:?}");
     assert!(
-        stack.consumer.starts() >= 6,
+        stack.consumer.starts() >= 7,
         "a new process after every crash"
     );
     let letters = letters(&pool, job_id).await;
@@ -217,7 +219,7 @@ async fn a_consumer_that_crashes_every_time_ends_as_a_crashed_dead_letter(
             letters[0].attempts,
             letters[0].error_kind.as_str()
         ),
-        (1, 6, "crashed")
+        (1, 5, "crashed")
     );
     assert_eq!(count_awards(&pool, job_id).await.unwrap(), 0);
     assert!(!fence_exists(&pool, job_id, &consumer()).await.unwrap());
@@ -254,9 +256,15 @@ async fn a_message_redriven_to_the_dlq_becomes_one_crashed_dead_letter(
     let found = letters(&pool, job_id).await;
     assert_eq!(found.len(), 1);
     let letter = &found[0];
+    // The consumer never reached its database: no execution ran, and the letter says so.
     assert_eq!(
         (letter.error_kind.as_str(), letter.attempts),
-        ("crashed", 7)
+        ("crashed", 0)
+    );
+    assert!(
+        letter.last_error.contains("after 7 deliveries"),
+        "{}",
+        letter.last_error
     );
     assert_eq!(
         letter.queue, stack.jobs.name,

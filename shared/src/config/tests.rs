@@ -188,7 +188,13 @@ fn a_redrive_count_not_above_the_attempts_stops_the_consumer_and_the_sweeper_too
     ]))
     .unwrap_err();
     assert_eq!(sweeper.variable, REDRIVE_MAX_RECEIVE_COUNT);
-    assert_eq!(load(&[(REDRIVE_MAX_RECEIVE_COUNT, "6")]).unwrap().fence.max_receive_count, 6);
+    assert_eq!(
+        load(&[(REDRIVE_MAX_RECEIVE_COUNT, "6")])
+            .unwrap()
+            .fence
+            .max_receive_count,
+        6
+    );
 }
 
 /// Issue 13, hole 4: SQS deletes a message at the end of its retention whatever its retries,
@@ -196,8 +202,11 @@ fn a_redrive_count_not_above_the_attempts_stops_the_consumer_and_the_sweeper_too
 #[test]
 fn a_queue_retention_shorter_than_the_retry_window_stops_the_consumer() {
     // The default policy waits up to 675 s between its attempts; + 1 h margin = 4275 s.
-    let short = load(&[(QUEUE_RETENTION_SECONDS, "4000"), (FENCE_TTL_SECONDS, "604800")])
-        .unwrap_err();
+    let short = load(&[
+        (QUEUE_RETENTION_SECONDS, "4000"),
+        (FENCE_TTL_SECONDS, "604800"),
+    ])
+    .unwrap_err();
     assert_eq!(short.variable, QUEUE_RETENTION_SECONDS);
     assert!(short.problem.contains("retry window 675 s"), "{short}");
     assert!(load(&[(QUEUE_RETENTION_SECONDS, "4275")]).is_ok());
