@@ -98,13 +98,16 @@ impl StackSpec {
 }
 
 impl StackSpec {
-    /// What every function of the stack gets: the database, the consumer name, no alerts.
+    /// What every function of the stack gets: the database, the consumer name, the queue's
+    /// redrive count (each function checks it against the attempts), no alerts.
     pub fn common_env(&self) -> Vec<(String, String)> {
+        let redrive = self.max_receive_count.to_string();
         [
             ("DATABASE_URL", self.database_url.as_str()),
             ("CONSUMER_NAME", self.consumer_name.as_str()),
             ("DATABASE_POOL_SIZE", "4"),
             ("ALERTING_DISABLED", "true"),
+            ("REDRIVE_MAX_RECEIVE_COUNT", redrive.as_str()),
         ]
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .to_vec()
@@ -190,13 +193,7 @@ impl Stack {
         let common = spec.common_env();
         let log = |name: &str| spec.log_file(name);
         let consumer = LambdaHost::new(spec.consumer_function("consumer"));
-        let ingester_env = [
-            ("JOB_QUEUE_NAME".to_owned(), jobs.name.clone()),
-            (
-                "REDRIVE_MAX_RECEIVE_COUNT".to_owned(),
-                spec.max_receive_count.to_string(),
-            ),
-        ];
+        let ingester_env = [("JOB_QUEUE_NAME".to_owned(), jobs.name.clone())];
         let ingester = LambdaHost::new(FunctionSpec {
             name: "dlq-ingester".into(),
             binary: spec.binaries.ingester.clone(),
