@@ -65,13 +65,17 @@ ensure_postgres() {
   export DATABASE_URL=$password
 }
 
-# The command that restarts the local cluster serving DATABASE_URL on 127.0.0.1:5432, when this
-# user may run it (root, a pg_ctlcluster cluster); nothing otherwise. The chaos soak uses it.
-local_pg_restart_command() {
-  [ "$(id -u)" = 0 ] && command -v pg_lsclusters >/dev/null || return 0
-  case "$DATABASE_URL" in *@127.0.0.1:5432/*|*@localhost:5432/*) ;; *) return 0 ;; esac
-  pg_lsclusters --no-header 2>/dev/null |
-    awk '$3 == 5432 && $4 == "online" { printf "pg_ctlcluster --skip-systemctl-redirect %s %s restart", $1, $2; exit }'
+# The PostgreSQL server binaries (initdb, pg_ctl) for the tests that start a throwaway cluster
+# of their own (the chaos soak restarts it; the machine's PostgreSQL is never touched).
+ensure_pg_server_binaries() {
+  if [ -z "${PG_BINDIR:-}" ] && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+    apt_install postgresql
+  fi
+  if [ -n "${PG_BINDIR:-}" ]; then [ -x "$PG_BINDIR/initdb" ] || die "PG_BINDIR=$PG_BINDIR has no initdb"; fi
+  if [ "$(id -u)" = 0 ] && ! id postgres >/dev/null 2>&1; then
+    die "the throwaway PostgreSQL runs as the postgres user (it refuses root), and there is none"
+  fi
+  return 0
 }
 
 # Prints DATABASE_URL with its database replaced by $1, creating that database if needed.

@@ -21,14 +21,9 @@ step "Validating template.yaml (sam validate --lint)"
 step "Linting (cargo clippy --all-targets -- -D warnings)"
 cargo clippy --workspace --all-targets --quiet -- -D warnings || die "clippy found problems"
 
-SOAK_PG_RESTART_CMD=$(local_pg_restart_command)
-export SOAK_PG_RESTART_CMD
+ensure_pg_server_binaries
 step "Running the tests against ${DATABASE_URL%%@*}@… (cargo test --workspace)"
-if [ -n "$SOAK_PG_RESTART_CMD" ]; then
-  note "the chaos soak restarts PostgreSQL halfway: $SOAK_PG_RESTART_CMD"
-else
-  note "the chaos soak cannot restart this PostgreSQL (not root, or not a local cluster): it terminates every connection instead"
-fi
+note "the chaos soak restarts a throwaway PostgreSQL cluster of its own, never this one
 log=$(mktemp)
 on_exit 'rm -f "$log"'
 status=0

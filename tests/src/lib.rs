@@ -9,6 +9,7 @@ pub mod event_source;
 pub mod lambda_host;
 pub mod soak;
 pub mod stack;
+pub mod throwaway_pg;
 
 use rand::SeedableRng;
 use rand::rngs::StdRng;

@@ -1,9 +1,10 @@
-//! `soak [jobs] [seed]`: the chaos soak's long form (default 10,000 jobs) on `DATABASE_URL`
-//! (a fresh database; `bash scripts/soak.sh` makes one) and the local SQS API. Prints the counts
-//! and exits non-zero if any invariant broke.
+//! `soak [jobs] [seed]`: the chaos soak's long form (default 10,000 jobs) on a throwaway
+//! PostgreSQL cluster of its own (restarted halfway, removed at the end) and the local SQS API.
+//! Prints the counts and exits non-zero if any invariant broke.
 
 use e2e::soak::{Restart, SoakSpec, run};
 use e2e::stack::{Binaries, StackSpec};
+use e2e::throwaway_pg::ThrowawayCluster;
 use std::time::Duration;
 
 #[tokio::main]
@@ -15,7 +16,8 @@ async fn main() {
     let seed = args
         .next()
         .map_or(1, |a| a.parse().expect("seed: a number"));
-    let url = std::env::var("DATABASE_URL").expect("DATABASE_URL: is not set");
+    let cluster = ThrowawayCluster::start();
+    let url = cluster.url();
     let admin = sqlx::PgPool::connect(&url).await.expect("connect");
     shared::MIGRATOR.run(&admin).await.expect("migrate");
     let mut stack = StackSpec::time_scaled(
@@ -31,7 +33,7 @@ async fn main() {
         consumers: 4,
         kill_every: Duration::from_secs(2),
         delete_loss: 0.03,
-        restart: Restart::from_env(),
+        restart: Restart::Command(cluster.restart_command()),
         timeout: Duration::from_secs(1800),
     };
     println!(
@@ -45,6 +47,7 @@ async fn main() {
     println!("{report}");
     if !report.holds() {
         eprintln!("FAILED: the promise broke");
+        drop(cluster);
         std::process::exit(1);
     }
 }

@@ -1,0 +1,147 @@
+//! A PostgreSQL cluster of the test's own, for the tests that must restart or kill a database
+//! server: `initdb` in a temporary directory, a free port on 127.0.0.1, trust auth, removed when
+//! dropped. The machine's own PostgreSQL is never restarted or reconfigured.
+//!
+//! The server binaries come from `PG_BINDIR`, else the newest `/usr/lib/postgresql/*/bin`
+//! (Debian's layout; `scripts/test.sh` installs the `postgresql` package where they are missing).
+//! PostgreSQL refuses to run as root, so as root the cluster runs as the `postgres` user.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// A running throwaway cluster.
+#[derive(Debug)]
+pub struct ThrowawayCluster {
+    bindir: PathBuf,
+    dir: PathBuf,
+    /// The port it listens on, on 127.0.0.1.
+    pub port: u16,
+}
+
+impl ThrowawayCluster {
+    /// Initializes and starts a cluster; panics with the reason if it cannot.
+    pub fn start() -> Self {
+        let bindir = server_bindir();
+        let dir = std::env::temp_dir().join(format!("pg-throwaway-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).expect("cluster directory");
+        if is_root() {
+            run(Command::new("chown").arg("postgres:postgres").arg(&dir));
+        }
+        let port = free_port();
+        let cluster = Self { bindir, dir, port };
+        let data = cluster.data_dir();
+        run(cluster
+            .server_command("initdb")
+            .arg("-D")
+            .arg(&data)
+            .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-instructions"]));
+        let options = format!(
+            "-p {port} -c listen_addresses=127.0.0.1 -k {} -c max_connections=200",
+            cluster.dir.display()
+        );
+        run(cluster
+            .server_command("pg_ctl")
+            .arg("-D")
+            .arg(&data)
+            .args(["-w", "-l"])
+            .arg(cluster.dir.join("server.log"))
+            .args(["-o", &options, "start"]));
+        cluster
+    }
+
+    /// `postgres://postgres@127.0.0.1:<port>/postgres`.
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// A shell command that restarts the server (fast shutdown: every connection is cut) and
+    /// waits until it accepts connections again.
+    pub fn restart_command(&self) -> String {
+        let pg_ctl = self.bindir.join("pg_ctl");
+        let inner = format!(
+            "{} -D {} -m fast -w -l {} restart",
+            pg_ctl.display(),
+            self.data_dir().display(),
+            self.dir.join("server.log").display()
+        );
+        if is_root() {
+            format!("runuser -u postgres -- {inner}")
+        } else {
+            inner
+        }
+    }
+
+    fn data_dir(&self) -> PathBuf {
+        self.dir.join("data")
+    }
+
+    fn server_command(&self, program: &str) -> Command {
+        let path = self.bindir.join(program);
+        if is_root() {
+            let mut command = Command::new("runuser");
+            command.args(["-u", "postgres", "--"]).arg(path);
+            command
+        } else {
+            Command::new(path)
+        }
+    }
+}
+
+impl Drop for ThrowawayCluster {
+    fn drop(&mut self) {
+        let _ = self
+            .server_command("pg_ctl")
+            .arg("-D")
+            .arg(self.data_dir())
+            .args(["-m", "immediate", "stop"])
+            .output();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn server_bindir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("PG_BINDIR") {
+        return dir.into();
+    }
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let version = e.file_name().to_str()?.parse().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("initdb").exists().then_some((version, bin))
+        })
+        .collect();
+    versions.sort();
+    versions.pop().map(|(_, bin)| bin).expect(
+        "no PostgreSQL server binaries (initdb) under /usr/lib/postgresql/*/bin: install the \
+         `postgresql` package (scripts/test.sh does) or set PG_BINDIR",
+    )
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0\n"))
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+fn run(command: &mut Command) {
+    let output = command
+        .output()
+        .unwrap_or_else(|e| panic!("{command:?}: {e}"));
+    assert!(
+        output.status.success(),
+        "{command:?} failed: {}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
