@@ -116,7 +116,7 @@ pub async fn seed_letter_for(
         replay_of: None,
     };
     record_dead_letter(
-        &mut *pool.acquire().await.unwrap(),
+        &mut pool.acquire().await.unwrap(),
         &letter,
         chrono::Utc::now(),
     )

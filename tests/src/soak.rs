@@ -196,7 +196,11 @@ impl fmt::Display for SoakReport {
         writeln!(f, "doubled             {:>7}", self.doubled)?;
         writeln!(f, "unpaired fences     {:>7}", self.unpaired)?;
         writeln!(f, "poison retried      {:>7}", self.poison_retried)?;
-        writeln!(f, "false letters       {:>7}  pending for a committed job", self.false_letters)?;
+        writeln!(
+            f,
+            "false letters       {:>7}  pending for a committed job",
+            self.false_letters
+        )?;
         writeln!(
             f,
             "closed by a commit  {:>7}  letters of a copy, closed when another copy committed",

@@ -30,11 +30,14 @@ impl ThrowawayCluster {
         let port = free_port();
         let cluster = Self { bindir, dir, port };
         let data = cluster.data_dir();
-        run(cluster
-            .server_command("initdb")
-            .arg("-D")
-            .arg(&data)
-            .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-instructions"]));
+        run(cluster.server_command("initdb").arg("-D").arg(&data).args([
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--no-instructions",
+        ]));
         let options = format!(
             "-p {port} -c listen_addresses=127.0.0.1 -k {} -c max_connections=200",
             cluster.dir.display()

@@ -286,7 +286,7 @@ async fn a_poison_letter_without_a_job_id_cannot_be_replayed(
         replay_of: None,
     };
     let id = record_dead_letter(
-        &mut *pool.acquire().await.unwrap(),
+        &mut pool.acquire().await.unwrap(),
         &letter,
         chrono::Utc::now(),
     )

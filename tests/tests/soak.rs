@@ -34,7 +34,11 @@ async fn chaos_soak_no_job_doubled_and_none_lost() {
     println!("{report}");
     assert!(report.holds(), "the promise broke:\n{report}");
     assert!(report.kills > 0, "the soak killed nothing:\n{report}");
-    assert!(report.restart.starts_with("restarted"), "{}", report.restart);
+    assert!(
+        report.restart.starts_with("restarted"),
+        "{}",
+        report.restart
+    );
     assert!(
         report.duplicates_sent * 5 >= report.published,
         "at least 20% duplicates"
