@@ -23,7 +23,7 @@ cargo clippy --workspace --all-targets --quiet -- -D warnings || die "clippy fou
 
 ensure_pg_server_binaries
 step "Running the tests against ${DATABASE_URL%%@*}@… (cargo test --workspace)"
-note "the chaos soak restarts a throwaway PostgreSQL cluster of its own, never this one
+note "the chaos soak restarts a throwaway PostgreSQL cluster of its own, never this one"
 log=$(mktemp)
 on_exit 'rm -f "$log"'
 status=0
