@@ -12,7 +12,6 @@
 
 pub mod alert_store;
 pub mod alerting;
-pub mod api;
 pub mod backstop;
 pub mod clock;
 pub mod config;
@@ -27,8 +26,10 @@ pub mod harness;
 pub mod ids;
 pub mod metrics;
 pub mod reference;
+pub mod replay;
 pub mod retry;
 pub mod review;
+pub mod run;
 pub mod scheduled;
 pub mod sqs;
 pub mod sweeper;

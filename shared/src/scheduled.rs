@@ -37,7 +37,7 @@ pub struct ScheduledRun {
     /// Time budget of one page.
     pub page_budget: Duration,
     /// Sends replays that were recorded but not sent; `None` leaves them queued.
-    pub replayer: Option<crate::api::replayer::Replayer>,
+    pub replayer: Option<crate::replay::Replayer>,
 }
 
 /// Queued replays this run sent, and those the queue still refused.

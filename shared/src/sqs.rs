@@ -142,20 +142,37 @@ pub struct BatchSettings {
     pub deadline_margin: Duration,
 }
 
+/// The invocation's deadline from Lambda's `Lambda-Runtime-Deadline-Ms` (epoch milliseconds), or
+/// `None` when it cannot be real: a deadline already past when the invocation starts. Local
+/// emulators send one (cargo-lambda 1.9 sends the timeout as a duration, `600000`, which reads
+/// as 1970); believing it would hand every record back unstarted. Warns once per process.
+pub fn invocation_deadline(deadline_ms: u64, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    let deadline = DateTime::from_timestamp_millis(i64::try_from(deadline_ms).ok()?)?;
+    if deadline > now {
+        return Some(deadline);
+    }
+    WARNED.call_once(|| {
+        tracing::warn!(deadline_ms, "the invocation's deadline is already past, so it cannot be real (a local emulator?): running without one");
+    });
+    None
+}
+
 /// Processes an SQS batch and returns the records to leave on the queue: first deliveries
-/// concurrently (up to `settings.concurrency`), then repeat deliveries one at a time.
+/// concurrently (up to `settings.concurrency`), then repeat deliveries one at a time. With a
+/// `deadline`, a record is started only while `settings.deadline_margin` is left before it.
 pub async fn process_batch<C: Consumer>(
     harness: &Harness<C>,
     visibility: &impl Visibility,
     records: Vec<SqsMessage>,
-    deadline: DateTime<Utc>,
+    deadline: Option<DateTime<Utc>>,
     settings: BatchSettings,
 ) -> SqsBatchResponse {
     let margin =
         chrono::Duration::from_std(settings.deadline_margin).unwrap_or(chrono::Duration::MAX);
     let run = |record: SqsMessage| async move {
         let msg = incoming(&record);
-        if harness.now() + margin >= deadline {
+        if deadline.is_some_and(|deadline| harness.now() + margin >= deadline) {
             tracing::warn!(message_id = %msg.message_id, "deadline near: handing the record back unstarted");
             return Some(msg.message_id);
         }
@@ -238,6 +255,22 @@ mod tests {
         );
         assert_eq!(QueueRef::from_arn("arn:aws:sns:eu-west-1:1:topic"), None);
         assert_eq!(QueueRef::from_arn("nonsense"), None);
+    }
+
+    #[test]
+    fn a_deadline_already_past_is_no_deadline() {
+        let now = DateTime::from_timestamp_millis(1_800_000_000_000).unwrap();
+        assert_eq!(
+            invocation_deadline(600_000, now),
+            None,
+            "cargo lambda watch"
+        );
+        assert_eq!(invocation_deadline(1_800_000_000_000, now), None);
+        assert_eq!(
+            invocation_deadline(1_800_000_060_000, now),
+            DateTime::from_timestamp_millis(1_800_000_060_000)
+        );
+        assert_eq!(invocation_deadline(u64::MAX, now), None);
     }
 
     #[test]

@@ -3,8 +3,8 @@
 //! and a fingerprint of the tables a 4xx must leave unchanged.
 
 use crate::lambda_host::LambdaHost;
+use dead_letter_api::api::{ApiRequest, ApiResponse, Caller, Scope};
 use serde_json::{Value, json};
-use shared::api::{ApiRequest, ApiResponse, Caller, Scope};
 use shared::dead_letter::{ErrorKind, NewDeadLetter, record_dead_letter};
 use shared::ids::{DeadLetterId, JobId, TenantId};
 use sqlx::PgPool;

@@ -4,8 +4,8 @@
 
 use crate::api_client::{caller, request, with_body};
 use crate::stack::{Binaries, Stack, StackSpec};
+use dead_letter_api::api::Scope;
 use serde_json::{Value, json};
-use shared::api::Scope;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -116,7 +116,7 @@ pub async fn run(database_url: &str, queue: &str, log_dir: PathBuf) -> BTreeMap<
     totals
 }
 
-fn operator(scope: Scope) -> Option<shared::api::Caller> {
+fn operator(scope: Scope) -> Option<dead_letter_api::api::Caller> {
     Some(caller("demo-operator", &[scope]))
 }
 

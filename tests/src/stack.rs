@@ -163,10 +163,10 @@ pub struct ApiFunctions {
 }
 
 impl ApiFunctions {
-    /// The function that serves `request`'s route, by the route table in `shared::api`; the
+    /// The function that serves `request`'s route, by the route table in `dead_letter_api::api`; the
     /// read function for a request no route matches (it answers 404 or 405).
-    pub fn serving(&self, request: &shared::api::ApiRequest) -> &LambdaHost {
-        match shared::api::function_for(&request.method, &request.path) {
+    pub fn serving(&self, request: &dead_letter_api::api::ApiRequest) -> &LambdaHost {
+        match dead_letter_api::api::function_for(&request.method, &request.path) {
             Some("dead-letters-replay") => &self.replay,
             Some("dead-letters-discard") => &self.discard,
             _ => &self.read,
@@ -174,7 +174,10 @@ impl ApiFunctions {
     }
 
     /// Sends `request` through its function; returns the status and JSON body.
-    pub async fn call(&self, request: &shared::api::ApiRequest) -> shared::api::ApiResponse {
+    pub async fn call(
+        &self,
+        request: &dead_letter_api::api::ApiRequest,
+    ) -> dead_letter_api::api::ApiResponse {
         crate::api_client::invoke(self.serving(request), request).await
     }
 }

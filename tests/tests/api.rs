@@ -2,14 +2,14 @@
 //! the review state machine, pagination, and concurrent reviews of one letter.
 //! The Lambda binaries, the auth matrix and AC5 end to end are in `api_lambda.rs`.
 
+use dead_letter_api::api::{Api, ApiRequest, ApiResponse, Scope};
 use e2e::api_client::{caller, fingerprint, request, seed_letter, with_body};
 use e2e::event_source::{Queue, create_queue, depth, sqs_client};
 use serde_json::{Value, json};
-use shared::api::replayer::Replayer;
-use shared::api::{Api, ApiRequest, ApiResponse, Scope};
 use shared::clock::SystemClock;
 use shared::dead_letter::{ErrorKind, NewDeadLetter, record_dead_letter};
 use shared::ids::DeadLetterId;
+use shared::replay::Replayer;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use std::collections::HashSet;
@@ -63,7 +63,7 @@ async fn setup(pool_opts: PgPoolOptions, connect: PgConnectOptions) -> (PgPool, 
 
 impl Apis {
     async fn call(&self, request: ApiRequest) -> ApiResponse {
-        let api = match shared::api::function_for(&request.method, &request.path) {
+        let api = match dead_letter_api::api::function_for(&request.method, &request.path) {
             Some("dead-letters-replay") => &self.replay,
             Some("dead-letters-discard") => &self.discard,
             _ => &self.read,
@@ -76,7 +76,7 @@ impl Apis {
     }
 }
 
-fn ops() -> Option<shared::api::Caller> {
+fn ops() -> Option<dead_letter_api::api::Caller> {
     Some(caller("ops-1", ALL))
 }
 

@@ -2,10 +2,10 @@
 //! (payload 2.0) events whose JWT claims carry the caller, next to the real consumer on the local
 //! SQS API. The auth matrix, AC5 end to end, and a replay that fails again.
 
+use dead_letter_api::api::{ApiRequest, ROUTES, Scope};
 use e2e::api_client::{caller, fingerprint, request, seed_letter, seed_letter_for, with_body};
 use e2e::stack::{Stack, StackSpec};
 use serde_json::{Value, json};
-use shared::api::{ApiRequest, ROUTES, Scope};
 use shared::dead_letter::{ErrorKind, letters_for_job};
 use shared::ids::{JobId, TenantId};
 use shared::reference::count_awards;

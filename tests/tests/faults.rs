@@ -92,8 +92,8 @@ fn settings() -> BatchSettings {
     }
 }
 
-fn far_deadline() -> chrono::DateTime<chrono::Utc> {
-    chrono::Utc::now() + chrono::Duration::minutes(5)
+fn far_deadline() -> Option<chrono::DateTime<chrono::Utc>> {
+    Some(chrono::Utc::now() + chrono::Duration::minutes(5))
 }
 
 async fn failed_ids(

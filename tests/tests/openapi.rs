@@ -1,9 +1,9 @@
 //! `functions/dead-letter-api/openapi.yaml` against the code: the same routes and scopes, the same
 //! query parameters and bounds, the same enums, and the same fields in the letters the API sends.
 
+use dead_letter_api::api::list_query::{DEFAULT_LIMIT, LIST_PARAMETERS, MAX_LIMIT};
+use dead_letter_api::api::{MAX_REASON_CHARS, ROUTES, Scope};
 use serde_json::Value;
-use shared::api::list_query::{DEFAULT_LIMIT, LIST_PARAMETERS, MAX_LIMIT};
-use shared::api::{MAX_REASON_CHARS, ROUTES, Scope};
 use shared::dead_letter::{DeadLetter, ErrorKind};
 use shared::review::{LetterSummary, ReviewStatus};
 use std::collections::BTreeSet;

@@ -3,8 +3,8 @@
 //! as placeholders) must pass that function's real configuration loader, and the queue, redrive,
 //! timeouts and permissions must fit the harness's rules.
 
+use dead_letter_api::api::ROUTES;
 use serde_json::{Map, Value};
-use shared::api::ROUTES;
 use shared::config::{ApiConfig, BackstopConfig, ConsumerConfig, Env, SweeperConfig};
 use shared::retry::RetryPolicy;
 use std::collections::BTreeMap;
@@ -315,7 +315,7 @@ fn every_route_is_on_its_function_behind_the_jwt_authorizer_with_its_scope() {
     expected.sort();
     assert_eq!(
         deployed, expected,
-        "routes, functions and scopes as in shared::api::ROUTES"
+        "routes, functions and scopes as in dead_letter_api::api::ROUTES"
     );
 }
 

@@ -3,10 +3,10 @@
 //! The library-level tests of the same issue are `shared/tests/true_records.rs`.
 
 use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
+use dead_letter_api::api::Scope;
 use e2e::api_client::{caller, request, seed_letter_for};
 use e2e::stack::{Stack, StackSpec};
 use serde_json::{Value, json};
-use shared::api::Scope;
 use shared::dead_letter::{DeadLetter, ErrorKind, letters_for_job};
 use shared::fence::fence_exists;
 use shared::ids::{ConsumerName, JobId, TenantId};

@@ -1,11 +1,13 @@
 //! The dead-letter API's three Lambdas, one per permission, so each role holds only what its
-//! routes need: only [`run_replay`] builds an SQS client. Wiring only; the API is
-//! `shared::api`.
+//! routes need: only [`run_replay`] builds an SQS client. The API is [`api`].
 
 use lambda_http::Error;
-use shared::api::{Api, lambda::serve, replayer::Replayer};
+pub mod api;
+
+use api::{Api, lambda::serve};
 use shared::clock::{Clock, SystemClock};
 use shared::config::{ApiConfig, Env, or_exit};
+use shared::replay::Replayer;
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -29,9 +29,9 @@ pub async fn run() -> Result<(), Error> {
         sweep: config.sweep,
         escalate_after: config.escalate_after,
         // Sends replays that were recorded but whose own send failed.
-        replayer: Some(shared::api::replayer::Replayer::new(
-            aws_sdk_sqs::Client::new(&aws_config::load_from_env().await),
-        )),
+        replayer: Some(shared::replay::Replayer::new(aws_sdk_sqs::Client::new(
+            &aws_config::load_from_env().await,
+        ))),
     };
     let (scheduled, config) = (&scheduled, &config);
 

@@ -2,8 +2,8 @@
 
 use super::*;
 
-/// The database connection settings.
-#[derive(Debug, Clone)]
+/// The database connection settings. Its `Debug` hides the URL's password.
+#[derive(Clone)]
 pub struct DatabaseConfig {
     /// `postgres://` or `postgresql://` URL.
     pub url: String,
@@ -11,6 +11,30 @@ pub struct DatabaseConfig {
     pub pool_size: u32,
     /// How long to wait for a connection.
     pub acquire_timeout: Duration,
+}
+
+impl fmt::Debug for DatabaseConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DatabaseConfig")
+            .field("url", &redacted(&self.url))
+            .field("pool_size", &self.pool_size)
+            .field("acquire_timeout", &self.acquire_timeout)
+            .finish()
+    }
+}
+
+/// `url` with the password of its user info replaced by `***`.
+fn redacted(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return "***".into();
+    };
+    match rest.rsplit_once('@') {
+        Some((user_info, host)) => match user_info.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
 }
 
 impl DatabaseConfig {
@@ -56,5 +80,26 @@ impl DatabaseConfig {
                 variable: DATABASE_URL,
                 problem: format!("is not a valid connection URL: {e}"),
             })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_never_shows_the_password() {
+        let config = DatabaseConfig {
+            url: "postgres://app:s3cr%40t@db.internal:5432/points".into(),
+            pool_size: 5,
+            acquire_timeout: Duration::from_secs(5),
+        };
+        let shown = format!("{config:?}");
+        assert!(!shown.contains("s3cr"), "{shown}");
+        assert!(
+            shown.contains("postgres://app:***@db.internal:5432/points"),
+            "{shown}"
+        );
+        assert_eq!(redacted("postgres://app@h/d"), "postgres://app@h/d");
     }
 }

@@ -25,6 +25,7 @@ use sqlx::PgPool;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tracing::Instrument;
 
 mod outcome;
 pub use outcome::{IncomingMessage, RecordOutcome};
@@ -54,6 +55,20 @@ pub struct Harness<C> {
     rng: Mutex<StdRng>,
     metrics: Metrics,
     alerter: Option<Alerter>,
+}
+
+/// Fills the job's span with the identifiers the message carries.
+fn record_ids(ids: &PartialIds) {
+    let span = tracing::Span::current();
+    if let Some(job_id) = ids.job_id {
+        span.record("job_id", tracing::field::display(job_id));
+    }
+    if let Some(tenant_id) = ids.tenant_id {
+        span.record("tenant_id", tracing::field::display(tenant_id));
+    }
+    if let Some(correlation_id) = &ids.correlation_id {
+        span.record("correlation_id", correlation_id.as_str());
+    }
 }
 
 enum AttemptError {
@@ -118,34 +133,44 @@ impl<C: Consumer> Harness<C> {
     /// Processes one delivery and says what to do with the message. Never panics on the
     /// message's content; never acks a message whose outcome is not committed.
     pub async fn process(&self, msg: &IncomingMessage) -> RecordOutcome {
-        let outcome = self.process_unrecorded(msg).await;
+        // Every line logged while the job runs, the handler's own included, carries these.
+        let span = tracing::info_span!(
+            "job",
+            consumer = self.consumer.name().as_str(),
+            message_id = %msg.message_id,
+            job_id = tracing::field::Empty,
+            correlation_id = tracing::field::Empty,
+            tenant_id = tracing::field::Empty,
+            attempt = tracing::field::Empty,
+        );
+        let outcome = self.process_unrecorded(msg).instrument(span.clone()).await;
         self.metrics.increment(outcome.metric());
-        let consumer = self.consumer.name().as_str();
+        let _entered = span.enter();
         match &outcome {
             RecordOutcome::Processed
             | RecordOutcome::Duplicate
             | RecordOutcome::Contended { .. } => {
-                tracing::debug!(consumer, message_id = %msg.message_id, ?outcome, "record done")
+                tracing::debug!(?outcome, "record done")
             }
             RecordOutcome::Retry {
                 attempt,
                 after,
                 error,
             } => {
-                tracing::info!(consumer, message_id = %msg.message_id, attempt, ?after, error, "retrying")
+                tracing::info!(attempt, ?after, error, "retrying")
             }
             RecordOutcome::DeadLettered {
                 kind,
                 letter,
                 error,
             } => {
-                tracing::warn!(consumer, message_id = %msg.message_id, %kind, letter = %letter.id(), error, "dead-lettered")
+                tracing::warn!(%kind, letter = %letter.id(), error, "dead-lettered")
             }
             RecordOutcome::HandedBack { error, .. } => {
-                tracing::warn!(consumer, message_id = %msg.message_id, error, "handed back without running")
+                tracing::warn!(error, "handed back without running")
             }
             RecordOutcome::DeadLetterFailed { error, .. } => {
-                tracing::error!(consumer, message_id = %msg.message_id, error, "dead letter not written; message kept")
+                tracing::error!(error, "dead letter not written; message kept")
             }
         }
         outcome
@@ -155,6 +180,7 @@ impl<C: Consumer> Harness<C> {
         let envelope = match Envelope::<C::Payload>::parse(&msg.body) {
             Ok(envelope) => envelope,
             Err(poison) => {
+                record_ids(&poison.ids);
                 return self
                     // Poison is never attempted, so its letter says 1 attempt even when crashes
                     // of its batch delivered it more than once.
@@ -162,6 +188,7 @@ impl<C: Consumer> Harness<C> {
                     .await;
             }
         };
+        record_ids(&envelope.ids());
         let (job_id, consumer) = (envelope.job_id, self.consumer.name());
         let policy = &self.settings.policy;
         // A first delivery cannot follow an execution of this message, so it runs without a
@@ -199,6 +226,7 @@ impl<C: Consumer> Harness<C> {
         } else {
             1
         };
+        tracing::Span::current().record("attempt", attempt);
         let job = Job {
             envelope,
             attempt,

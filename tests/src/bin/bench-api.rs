@@ -3,12 +3,12 @@
 //! operation over many calls; list pages first and deep (by cursor), with and without filters.
 //! Written to `target/bench/api.json`. A measurement, not a test: it fails only if a call fails.
 
+use dead_letter_api::api::list_query::encode_cursor;
+use dead_letter_api::api::{Api, ApiRequest, Caller};
 use e2e::bench::{self, BenchDatabase};
 use serde_json::json;
-use shared::api::list_query::encode_cursor;
-use shared::api::replayer::Replayer;
-use shared::api::{Api, ApiRequest, Caller};
 use shared::clock::SystemClock;
+use shared::replay::Replayer;
 use shared::review::Position;
 use sqlx::PgPool;
 use std::sync::Arc;

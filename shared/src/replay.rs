@@ -1,5 +1,5 @@
-//! Republishing a dead letter's stored envelope to its queue: the only SQS call the API makes,
-//! and only the replay function holds one.
+//! Republishing a dead letter's stored envelope to its queue: the replay route's send, and the
+//! scheduled run's for replays recorded but not yet sent. No other function sends.
 //!
 //! Invariant: the body sent is the body received, byte for byte where it was JSON (same `job_id`,
 //! so the consumer's fence makes the replay a no-op if the job already succeeded). The message

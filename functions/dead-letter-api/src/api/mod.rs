@@ -1,4 +1,5 @@
-//! The operators' HTTP API over `core.dead_letters`: list, get, replay, discard.
+//! The operators' HTTP API over `core.dead_letters`: list, get, replay, discard. It lives in
+//! this crate, not in `shared`, so a consumer links neither it nor `lambda_http`.
 //!
 //! Independent of the transport: [`Api::handle`] takes an [`ApiRequest`] and returns an
 //! [`ApiResponse`]; [`lambda`] adapts API Gateway (HTTP API, payload v2) to it. Each Lambda
@@ -13,14 +14,13 @@ mod error;
 mod handlers;
 pub mod lambda;
 pub mod list_query;
-pub mod replayer;
 
 pub use auth::{Caller, Scope};
 pub use error::ApiError;
 pub use handlers::MAX_REASON_CHARS;
 
-use crate::clock::Clock;
 use serde_json::Value;
+use shared::clock::Clock;
 use sqlx::PgPool;
 use std::sync::Arc;
 use std::time::Duration;
@@ -124,7 +124,7 @@ pub struct Api {
     clock: Arc<dyn Clock>,
     lock_wait: Duration,
     function: &'static str,
-    replayer: Option<replayer::Replayer>,
+    replayer: Option<shared::replay::Replayer>,
 }
 
 impl Api {
@@ -143,7 +143,7 @@ impl Api {
         pool: PgPool,
         clock: Arc<dyn Clock>,
         lock_wait: Duration,
-        replayer: replayer::Replayer,
+        replayer: shared::replay::Replayer,
     ) -> Self {
         Self::serving(
             "dead-letters-replay",
@@ -159,7 +159,7 @@ impl Api {
         pool: PgPool,
         clock: Arc<dyn Clock>,
         lock_wait: Duration,
-        replayer: Option<replayer::Replayer>,
+        replayer: Option<shared::replay::Replayer>,
     ) -> Self {
         Self {
             pool,

@@ -5,11 +5,11 @@
 //! list everything.
 
 use super::error::ApiError;
-use crate::dead_letter::ErrorKind;
-use crate::review::{ListFilter, Position, ReviewStatus};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use chrono::{DateTime, Utc};
+use shared::dead_letter::ErrorKind;
+use shared::review::{ListFilter, Position, ReviewStatus};
 
 /// The query parameters the list endpoint accepts (the OpenAPI document lists the same).
 pub const LIST_PARAMETERS: [&str; 8] = [

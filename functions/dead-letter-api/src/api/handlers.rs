@@ -1,16 +1,16 @@
 //! The four operations, after routing and authorization.
 //!
 //! Invariant: input is validated before the first query; a review changes a row only through
-//! [`crate::review`]'s lock-check-mark-commit. A replay commits its verdict before it sends, so
+//! [`shared::review`]'s lock-check-mark-commit. A replay commits its verdict before it sends, so
 //! a message is never out while the letter says otherwise; a refused send leaves the replay
 //! `queued` for the scheduled run.
 
 use super::error::ApiError;
 use super::list_query::{encode_cursor, parse_list_query};
 use super::{Api, ApiRequest, ApiResponse, Operation, Route};
-use crate::ids::DeadLetterId;
-use crate::review::{self, LockedLetter, ReplayOutcome, ReviewStatus, Verdict};
 use serde_json::{Value, json};
+use shared::ids::DeadLetterId;
+use shared::review::{self, LockedLetter, ReplayOutcome, ReviewStatus, Verdict};
 
 /// The longest discard reason, in characters.
 pub const MAX_REASON_CHARS: usize = 1000;

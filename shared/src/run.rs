@@ -1,0 +1,78 @@
+//! The one call that runs a consumer on AWS Lambda. A consumer crate is its payload type, its
+//! [`Consumer`] and a `main` that calls [`run_consumer`]: configuration, the database pool, the
+//! SQS client, time, alerts, telemetry, the SQS batch and the metrics are the library's.
+//!
+//! Invariant: everything is built once, before the first invocation; a configuration error
+//! stops the process at start, naming the variable (exit status 78).
+
+use crate::clock::{Clock, SystemClock};
+use crate::config::{ConsumerConfig, Env, or_exit};
+use crate::consumer::Consumer;
+use crate::harness::Harness;
+use crate::ids::ConsumerName;
+use crate::sqs::{SqsVisibility, invocation_deadline, process_batch};
+use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
+use lambda_runtime::{LambdaEvent, service_fn};
+use std::sync::Arc;
+
+/// Runs `make(CONSUMER_NAME)` as the Lambda function on an SQS event source (with
+/// `ReportBatchItemFailures`) until the runtime stops:
+///
+/// ```no_run
+/// # use shared::{consumer::*, ids::ConsumerName};
+/// # struct AwardPoints(ConsumerName);
+/// # impl Consumer for AwardPoints {
+/// #     type Payload = serde_json::Value;
+/// #     fn name(&self) -> &ConsumerName { &self.0 }
+/// #     async fn handle(&self, _: &Job<Self::Payload>, _: &mut sqlx::PgConnection) -> Result<(), ProcessError> { Ok(()) }
+/// # }
+/// #[tokio::main]
+/// async fn main() -> Result<(), lambda_runtime::Error> {
+///     shared::run::run_consumer(AwardPoints).await
+/// }
+/// ```
+pub async fn run_consumer<C, F>(make: F) -> Result<(), lambda_runtime::Error>
+where
+    C: Consumer + 'static,
+    F: FnOnce(ConsumerName) -> C,
+{
+    crate::telemetry::init();
+    let config = or_exit(ConsumerConfig::from_env(&Env::process()));
+    let pool = or_exit(config.database.lazy_pool());
+    let visibility = SqsVisibility(aws_sdk_sqs::Client::new(&aws_config::load_from_env().await));
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let alerter = config
+        .alerts
+        .as_ref()
+        .map(|a| or_exit(a.alerter(pool.clone(), clock.clone())));
+    let consumer = make(config.consumer_name.clone());
+    let harness = Harness::new(
+        consumer,
+        pool,
+        config.harness_settings(),
+        clock,
+        rand::make_rng(),
+    )
+    .with_alerter(alerter);
+    let (harness, visibility, config) = (&harness, &visibility, &config);
+
+    lambda_runtime::run(service_fn(move |event: LambdaEvent<SqsEvent>| async move {
+        let deadline = invocation_deadline(event.context.deadline, harness.now());
+        let response: SqsBatchResponse = process_batch(
+            harness,
+            visibility,
+            event.payload.records,
+            deadline,
+            config.batch_settings(),
+        )
+        .await;
+        harness.metrics().flush_emf(
+            &mut std::io::stdout().lock(),
+            &config.metrics_namespace,
+            config.consumer_name.as_str(),
+            harness.now(),
+        )?;
+        Ok::<_, lambda_runtime::Error>(response)
+    }))
+    .await
+}
