@@ -5,6 +5,9 @@
 //! double award, so a broken fence shows up as two rows.
 //!
 //! `demo_fault` makes a job fail on purpose, so the demo and end-to-end runs can show every path.
+//! It exists only with the `demo-faults` feature, which the test crate's local binaries enable:
+//! the deployed consumer has no such field, so a message asking for a fault is poison there and
+//! nobody who can send to the queue can make the consumer crash itself.
 
 use crate::consumer::{Consumer, Job, ProcessError};
 use crate::ids::{ConsumerName, JobId, TenantId};
@@ -20,12 +23,14 @@ pub struct PointsAward {
     pub account_id: String,
     /// How many points; must be positive, or the job is poison.
     pub points: i64,
-    /// A failure to simulate, for demos and end-to-end tests.
+    /// A failure to simulate, for demos and end-to-end tests (feature `demo-faults` only).
+    #[cfg(feature = "demo-faults")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub demo_fault: Option<DemoFault>,
 }
 
-/// A failure the reference consumer simulates on request.
+/// A failure the reference consumer simulates on request (feature `demo-faults` only).
+#[cfg(feature = "demo-faults")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DemoFault {
@@ -84,22 +89,30 @@ impl Consumer for AwardPoints {
             job.started_at,
         )
         .await?;
-        match award.demo_fault {
-            None => Ok(()),
-            Some(DemoFault::TransientUntilAttempt(n)) if job.attempt >= n => Ok(()),
-            Some(DemoFault::TransientUntilAttempt(_)) | Some(DemoFault::AlwaysTransient) => {
-                Err(ProcessError::Transient(format!(
-                    "simulated provider timeout on attempt {}",
-                    job.attempt
-                )))
-            }
-            Some(DemoFault::Permanent) => Err(ProcessError::Permanent(
-                "simulated: account is closed".into(),
-            )),
-            Some(DemoFault::CrashBeforeCommit) => {
-                tracing::error!(job_id = %job.envelope.job_id, "simulated crash before commit");
-                std::process::exit(137)
-            }
+        #[cfg(feature = "demo-faults")]
+        return simulate(award.demo_fault, job);
+        #[cfg(not(feature = "demo-faults"))]
+        Ok(())
+    }
+}
+
+#[cfg(feature = "demo-faults")]
+fn simulate(fault: Option<DemoFault>, job: &Job<PointsAward>) -> Result<(), ProcessError> {
+    match fault {
+        None => Ok(()),
+        Some(DemoFault::TransientUntilAttempt(n)) if job.attempt >= n => Ok(()),
+        Some(DemoFault::TransientUntilAttempt(_)) | Some(DemoFault::AlwaysTransient) => {
+            Err(ProcessError::Transient(format!(
+                "simulated provider timeout on attempt {}",
+                job.attempt
+            )))
+        }
+        Some(DemoFault::Permanent) => Err(ProcessError::Permanent(
+            "simulated: account is closed".into(),
+        )),
+        Some(DemoFault::CrashBeforeCommit) => {
+            tracing::error!(job_id = %job.envelope.job_id, "simulated crash before commit");
+            std::process::exit(137)
         }
     }
 }

@@ -117,9 +117,8 @@ async fn ac2_control_work_and_fence_commit_together(pool: PgPool) {
 async fn ac3_transient_failure_retries_with_growing_delays_then_dead_letters_on_attempt_5(
     pool: PgPool,
 ) {
-    let harness = harness(&pool, award_points());
-    let (job_id, body) =
-        job(serde_json::json!({"account_id": "a", "points": 1, "demo_fault": "always_transient"}));
+    let harness = harness(&pool, Failing::new(Fault::AlwaysTransient));
+    let (job_id, body) = job(award(1));
     let msg = message(&body, 1);
     let mut delays = Vec::new();
     for attempt in 1..=4 {
@@ -198,12 +197,10 @@ async fn ac3_transient_failure_retries_with_growing_delays_then_dead_letters_on_
 /// AC3, jitter: two jobs failing at the same moment do not come back at the same moment.
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn ac3_jitter_spreads_the_retries_of_different_jobs(pool: PgPool) {
-    let harness = harness(&pool, award_points());
+    let harness = harness(&pool, Failing::new(Fault::AlwaysTransient));
     let mut firsts = std::collections::BTreeSet::new();
     for _ in 0..20 {
-        let (_, body) = job(
-            serde_json::json!({"account_id": "a", "points": 1, "demo_fault": "always_transient"}),
-        );
+        let (_, body) = job(award(1));
         match harness.process(&message(&body, 1)).await {
             RecordOutcome::Retry { after, .. } => firsts.insert(after),
             other => panic!("{other:?}"),
@@ -304,9 +301,8 @@ async fn ac8_a_successful_job_writes_only_its_fence_and_its_effect(pool: PgPool)
 /// A permanent failure is dead-lettered on its first attempt and nothing of its work remains.
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_permanent_failure_is_dead_lettered_at_once(pool: PgPool) {
-    let harness = harness(&pool, award_points());
-    let (job_id, body) =
-        job(serde_json::json!({"account_id": "a", "points": 1, "demo_fault": "permanent"}));
+    let harness = harness(&pool, Failing::new(Fault::Permanent));
+    let (job_id, body) = job(award(1));
     let outcome = harness.process(&message(&body, 1)).await;
     assert!(
         matches!(

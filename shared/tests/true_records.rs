@@ -396,9 +396,8 @@ async fn hole3_a_replay_of_naming_no_letter_still_gets_its_letter(pool: PgPool) 
 /// delivered many times by crashes of its batch-mates has not run: it runs as attempt 1.
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn hole5_receives_that_ran_nothing_spend_no_attempts(pool: PgPool) {
-    let harness = harness(&pool, Counting::new());
-    let (job_id, body) = job(json!({"account_id": "a", "points": 1,
-        "demo_fault": {"transient_until_attempt": 2}}));
+    let harness = harness(&pool, Failing::new(Fault::TransientUntilAttempt(2)));
+    let (job_id, body) = job(award(1));
     let outcome = harness.process(&message(&body, 6)).await;
     assert!(
         matches!(outcome, RecordOutcome::Retry { attempt: 1, .. }),
@@ -491,11 +490,11 @@ async fn hole6_a_letter_keeps_every_number_of_the_body_as_received(pool: PgPool)
         serde_json::from_str::<Value>(&body).unwrap()
     );
     assert_eq!(
-        shared::api::replayer::original_body(&letter.payload),
+        shared::replay::original_body(&letter.payload),
         letter.payload.to_string()
     );
     assert!(
-        shared::api::replayer::original_body(&letter.payload)
+        shared::replay::original_body(&letter.payload)
             .contains("0.1000000000000000055511151231257827")
     );
 }

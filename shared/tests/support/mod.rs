@@ -246,3 +246,53 @@ pub mod commit_cutter {
         down.abort();
     }
 }
+
+/// How [`Failing`] fails after the reference consumer's real effect (which then rolls back).
+#[derive(Debug, Clone, Copy)]
+pub enum Fault {
+    /// Transiently, on every attempt.
+    AlwaysTransient,
+    /// Transiently on attempts before this one, then it succeeds.
+    TransientUntilAttempt(u32),
+    /// Permanently.
+    Permanent,
+}
+
+/// The reference consumer, counting its calls, failing as told after writing its effect.
+pub struct Failing {
+    pub inner: Counting,
+    pub fault: Fault,
+}
+
+impl Failing {
+    pub fn new(fault: Fault) -> Self {
+        Self {
+            inner: Counting::new(),
+            fault,
+        }
+    }
+    pub fn calls(&self) -> usize {
+        self.inner.calls()
+    }
+}
+
+impl Consumer for Failing {
+    type Payload = PointsAward;
+    fn name(&self) -> &ConsumerName {
+        self.inner.name()
+    }
+    async fn handle(
+        &self,
+        job: &Job<PointsAward>,
+        tx: &mut PgConnection,
+    ) -> Result<(), ProcessError> {
+        self.inner.handle(job, tx).await?;
+        match self.fault {
+            Fault::TransientUntilAttempt(n) if job.attempt >= n => Ok(()),
+            Fault::AlwaysTransient | Fault::TransientUntilAttempt(_) => Err(
+                ProcessError::Transient(format!("provider timeout on attempt {}", job.attempt)),
+            ),
+            Fault::Permanent => Err(ProcessError::Permanent("account is closed".into())),
+        }
+    }
+}
