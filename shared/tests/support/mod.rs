@@ -231,6 +231,8 @@ pub mod commit_cutter {
             let armed = cut.load(Ordering::SeqCst);
             if is_commit && armed != Cut::Off as u8 {
                 cut.store(Cut::Off as u8, Ordering::SeqCst);
+                // Nothing the server says from here on reaches the client.
+                down.abort();
                 if armed == Cut::AfterCommitSent as u8 {
                     let _ = server_write.write_all(chunk).await;
                     // Let the server commit; then the reply has nowhere to go.
