@@ -7,6 +7,8 @@ source "$(dirname "$0")/lib.sh"
 command -v cargo >/dev/null || die "cargo is not installed (the Rust toolchain comes with the machine)"
 ensure_postgres
 ensure_sqs_api
+step "A fresh database for the demo (jobs_demo), so every run gives the same summary"
+psql "$DATABASE_URL" -qc 'DROP DATABASE IF EXISTS jobs_demo WITH (FORCE)' >/dev/null || die "could not drop jobs_demo"
 DATABASE_URL=$(database_url_for jobs_demo)
 export DATABASE_URL
 step "Building the functions and the demo (cargo build -p e2e --bins)"

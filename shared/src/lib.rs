@@ -7,7 +7,8 @@
 //! ([`retry`], [`decision`]) and a row in `core.dead_letters` ([`dead_letter`]).
 //! Successes write nothing but their fence; counts go to [`metrics`].
 //!
-//! Everything that touches SQL lives in this crate; the Lambda binaries only wire it up.
+//! Everything that touches core SQL lives in this crate; a consumer's `main` is
+//! [`run::run_consumer`], and its tests can use the test kit (feature `testkit`).
 #![warn(missing_docs)]
 
 pub mod alert_store;
@@ -25,7 +26,6 @@ pub mod fence;
 pub mod harness;
 pub mod ids;
 pub mod metrics;
-pub mod reference;
 pub mod replay;
 pub mod retry;
 pub mod review;
@@ -34,9 +34,32 @@ pub mod scheduled;
 pub mod sqs;
 pub mod sweeper;
 pub mod telemetry;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 
-/// The migrations of schema `core` (and the reference consumer's table), embedded at build time.
+use sqlx::migrate::Migrator;
+use std::sync::LazyLock;
+
+/// The migrations of schema `core`, embedded at build time, recorded in their own table
+/// `core._sqlx_migrations` (never the database's default one, which other code may use).
 ///
-/// Tests use it as `#[sqlx::test(migrator = "shared::MIGRATOR")]`; binaries run it at start-up
-/// when asked to.
-pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
+/// A consumer's own tables migrate with the consumer ([`own_migrations`]); a test database of a
+/// consumer gets both ([`with_core_migrations`]). Tests use it as
+/// `#[sqlx::test(migrator = "shared::MIGRATOR")]`.
+pub static MIGRATOR: LazyLock<Migrator> =
+    LazyLock::new(|| own_migrations(sqlx::migrate!("../migrations"), "core"));
+
+/// `migrator` recording itself in `<schema>._sqlx_migrations` (the schema is created first if
+/// missing), so each owner's migrations are tracked apart from everyone else's.
+pub fn own_migrations(mut migrator: Migrator, schema: &'static str) -> Migrator {
+    migrator.dangerous_set_table_name(format!("{schema}._sqlx_migrations"));
+    migrator.create_schema(schema);
+    migrator
+}
+
+/// The core migrations and `own`, in version order and one tracking table: the database a
+/// consumer's tests need (`#[sqlx::test(migrator = "my_consumer::MIGRATOR_WITH_CORE")]`).
+pub fn with_core_migrations(own: &Migrator) -> Migrator {
+    let migrations = MIGRATOR.iter().chain(own.iter()).cloned().collect();
+    own_migrations(Migrator::with_migrations(migrations), "core")
+}

@@ -3,10 +3,10 @@
 
 mod support;
 
+use consumer::count_awards;
 use shared::dead_letter::{ErrorKind, Recorded, letter_for_message, letters_for_job};
 use shared::fence::{count_fences, fence_exists};
 use shared::harness::{HarnessSettings, RecordOutcome};
-use shared::reference::count_awards;
 use shared::retry::RetryPolicy;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -19,7 +19,7 @@ const COPIES: usize = 24;
 const ROUNDS: usize = 25;
 
 /// AC1: the same `job_id` processed concurrently produces exactly one effect.
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn ac1_same_job_processed_concurrently_has_exactly_one_effect(
     _: PgPoolOptions,
     connect: PgConnectOptions,
@@ -83,7 +83,7 @@ async fn ac1_same_job_processed_concurrently_has_exactly_one_effect(
 }
 
 /// AC1, sequential form: a redelivered copy is acked as a duplicate without calling the handler.
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn ac1_a_redelivered_job_is_skipped_as_a_duplicate_without_running(pool: PgPool) {
     let harness = harness(&pool, Counting::new());
     let (job_id, body) = job(award(3));
@@ -100,7 +100,7 @@ async fn ac1_a_redelivered_job_is_skipped_as_a_duplicate_without_running(pool: P
 
 /// AC2, control: without a failure, effect and fence commit together. (The crash and failpoint
 /// halves of AC2 are in `tests/tests/ac2_crash.rs`.)
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn ac2_control_work_and_fence_commit_together(pool: PgPool) {
     let harness = harness(&pool, award_points());
     let (job_id, body) = job(award(5));
@@ -113,7 +113,7 @@ async fn ac2_control_work_and_fence_commit_together(pool: PgPool) {
 }
 
 /// AC3: a transient failure retries with growing intervals, then dead-letters on attempt 5.
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn ac3_transient_failure_retries_with_growing_delays_then_dead_letters_on_attempt_5(
     pool: PgPool,
 ) {
@@ -195,7 +195,7 @@ async fn ac3_transient_failure_retries_with_growing_delays_then_dead_letters_on_
 }
 
 /// AC3, jitter: two jobs failing at the same moment do not come back at the same moment.
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn ac3_jitter_spreads_the_retries_of_different_jobs(pool: PgPool) {
     let harness = harness(&pool, Failing::new(Fault::AlwaysTransient));
     let mut firsts = std::collections::BTreeSet::new();
@@ -237,27 +237,27 @@ async fn assert_poison_without_retry(pool: &PgPool, body: &str, expect_job: bool
 }
 
 /// AC4: a payload that does not match the consumer's schema is dead-lettered at once.
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn ac4_schema_invalid_payload_is_dead_lettered_on_the_first_attempt(pool: PgPool) {
     let (_, body) = job(serde_json::json!({"account_id": "a", "points": "ten"}));
     assert_poison_without_retry(&pool, &body, true, "payload does not match").await;
 }
 
 /// AC4: a body that is not JSON is dead-lettered at once, kept verbatim.
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn ac4_non_json_body_is_dead_lettered_on_the_first_attempt(pool: PgPool) {
     assert_poison_without_retry(&pool, "<xml>not json</xml>", false, "not JSON").await;
 }
 
 /// AC4: an envelope without `job_id` is dead-lettered at once.
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn ac4_missing_job_id_is_dead_lettered_on_the_first_attempt(pool: PgPool) {
     let body = serde_json::json!({"tenant_id": uuid::Uuid::new_v4(), "correlation_id": "c", "payload": {}});
     assert_poison_without_retry(&pool, &body.to_string(), false, "job_id").await;
 }
 
 /// AC4: a payload the handler finds meaningless is poison too: dead-lettered, not retried.
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn ac4_a_handler_reporting_poison_is_not_retried(pool: PgPool) {
     let harness = harness(&pool, award_points());
     let (job_id, body) = job(award(-5));
@@ -276,7 +276,7 @@ async fn ac4_a_handler_reporting_poison_is_not_retried(pool: PgPool) {
 }
 
 /// AC8 (negative): a successful job writes its fence and its own effect, and nothing else.
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn ac8_a_successful_job_writes_only_its_fence_and_its_effect(pool: PgPool) {
     let harness = harness(&pool, award_points());
     let before = table_counts(&pool).await;
@@ -299,7 +299,7 @@ async fn ac8_a_successful_job_writes_only_its_fence_and_its_effect(pool: PgPool)
 }
 
 /// A permanent failure is dead-lettered on its first attempt and nothing of its work remains.
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn a_permanent_failure_is_dead_lettered_at_once(pool: PgPool) {
     let harness = harness(&pool, Failing::new(Fault::Permanent));
     let (job_id, body) = job(award(1));
@@ -322,7 +322,7 @@ async fn a_permanent_failure_is_dead_lettered_at_once(pool: PgPool) {
 }
 
 /// A message whose letter was written but whose ack was lost comes back: no second letter.
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn a_redelivered_dead_lettered_message_writes_no_second_letter(pool: PgPool) {
     let harness = harness(&pool, award_points());
     let msg = message("garbage", 1);
@@ -351,7 +351,7 @@ async fn a_redelivered_dead_lettered_message_writes_no_second_letter(pool: PgPoo
 /// A job whose executions are all charged (each crashed: the ledger holds no error) is
 /// dead-lettered as `crashed` on its next delivery, without running the work again. The letter
 /// counts executions, not the receives SQS counted.
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn a_delivery_past_the_attempt_budget_is_dead_lettered_as_crashed_without_running(
     pool: PgPool,
 ) {
@@ -383,7 +383,7 @@ async fn a_delivery_past_the_attempt_budget_is_dead_lettered_as_crashed_without_
 
 /// A job that was processed but whose ack was lost (its batch crashed) keeps coming back; past the
 /// budget it is still a duplicate, never a `crashed` letter.
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn a_processed_job_delivered_past_the_budget_is_still_a_duplicate(pool: PgPool) {
     let harness = harness(&pool, award_points());
     let (job_id, body) = job(award(1));
@@ -405,7 +405,7 @@ async fn a_processed_job_delivered_past_the_budget_is_still_a_duplicate(pool: Pg
 
 /// A copy that cannot get the fence within the lock timeout is handed back, not acked; once the
 /// holder rolls back, the next delivery does the work.
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn a_copy_blocked_on_a_held_fence_is_handed_back_then_processed(pool: PgPool) {
     let settings = HarnessSettings {
         lock_timeout: Duration::from_millis(200),
@@ -447,7 +447,7 @@ async fn a_copy_blocked_on_a_held_fence_is_handed_back_then_processed(pool: PgPo
 }
 
 /// The fence expires one TTL after the attempt started, by the injected clock.
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn the_fence_expires_one_ttl_after_the_attempt(pool: PgPool) {
     let (harness, clock) = harness_with(&pool, award_points(), settings(RetryPolicy::default()));
     clock.advance(chrono::Duration::minutes(3));
@@ -463,7 +463,7 @@ async fn the_fence_expires_one_ttl_after_the_attempt(pool: PgPool) {
 }
 
 /// With the database unreachable nothing is acked: the message comes back later.
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn with_the_database_unreachable_nothing_is_acked(_: PgPool) {
     let unreachable = PgPoolOptions::new()
         .acquire_timeout(Duration::from_millis(500))
@@ -488,7 +488,7 @@ async fn with_the_database_unreachable_nothing_is_acked(_: PgPool) {
 
 /// The short lock timeout bounds only the wait for the fence: the consumer's own work may wait on
 /// its locks as long as it needs (here behind a table lock held longer than the fence timeout).
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn the_fence_lock_timeout_does_not_limit_the_work(pool: PgPool) {
     let settings = HarnessSettings {
         lock_timeout: Duration::from_millis(100),

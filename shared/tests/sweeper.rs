@@ -51,7 +51,7 @@ async fn expiring(pool: &PgPool, at: DateTime<chrono::Utc>) -> i64 {
 }
 
 /// AC6: rows just past their expiry go; rows just inside it stay.
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn ac6_sweep_removes_rows_just_past_expiry_and_keeps_rows_just_inside(pool: PgPool) {
     let now = t0();
     seed(&pool, 3, now - Span::seconds(1)).await;
@@ -68,7 +68,7 @@ async fn ac6_sweep_removes_rows_just_past_expiry_and_keeps_rows_just_inside(pool
 }
 
 /// AC6: a fence inside its retry window is never removed, so the late retry is a duplicate.
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn ac6_a_fence_inside_its_retry_window_is_never_removed(pool: PgPool) {
     let (harness, clock) = harness_with(&pool, award_points(), settings(Default::default()));
     let (job_id, body) = job(award(1));
@@ -100,7 +100,7 @@ async fn ac6_a_fence_inside_its_retry_window_is_never_removed(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn a_sweep_larger_than_one_batch_loops_until_a_short_batch(pool: PgPool) {
     seed(&pool, 12_345, t0() - Span::hours(1)).await;
     seed(&pool, 10, t0() + Span::days(1)).await;
@@ -119,7 +119,7 @@ async fn a_sweep_larger_than_one_batch_loops_until_a_short_batch(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn a_sweep_stops_at_its_budget_and_reports_the_backlog(pool: PgPool) {
     seed(&pool, 5_000, t0() - Span::hours(2)).await;
     let budgeted = SweepSettings {
@@ -145,7 +145,7 @@ async fn a_sweep_stops_at_its_budget_and_reports_the_backlog(pool: PgPool) {
 
 /// One sweep at a time: a sweep started while another runs returns at once (`Busy`) instead of
 /// waiting or competing for the same rows; the lock is released when the first ends.
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn a_sweep_started_while_another_runs_steps_aside(
     _: PgPoolOptions,
     connect: PgConnectOptions,
@@ -192,7 +192,7 @@ async fn a_sweep_started_while_another_runs_steps_aside(
 
 /// Consumers keep inserting fences while a sweep runs; the sweep takes only expired rows and
 /// no consumer fails or waits for it.
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn a_sweep_while_consumers_insert_leaves_their_fences(
     _: PgPoolOptions,
     connect: PgConnectOptions,

@@ -4,13 +4,13 @@
 
 mod support;
 
+use consumer::{PointsAward, count_awards, insert_award};
 use serde_json::{Value, json};
 use shared::consumer::{Consumer, Job, ProcessError};
 use shared::dead_letter::{ErrorKind, letters_for_job};
 use shared::fence::{claim_fence, fence_exists};
 use shared::harness::{HarnessSettings, IncomingMessage, RecordOutcome};
 use shared::ids::{ConsumerName, DeadLetterId, JobId, TenantId};
-use shared::reference::{PointsAward, count_awards, insert_award};
 use shared::retry::RetryPolicy;
 use shared::sweeper::{SweepSettings, sweep};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
@@ -75,7 +75,7 @@ impl Consumer for SwallowsSqlError {
 
 /// Hole 1: the over-budget path read the fence with a query that cannot see a copy still inside
 /// its transaction, and wrote a `crashed` letter for a job that then committed.
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn hole1_an_over_budget_delivery_waits_for_an_in_flight_copy_and_writes_no_letter(
     pool: PgPool,
 ) {
@@ -120,7 +120,7 @@ async fn hole1_an_over_budget_delivery_waits_for_an_in_flight_copy_and_writes_no
 /// Hole 1: a COMMIT whose reply is lost on the last attempt became an `exhausted` letter,
 /// although the job had committed. A proxy forwards the COMMIT and drops the connection before
 /// the reply: the fence settles that it committed.
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn hole1_a_commit_whose_reply_is_lost_is_settled_by_the_fence_as_processed(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
@@ -156,7 +156,7 @@ async fn hole1_a_commit_whose_reply_is_lost_is_settled_by_the_fence_as_processed
 
 /// The other side of the same cut: a COMMIT that never reached the server did not commit, and
 /// on the last attempt that is an honest `exhausted` letter, with the fence free for a replay.
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn hole1_a_commit_lost_before_the_server_is_a_failure_and_its_letter_is_true(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
@@ -205,7 +205,7 @@ async fn hole1_a_commit_lost_before_the_server_is_a_failure_and_its_letter_is_tr
 /// Hole 1: a permanent failure whose acknowledgement was lost ran again, succeeded, and left
 /// its letter pending for a job that had committed. Its message now finds its letter and is
 /// acked without running.
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn hole1_a_redelivered_permanent_failure_is_acked_by_its_letter_without_running_again(
     pool: PgPool,
 ) {
@@ -252,7 +252,7 @@ async fn hole1_a_redelivered_permanent_failure_is_acked_by_its_letter_without_ru
 /// Hole 1: two messages with one job id: one fails for good, the other later succeeds. The
 /// letter written for the first is closed in the commit of the second, so no letter stays
 /// pending for a job whose effect exists.
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn hole1_a_letter_pending_for_a_job_is_closed_when_another_copy_commits_it(pool: PgPool) {
     let harness = harness(
         &pool,
@@ -280,7 +280,7 @@ async fn hole1_a_letter_pending_for_a_job_is_closed_when_another_copy_commits_it
 
 /// Hole 1: the fence of a job with a letter pending review is never swept, however old, so a
 /// replay of that letter finds the job processed and sends nothing. Once reviewed, it goes.
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn hole1_the_fence_of_a_job_with_a_pending_letter_outlives_its_ttl(pool: PgPool) {
     let harness = harness(&pool, award_points());
     let (job_id, body) = job(award(1));
@@ -331,7 +331,7 @@ async fn hole1_the_fence_of_a_job_with_a_pending_letter_outlives_its_ttl(pool: P
 /// Hole 2: a handler that ignored an SQL error and returned Ok left its transaction aborted;
 /// PostgreSQL answered COMMIT with a silent ROLLBACK and the harness acked `Processed` with
 /// nothing committed. Now it is a transient failure with a clear error, then a letter.
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn hole2_a_handler_returning_ok_from_an_aborted_transaction_is_retried_then_dead_lettered(
     pool: PgPool,
 ) {
@@ -370,7 +370,7 @@ async fn hole2_a_handler_returning_ok_from_an_aborted_transaction_is_retried_the
 
 /// Hole 3: a `replay_of` attribute naming no letter broke the letter's foreign key, so neither
 /// the consumer nor the ingester could record the failure. Any producer can set it.
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn hole3_a_replay_of_naming_no_letter_still_gets_its_letter(pool: PgPool) {
     let harness = harness(&pool, award_points());
     let (job_id, body) = job(json!({"account_id": "a", "points": -1}));
@@ -394,7 +394,7 @@ async fn hole3_a_replay_of_naming_no_letter_still_gets_its_letter(pool: PgPool) 
 
 /// Hole 5: SQS receives are not executions. A delivery handed back (deadline, contention) or
 /// delivered many times by crashes of its batch-mates has not run: it runs as attempt 1.
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn hole5_receives_that_ran_nothing_spend_no_attempts(pool: PgPool) {
     let harness = harness(&pool, Failing::new(Fault::TransientUntilAttempt(2)));
     let (job_id, body) = job(award(1));
@@ -412,7 +412,7 @@ async fn hole5_receives_that_ran_nothing_spend_no_attempts(pool: PgPool) {
 }
 
 /// Hole 5: a contended fence means the execution did not run: its charge is taken back.
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn hole5_a_contended_fence_charges_no_execution(pool: PgPool) {
     let settings = HarnessSettings {
         lock_timeout: Duration::from_millis(100),
@@ -455,7 +455,7 @@ async fn hole5_a_contended_fence_charges_no_execution(pool: PgPool) {
 
 /// Hole 6: a letter's payload is the body as received, number for number (it went through
 /// f64: 123456789012345678901234567890 was stored as 123456789012345680000000000000).
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn hole6_a_letter_keeps_every_number_of_the_body_as_received(pool: PgPool) {
     let harness = harness(&pool, award_points());
     let job_id = JobId(Uuid::new_v4());
@@ -517,7 +517,7 @@ fn hole6_a_decimal_amount_reaches_the_payload_type_exactly() {
 }
 
 /// Hole 7: the sweeper needed two connections and timed out with `DATABASE_POOL_SIZE=1`.
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn hole7_the_sweeper_runs_on_a_pool_of_one_connection(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
@@ -547,7 +547,7 @@ async fn hole7_the_sweeper_runs_on_a_pool_of_one_connection(
 
 /// Hole 7: a discard reason made only of invisible characters is no reason; the schema itself
 /// rejects it, whatever wrote it.
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn hole7_the_schema_rejects_a_discard_reason_of_invisible_characters(pool: PgPool) {
     let harness = harness(&pool, award_points());
     let (job_id, body) = job(json!({"account_id": "a", "points": -1}));

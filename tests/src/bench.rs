@@ -26,7 +26,10 @@ pub async fn open(connections: u32, method: &str) -> BenchDatabase {
         .connect(&url)
         .await
         .expect("connect to DATABASE_URL");
-    shared::MIGRATOR.run(&pool).await.expect("migrate");
+    consumer::MIGRATOR_WITH_CORE
+        .run(&pool)
+        .await
+        .expect("migrate");
     let version: String = sqlx::query_scalar("SHOW server_version")
         .fetch_one(&pool)
         .await

@@ -11,13 +11,13 @@ pub mod soak;
 pub mod stack;
 pub mod throwaway_pg;
 
+use consumer::{AwardPoints, PointsAward};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use shared::clock::SystemClock;
 use shared::consumer::{Consumer, Job, ProcessError};
 use shared::harness::{Harness, HarnessSettings};
 use shared::ids::ConsumerName;
-use shared::reference::{AwardPoints, PointsAward};
 use sqlx::{PgConnection, PgPool};
 use std::sync::Arc;
 use std::time::Duration;

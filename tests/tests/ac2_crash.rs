@@ -2,11 +2,11 @@
 //! with a real SIGKILL of a consumer process, and with a failpoint (a panic) inside one.
 //! In both, the retry that follows applies the work exactly once.
 
+use consumer::{AwardPoints, count_awards};
 use e2e::{AfterWork, FailAfterWork, consumer_name, harness};
 use shared::fence::fence_exists;
 use shared::harness::{IncomingMessage, RecordOutcome};
 use shared::ids::{JobId, TenantId};
-use shared::reference::{AwardPoints, count_awards};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use std::process::Stdio;
@@ -54,7 +54,7 @@ async fn assert_neither_then_one_on_retry(pool: &PgPool, job_id: JobId, body: &s
     assert!(fence_exists(pool, job_id, &consumer_name()).await.unwrap());
 }
 
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn ac2_consumer_killed_between_work_and_commit_leaves_neither_effect_nor_fence(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
@@ -83,7 +83,7 @@ async fn ac2_consumer_killed_between_work_and_commit_leaves_neither_effect_nor_f
     assert_neither_then_one_on_retry(&pool, job_id, &body).await;
 }
 
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn ac2_failpoint_between_work_and_commit_leaves_neither_effect_nor_fence(pool: PgPool) {
     let (job_id, body) = new_job();
     let consumer = FailAfterWork(AwardPoints::new(consumer_name()), AfterWork::Panic);

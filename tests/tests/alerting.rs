@@ -2,6 +2,7 @@
 //! group, durable retries by the scheduled run, and processing that never waits on it for long.
 
 use chrono::Utc;
+use consumer::{AwardPoints, count_awards};
 use e2e::alert_receiver::AlertReceiver;
 use serde_json::json;
 use shared::alert_store::{all_groups, unsent_letters};
@@ -9,7 +10,6 @@ use shared::alerting::{Alerter, BetterStack};
 use shared::clock::{Clock, ManualClock, SystemClock};
 use shared::dead_letter::ErrorKind;
 use shared::harness::{Harness, IncomingMessage, RecordOutcome};
-use shared::reference::{AwardPoints, count_awards};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use std::sync::Arc;
@@ -41,7 +41,7 @@ fn job(payload: serde_json::Value) -> String {
     json!({"job_id": Uuid::new_v4(), "tenant_id": Uuid::new_v4(), "correlation_id": "corr-7", "payload": payload}).to_string()
 }
 
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn a_new_dead_letter_pages_once_with_the_expected_fields(pool: PgPool) {
     let receiver = AlertReceiver::start().await;
     let harness = harness(&pool, alerter(&pool, &receiver.url, Arc::new(SystemClock)));
@@ -105,7 +105,7 @@ async fn a_new_dead_letter_pages_once_with_the_expected_fields(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn a_storm_of_10000_letters_of_one_group_is_one_incident(
     _: PgPoolOptions,
     connect: PgConnectOptions,
@@ -149,7 +149,7 @@ async fn a_storm_of_10000_letters_of_one_group_is_one_incident(
     );
 }
 
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn an_alert_refused_with_500_is_sent_by_the_next_scheduled_run(pool: PgPool) {
     let receiver = AlertReceiver::start().await;
     receiver.refuse_next(&[500; 20]);
@@ -177,7 +177,7 @@ async fn an_alert_refused_with_500_is_sent_by_the_next_scheduled_run(pool: PgPoo
     assert_eq!(unsent_letters(&pool).await.unwrap(), 0);
 }
 
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn with_betterstack_down_letters_commit_and_processing_continues(pool: PgPool) {
     let closed = {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -213,7 +213,7 @@ async fn with_betterstack_down_letters_commit_and_processing_continues(pool: PgP
     assert!(groups[0].send_attempts >= 1);
 }
 
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn poison_exhausted_permanent_and_crashed_letters_all_alert(pool: PgPool) {
     let receiver = AlertReceiver::start().await;
     let harness = harness(&pool, alerter(&pool, &receiver.url, Arc::new(SystemClock)));

@@ -116,7 +116,7 @@ fn assert_error(response: &ApiResponse, status: u16, code: &str) {
     }
 }
 
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn ac7_discarding_without_a_reason_is_rejected_and_the_letter_is_unchanged(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
@@ -152,7 +152,7 @@ async fn ac7_discarding_without_a_reason_is_rejected_and_the_letter_is_unchanged
     assert_eq!(apis.sent().await, 0, "a discard sends nothing");
 }
 
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn bad_input_gets_a_4xx_naming_the_problem_and_changes_nothing(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
@@ -221,7 +221,7 @@ async fn bad_input_gets_a_4xx_naming_the_problem_and_changes_nothing(
     assert_eq!(apis.sent().await, 0, "nothing was sent");
 }
 
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn unknown_letters_are_404_and_reviewed_ones_409_without_a_second_send(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
@@ -265,7 +265,7 @@ async fn unknown_letters_are_404_and_reviewed_ones_409_without_a_second_send(
     assert_eq!(apis.sent().await, 1, "one replay, one message");
 }
 
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn a_poison_letter_without_a_job_id_cannot_be_replayed(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
@@ -307,7 +307,7 @@ async fn a_poison_letter_without_a_job_id_cannot_be_replayed(
 /// commit left a letter that could later be discarded, although its message was out. A replay
 /// now records itself first: if the queue then refuses the message, the letter says `queued`,
 /// no discard can close it, and the scheduled run sends it once the queue takes it.
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn hole7_a_replay_is_recorded_before_it_is_sent_and_a_refused_send_is_sent_later(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
@@ -364,7 +364,7 @@ async fn hole7_a_replay_is_recorded_before_it_is_sent_and_a_refused_send_is_sent
     );
 }
 
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn the_list_pages_newest_first_by_cursor_and_filters_without_payloads(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
@@ -440,7 +440,7 @@ async fn the_list_pages_newest_first_by_cursor_and_filters_without_payloads(
     assert_eq!(future.body["next_cursor"], Value::Null);
 }
 
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn get_returns_the_whole_letter_with_its_fence_state(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
@@ -460,7 +460,7 @@ async fn get_returns_the_whole_letter_with_its_fence_state(
     assert_eq!(got.body["failed_replays"], json!([]));
 }
 
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn concurrent_replays_and_discards_of_one_letter_let_exactly_one_win(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,

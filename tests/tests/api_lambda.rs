@@ -2,13 +2,13 @@
 //! (payload 2.0) events whose JWT claims carry the caller, next to the real consumer on the local
 //! SQS API. The auth matrix, AC5 end to end, and a replay that fails again.
 
+use consumer::count_awards;
 use dead_letter_api::api::{ApiRequest, ROUTES, Scope};
 use e2e::api_client::{caller, fingerprint, request, seed_letter, seed_letter_for, with_body};
 use e2e::stack::{Stack, StackSpec};
 use serde_json::{Value, json};
 use shared::dead_letter::{ErrorKind, letters_for_job};
 use shared::ids::{JobId, TenantId};
-use shared::reference::count_awards;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use std::time::Duration;
@@ -44,7 +44,7 @@ fn route_request(method: &str, template: &str, id: Uuid, scopes: Option<&[Scope]
     }
 }
 
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn every_route_needs_a_token_and_its_own_scope(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
@@ -103,7 +103,7 @@ async fn every_route_needs_a_token_and_its_own_scope(
 
 /// AC5: a job that never ran (its five attempts met an outage) is replayed through the API and
 /// runs once; a second replay is refused, and the same message delivered twice applies once.
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn ac5_a_replayed_letter_runs_its_job_once(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
@@ -143,7 +143,7 @@ async fn ac5_a_replayed_letter_runs_its_job_once(
 
 /// AC5: replaying a letter whose job had in fact succeeded (its ack was lost, the backstop wrote
 /// a `crashed` letter) is acknowledged as a duplicate: no second effect.
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn ac5_replaying_a_job_that_already_succeeded_has_no_second_effect(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
@@ -184,7 +184,7 @@ async fn ac5_replaying_a_job_that_already_succeeded_has_no_second_effect(
     );
 }
 
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn a_replay_that_fails_again_is_a_new_letter_linked_to_the_first(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,

@@ -3,7 +3,7 @@
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn the_demo_workload_produces_the_expected_outcomes(
     _: PgPoolOptions,
     connect: PgConnectOptions,

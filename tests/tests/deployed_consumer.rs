@@ -2,11 +2,11 @@
 //! it), without this test crate's `demo-faults` feature. Nothing in it can be asked to fail or
 //! to crash its own process: a message that asks is poison.
 
+use consumer::count_awards;
 use e2e::stack::{Stack, StackSpec};
 use serde_json::json;
 use shared::dead_letter::letters_for_job;
 use shared::ids::{ConsumerName, JobId, TenantId};
-use shared::reference::count_awards;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -39,7 +39,7 @@ fn build_deployed_consumer() -> PathBuf {
         .expect("the consumer executable")
 }
 
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn the_deployed_consumer_treats_a_fault_request_as_poison(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,

@@ -5,6 +5,7 @@
 //! (The Lambda deadline mid-batch: `sqs_path.rs`; an alert storm: `alerting.rs`.)
 
 use aws_lambda_events::event::sqs::SqsMessage;
+use consumer::{AwardPoints, PointsAward, count_awards};
 use e2e::event_source::{Queue, create_queue, depth, sqs_client};
 use serde_json::json;
 use shared::config::DatabaseConfig;
@@ -12,7 +13,6 @@ use shared::consumer::{Consumer, Job, ProcessError};
 use shared::fence::fence_exists;
 use shared::harness::RecordOutcome;
 use shared::ids::{ConsumerName, JobId};
-use shared::reference::{AwardPoints, PointsAward, count_awards};
 use shared::sqs::{BatchSettings, SqsVisibility, process_batch};
 use sqlx::{PgConnection, PgPool};
 use std::time::Duration;
@@ -109,7 +109,7 @@ async fn failed_ids(
         .collect()
 }
 
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn with_the_database_unreachable_nothing_is_acked_and_nothing_lost(pool: PgPool) {
     let (sqs, queue) = queue().await;
     let jobs: Vec<_> = (0..3).map(|_| job()).collect();
@@ -192,7 +192,7 @@ impl Consumer for SessionDiesAfterWork {
     }
 }
 
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn the_database_gone_between_work_and_commit_leaves_neither_and_retries(pool: PgPool) {
     let (job_id, body) = job();
     let dying = e2e::harness(
@@ -231,7 +231,7 @@ async fn the_database_gone_between_work_and_commit_leaves_neither_and_retries(po
     assert_eq!(count_awards(&pool, job_id).await.unwrap(), 1);
 }
 
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn a_refused_change_message_visibility_still_brings_the_message_back(pool: PgPool) {
     let (sqs, queue) = queue().await;
     let job_id = JobId(Uuid::new_v4());

@@ -83,7 +83,7 @@ fn pages(receiver: &AlertReceiver) -> Vec<String> {
     summaries
 }
 
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn escalation_fires_once_and_only_for_letters_past_the_threshold(pool: PgPool) {
     let receiver = AlertReceiver::start().await;
     let clock = Arc::new(ManualClock::new(t0()));
@@ -124,7 +124,7 @@ async fn escalation_fires_once_and_only_for_letters_past_the_threshold(pool: PgP
     );
 }
 
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn a_failed_escalation_page_is_retried_by_the_next_run(pool: PgPool) {
     let receiver = AlertReceiver::start().await;
     receiver.refuse_next(&[503; 50]);
@@ -137,7 +137,7 @@ async fn a_failed_escalation_page_is_retried_by_the_next_run(pool: PgPool) {
     assert_eq!(receiver.incidents().len(), 1);
 }
 
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn the_scheduled_run_sends_alerts_that_were_not_sent(pool: PgPool) {
     let receiver = AlertReceiver::start().await;
     let clock = Arc::new(ManualClock::new(Utc::now()));
@@ -151,7 +151,7 @@ async fn the_scheduled_run_sends_alerts_that_were_not_sent(pool: PgPool) {
 }
 
 /// The real binary, invoked as EventBridge invokes it: it sweeps and reports, and emits metrics.
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn the_sweeper_function_deletes_expired_fences_when_invoked(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,

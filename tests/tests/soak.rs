@@ -15,7 +15,7 @@ use uuid::Uuid;
 async fn chaos_soak_no_job_doubled_and_none_lost() {
     let cluster = ThrowawayCluster::start();
     let admin = sqlx::PgPool::connect(&cluster.url()).await.unwrap();
-    shared::MIGRATOR.run(&admin).await.unwrap();
+    consumer::MIGRATOR_WITH_CORE.run(&admin).await.unwrap();
     let stack = StackSpec::time_scaled(
         e2e::test_binaries!(),
         &cluster.url(),

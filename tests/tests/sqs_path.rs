@@ -2,12 +2,12 @@
 //! and the real Lambda binaries: queue → consumer → fence/work → ack, retry with backoff, or
 //! dead letter; and the redrive backstop through the DLQ ingester.
 
+use consumer::count_awards;
 use e2e::stack::{Stack, StackSpec};
 use serde_json::{Value, json};
 use shared::dead_letter::{DeadLetter, letter_for_message, letters_for_job};
 use shared::fence::fence_exists;
 use shared::ids::{ConsumerName, JobId, TenantId};
-use shared::reference::count_awards;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use std::time::Duration;
@@ -44,7 +44,7 @@ async fn letters(pool: &PgPool, job_id: JobId) -> Vec<DeadLetter> {
     letters_for_job(pool, job_id, &consumer()).await.unwrap()
 }
 
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn a_message_is_processed_once_and_deleted(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
@@ -66,7 +66,7 @@ async fn a_message_is_processed_once_and_deleted(
     assert_eq!(stack.consumer.metrics().get("Processed"), Some(&1));
 }
 
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn a_duplicate_send_is_acked_as_a_duplicate(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
@@ -99,7 +99,7 @@ async fn a_duplicate_send_is_acked_as_a_duplicate(
 /// With the policy at base 1 s: the message reappears after ≥ 1, 2, 4, 8 s (the backoff's
 /// lower bounds, set with ChangeMessageVisibility), is counted as attempts 1..5, and the fifth
 /// failure writes the dead letter.
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn a_transient_failure_reappears_after_the_backoff_then_dead_letters_after_the_last_attempt(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
@@ -141,7 +141,7 @@ async fn a_transient_failure_reappears_after_the_backoff_then_dead_letters_after
     assert_eq!((m["Retried"], m["DeadLetteredExhausted"]), (4, 1));
 }
 
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn a_job_that_fails_twice_then_succeeds_is_processed_once_on_attempt_3(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
@@ -160,7 +160,7 @@ async fn a_job_that_fails_twice_then_succeeds_is_processed_once_on_attempt_3(
     assert_eq!(stack.consumer.metrics()["Retried"], 2);
 }
 
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn a_poison_message_is_dead_lettered_with_zero_retries(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
@@ -189,7 +189,7 @@ async fn a_poison_message_is_dead_lettered_with_zero_retries(
 /// `crashed` without running the work again. Executions are charged from the second delivery
 /// on (a first delivery runs with its batch-mates, so its crash cannot be attributed): five
 /// charged executions after the uncharged first, and a letter saying five.
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn a_consumer_that_crashes_every_time_ends_as_a_crashed_dead_letter(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
@@ -228,7 +228,7 @@ async fn a_consumer_that_crashes_every_time_ends_as_a_crashed_dead_letter(
 /// When the consumer cannot even record its failure (its database is unreachable), the redrive
 /// moves the message to the DLQ after `maxReceiveCount` deliveries and the ingester writes the
 /// `crashed` letter. A DLQ message delivered twice still yields one letter.
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn a_message_redriven_to_the_dlq_becomes_one_crashed_dead_letter(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
@@ -290,7 +290,7 @@ async fn a_message_redriven_to_the_dlq_becomes_one_crashed_dead_letter(
 }
 
 /// A batch whose deadline is already too near is handed back whole, without running anything.
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn records_not_started_before_the_deadline_are_handed_back(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
@@ -313,7 +313,7 @@ async fn records_not_started_before_the_deadline_are_handed_back(
 }
 
 /// A misconfigured function does not start, and says which variable is wrong.
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn a_misconfigured_consumer_stops_at_start_naming_the_variable(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
@@ -342,7 +342,7 @@ async fn a_misconfigured_consumer_stops_at_start_naming_the_variable(
 /// A process crash fails the whole batch. Fresh records run before repeat deliveries, so when a
 /// crash-looping job comes back in a batch of fresh jobs, they all commit before it runs (and
 /// their redeliveries after the crash are acked as duplicates).
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn fresh_jobs_commit_before_a_crash_looping_batch_mate_runs(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,

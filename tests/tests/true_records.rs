@@ -3,6 +3,7 @@
 //! The library-level tests of the same issue are `shared/tests/true_records.rs`.
 
 use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
+use consumer::count_awards;
 use dead_letter_api::api::Scope;
 use e2e::api_client::{caller, request, seed_letter_for};
 use e2e::stack::{Stack, StackSpec};
@@ -10,7 +11,6 @@ use serde_json::{Value, json};
 use shared::dead_letter::{DeadLetter, ErrorKind, letters_for_job};
 use shared::fence::fence_exists;
 use shared::ids::{ConsumerName, JobId, TenantId};
-use shared::reference::count_awards;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use std::time::Duration;
@@ -61,7 +61,7 @@ fn dlq_event(stack: &Stack, message_id: &str, body: &str) -> Value {
 /// fence, aged past its TTL, is kept by the sweeper while that letter is pending, and the
 /// replay sends nothing. Before the fix the ingester wrote the letter, the sweeper removed the
 /// fence, and the replay awarded the points a second time.
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn hole1_a_committed_job_redriven_swept_and_replayed_is_still_one_award(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
@@ -132,7 +132,7 @@ async fn hole1_a_committed_job_redriven_swept_and_replayed_is_still_one_award(
 /// its batch-mates, which never crashed anything, run before it on every redelivery: each is
 /// applied once and none becomes a letter. Before the fix 6 to 8 of them ended as `crashed`
 /// letters after the redeliveries that the crasher caused.
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn hole5_a_crasher_first_in_a_fresh_batch_of_ten_costs_its_batch_mates_nothing(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
@@ -198,7 +198,7 @@ async fn hole5_a_crasher_first_in_a_fresh_batch_of_ten_costs_its_batch_mates_not
 
 /// Hole 7: a DLQ body that is no envelope was labelled `crashed`; it is poison (one attempt),
 /// and a body whose envelope is whole is `crashed` with the executions the ledger counted.
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn hole7_the_ingester_labels_a_body_that_is_no_envelope_poison(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
@@ -232,7 +232,7 @@ async fn hole7_the_ingester_labels_a_body_that_is_no_envelope_poison(
 
 /// Hole 6: a replay sends a body equal to the one received as JSON, every number exact. Before
 /// the fix the stored payload had gone through f64 and the replay sent rounded numbers.
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn hole6_a_replay_sends_the_body_as_received_number_for_number(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
@@ -285,7 +285,7 @@ async fn hole6_a_replay_sends_the_body_as_received_number_for_number(
 
 /// Hole 4: a redrive `maxReceiveCount` that does not exceed the attempts passed the consumer's
 /// start-up checks (only the ingester looked). The consumer now stops, naming the variable.
-#[sqlx::test(migrator = "shared::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn hole4_a_consumer_whose_redrive_count_does_not_exceed_its_attempts_stops_at_start(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,

@@ -79,6 +79,14 @@ impl RecordOutcome {
         )
     }
 
+    /// The kind of the dead letter this outcome committed (or found), if it is one.
+    pub fn dead_letter_kind(&self) -> Option<ErrorKind> {
+        match self {
+            Self::DeadLettered { kind, .. } => Some(*kind),
+            _ => None,
+        }
+    }
+
     /// For an outcome that is not an ack: how long to hide the message before redelivery.
     pub fn redeliver_after(&self) -> Option<Duration> {
         match self {

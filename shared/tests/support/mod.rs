@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 use chrono::{DateTime, TimeZone, Utc};
+use consumer::{AwardPoints, PointsAward};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use serde_json::{Value, json};
@@ -10,7 +11,6 @@ use shared::clock::{Clock, ManualClock};
 use shared::consumer::{Consumer, Job, ProcessError};
 use shared::harness::{Harness, HarnessSettings, IncomingMessage};
 use shared::ids::{ConsumerName, JobId, TenantId};
-use shared::reference::{AwardPoints, PointsAward};
 use shared::retry::RetryPolicy;
 use sqlx::{PgConnection, PgPool};
 use std::sync::Arc;

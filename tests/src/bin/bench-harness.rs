@@ -8,12 +8,12 @@
 //! Each pair runs alternately, in random order, for several rounds; medians and ratios are
 //! printed and written to `target/bench/harness.json`. A measurement, not a test.
 
+use consumer::AwardPoints;
 use e2e::bench::{self, BenchDatabase, median, psql};
 use rand::RngExt;
 use rand::seq::SliceRandom;
 use serde_json::{Value, json};
 use shared::harness::{IncomingMessage, RecordOutcome};
-use shared::reference::AwardPoints;
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

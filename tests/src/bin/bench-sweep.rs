@@ -3,12 +3,12 @@
 //! database (`DATABASE_URL`). Pairs alternate over several rounds; medians and ratios are printed
 //! and written to `target/bench/sweep.json`. A measurement, not a test: it asserts nothing.
 
+use consumer::AwardPoints;
 use e2e::bench::{self, BenchDatabase, median, psql};
 use rand::seq::SliceRandom;
 use serde_json::json;
 use shared::clock::SystemClock;
 use shared::harness::RecordOutcome;
-use shared::reference::AwardPoints;
 use shared::sweeper::{SweepSettings, sweep};
 use sqlx::PgPool;
 use std::sync::Arc;

@@ -2,8 +2,8 @@
 //! [`e2e::FailAfterWork`]`(…, Hang)` against `DATABASE_URL`, so a test can SIGKILL it between
 //! the work and the commit.
 
+use consumer::AwardPoints;
 use shared::harness::IncomingMessage;
-use shared::reference::AwardPoints;
 
 #[tokio::main]
 async fn main() {

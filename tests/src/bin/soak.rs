@@ -19,7 +19,10 @@ async fn main() {
     let cluster = ThrowawayCluster::start();
     let url = cluster.url();
     let admin = sqlx::PgPool::connect(&url).await.expect("connect");
-    shared::MIGRATOR.run(&admin).await.expect("migrate");
+    consumer::MIGRATOR_WITH_CORE
+        .run(&admin)
+        .await
+        .expect("migrate");
     let mut stack = StackSpec::time_scaled(
         Binaries::beside_current_exe(),
         &url,

@@ -1,6 +1,6 @@
 //! The reference consumer: awards points to an account, as a row in `reference.point_awards`.
 //!
-//! It is the example a platform engineer copies and the consumer the tests and the demo run.
+//! The consumer the tests and the demo run; `functions/redeem-reward` is the one to copy.
 //! Its effect table has no unique constraint on `job_id` on purpose: only the fence prevents a
 //! double award, so a broken fence shows up as two rows.
 //!
@@ -9,10 +9,10 @@
 //! the deployed consumer has no such field, so a message asking for a fault is poison there and
 //! nobody who can send to the queue can make the consumer crash itself.
 
-use crate::consumer::{Consumer, Job, ProcessError};
-use crate::ids::{ConsumerName, JobId, TenantId};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use shared::consumer::{Consumer, Job, ProcessError};
+use shared::ids::{ConsumerName, JobId, TenantId};
 use sqlx::{PgConnection, PgExecutor};
 
 /// The payload of an award job.
@@ -23,13 +23,13 @@ pub struct PointsAward {
     pub account_id: String,
     /// How many points; must be positive, or the job is poison.
     pub points: i64,
-    /// A failure to simulate, for demos and end-to-end tests (feature `demo-faults` only).
+    /// A failure to simulate, for demos and end-to-end tests (this crate's feature `demo-faults` only).
     #[cfg(feature = "demo-faults")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub demo_fault: Option<DemoFault>,
 }
 
-/// A failure the reference consumer simulates on request (feature `demo-faults` only).
+/// A failure the reference consumer simulates on request (this crate's feature `demo-faults` only).
 #[cfg(feature = "demo-faults")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
