@@ -7,7 +7,7 @@ source "$(dirname "$0")/lib.sh"
 command -v cargo >/dev/null || die "cargo is not installed"
 ensure_cargo_lambda
 # The binaries template.yaml deploys (its BuildProperties: Binary: lines), so this never drifts.
-mapfile -t BINARIES < <(sed -n 's/^ *Binary: *//p' template.yaml)
+mapfile -t BINARIES < <(sed -n 's/^ *Binary: *//p' template.yaml | sort -u)
 [ "${#BINARIES[@]}" -gt 0 ] || die "no Binary: entries found in template.yaml"
 step "Building ${BINARIES[*]} (cargo lambda build --release)"
 cargo lambda build --release $(printf -- '--bin %s ' "${BINARIES[@]}") || die "cargo lambda build failed"

@@ -15,9 +15,15 @@ use uuid::Uuid;
 /// The job queue's name, as in `template.yaml`; the DLQ is `<name>-dlq`.
 pub const QUEUE: &str = "points-award-jobs";
 
-/// The metric counts the workload must produce.
+/// The second consumer's queue: `<QUEUE>-redeem`.
+pub const REDEEM_SUFFIX: &str = "-redeem";
+
+/// The metric counts the workload must produce (the second consumer's prefixed by its name).
 pub fn expected() -> BTreeMap<&'static str, u64> {
     BTreeMap::from([
+        ("redeem-reward/Processed", 2),
+        ("redeem-reward/DuplicateSkipped", 1),
+        ("redeem-reward/DeadLetteredPoison", 1),
         ("Processed", 6),
         ("DuplicateSkipped", 1),
         ("Retried", 2 + 4),
@@ -76,8 +82,10 @@ fn workload() -> Vec<(&'static str, String)> {
 pub async fn run(database_url: &str, queue: &str, log_dir: PathBuf) -> BTreeMap<String, u64> {
     let mut spec = StackSpec::time_scaled(Binaries::beside_current_exe(), database_url, queue);
     spec.log_dir = Some(log_dir.clone());
+    let redeem_spec = spec.redeem_reward(&format!("{queue}{REDEEM_SUFFIX}"));
     let stack = Stack::start(spec).await;
-    for q in [&stack.jobs, &stack.dlq] {
+    let redeem = Stack::start(redeem_spec).await;
+    for q in [&stack.jobs, &stack.dlq, &redeem.jobs, &redeem.dlq] {
         let _ = stack.sqs.purge_queue().queue_url(&q.url).send().await;
     }
     println!(
@@ -96,6 +104,28 @@ pub async fn run(database_url: &str, queue: &str, log_dir: PathBuf) -> BTreeMap<
     println!("\nphase 1: the workload");
     sent += send_all(&stack, workload()).await;
     settle(&stack, sent, start).await;
+    println!(
+        "\nphase 1b: a second consumer, redeem-reward, on its own queue {} (3 executions, base 1 s)",
+        redeem.jobs.name
+    );
+    let mug = envelope(json!({"account_id": "acct-1", "reward_sku": "mug", "cost_points": 500}));
+    let redeem_sent = send_all(
+        &redeem,
+        vec![
+            ("a redemption", mug.clone()),
+            ("the same redemption, sent again", mug),
+            (
+                "another redemption",
+                envelope(json!({"account_id": "acct-2", "reward_sku": "cap", "cost_points": 300})),
+            ),
+            (
+                "poison: a redemption costing nothing",
+                envelope(json!({"account_id": "acct-3", "reward_sku": "pen", "cost_points": 0})),
+            ),
+        ],
+    )
+    .await;
+    settle(&redeem, redeem_sent, start).await;
     println!("\nphase 2: a job that kills its process on every delivery");
     let crasher =
         envelope(json!({"account_id": "acct-z", "points": 1, "demo_fault": "crash_before_commit"}));
@@ -109,6 +139,9 @@ pub async fn run(database_url: &str, queue: &str, log_dir: PathBuf) -> BTreeMap<
     println!("\nphase 4: an operator reviews the dead letters through the API functions");
     review(&stack, &mut sent, start).await;
     let mut totals = totals(&stack);
+    for (metric, n) in self::totals(&redeem) {
+        totals.insert(format!("redeem-reward/{metric}"), n);
+    }
     totals.insert(
         "LettersPendingReview".into(),
         pending(&stack).await.len() as u64,

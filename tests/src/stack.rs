@@ -20,6 +20,8 @@ pub struct Binaries {
     pub sweeper: PathBuf,
     /// The dead-letter API functions (one binary serving as the function it is named).
     pub api: PathBuf,
+    /// The second consumer, redeem-reward.
+    pub redeem_reward: PathBuf,
 }
 
 impl Binaries {
@@ -32,6 +34,7 @@ impl Binaries {
             ingester: dir.join("local-dlq-ingester"),
             sweeper: dir.join("local-sweeper"),
             api: dir.join("local-dead-letter-api"),
+            redeem_reward: dir.join("local-redeem-reward"),
         }
     }
 }
@@ -45,6 +48,7 @@ macro_rules! test_binaries {
             ingester: env!("CARGO_BIN_EXE_local-dlq-ingester").into(),
             sweeper: env!("CARGO_BIN_EXE_local-sweeper").into(),
             api: env!("CARGO_BIN_EXE_local-dead-letter-api").into(),
+            redeem_reward: env!("CARGO_BIN_EXE_local-redeem-reward").into(),
         }
     };
 }
@@ -98,6 +102,27 @@ impl StackSpec {
 }
 
 impl StackSpec {
+    /// The same stack for the second consumer, redeem-reward, on its own queue `queue_name`,
+    /// with its own retry policy time-scaled (3 executions, base 1 s) and redrive (3 + 2).
+    pub fn redeem_reward(&self, queue_name: &str) -> Self {
+        let mut spec = Self::time_scaled(self.binaries.clone(), &self.database_url, queue_name);
+        spec.binaries.consumer = self.binaries.redeem_reward.clone();
+        spec.consumer_name = "redeem-reward".into();
+        spec.max_receive_count = 5;
+        spec.log_dir = self.log_dir.as_ref().map(|d| d.join("redeem-reward"));
+        spec.consumer_env = vec![
+            ("RETRY_MAX_ATTEMPTS".into(), "3".into()),
+            ("RETRY_BASE_SECONDS".into(), "1".into()),
+            ("RETRY_CAP_SECONDS".into(), "60".into()),
+            (
+                "RETRY_OVERRIDE_RATIONALE".into(),
+                "local stack: redeem-reward's policy, time-scaled".into(),
+            ),
+            ("DEADLINE_MARGIN_MS".into(), "1000".into()),
+        ];
+        spec
+    }
+
     /// What every function of the stack gets: the database, the consumer name, the queue's
     /// redrive count (each function checks it against the attempts), no alerts.
     pub fn common_env(&self) -> Vec<(String, String)> {
@@ -185,6 +210,9 @@ impl ApiFunctions {
 impl Stack {
     /// Creates the queues and prepares the functions (they start on their first invocation).
     pub async fn start(spec: StackSpec) -> Self {
+        if let Some(dir) = &spec.log_dir {
+            std::fs::create_dir_all(dir).expect("the stack's log directory");
+        }
         let sqs = sqs_client().await;
         let (jobs, dlq) = create_queue_pair(
             &sqs,
@@ -196,7 +224,13 @@ impl Stack {
         let common = spec.common_env();
         let log = |name: &str| spec.log_file(name);
         let consumer = LambdaHost::new(spec.consumer_function("consumer"));
-        let ingester_env = [("JOB_QUEUE_NAME".to_owned(), jobs.name.clone())];
+        // The ingester gets the consumer's retry policy too, as in template.yaml's stanza.
+        let ingester_env = spec
+            .consumer_env
+            .iter()
+            .filter(|(k, _)| k.starts_with("RETRY_"))
+            .cloned()
+            .chain([("JOB_QUEUE_NAME".to_owned(), jobs.name.clone())]);
         let ingester = LambdaHost::new(FunctionSpec {
             name: "dlq-ingester".into(),
             binary: spec.binaries.ingester.clone(),

@@ -6,7 +6,6 @@
 use dead_letter_api::api::ROUTES;
 use serde_json::{Map, Value};
 use shared::config::{ApiConfig, BackstopConfig, ConsumerConfig, Env, SweeperConfig};
-use shared::retry::RetryPolicy;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -120,38 +119,84 @@ fn binary(f: &Value) -> &str {
     f["Metadata"]["BuildProperties"]["Binary"].as_str().unwrap()
 }
 
+/// The binaries that are queue consumers (everything in `functions/` but the platform's own).
+fn is_consumer_binary(binary: &str) -> bool {
+    ![
+        "dlq-ingester",
+        "sweeper",
+        "dead-letters-read",
+        "dead-letters-replay",
+        "dead-letters-discard",
+    ]
+    .contains(&binary)
+}
+
+/// Every consumer stanza: (consumer function, its ingester, its job queue, its DLQ), by the
+/// consumer's SQS event and the queue's redrive target.
+fn consumers(t: &Value) -> Vec<(String, String, String, String)> {
+    let mut found = Vec::new();
+    for (name, f) in functions(t) {
+        if !is_consumer_binary(binary(f)) {
+            continue;
+        }
+        let queue = f["Properties"]["Events"]["Jobs"]["Properties"]["Queue"]["Fn::GetAtt"][0]
+            .as_str()
+            .unwrap_or_else(|| panic!("{name}: a consumer has an SQS event `Jobs` on its queue"))
+            .to_owned();
+        let dlq =
+            resource(t, &queue)["Properties"]["RedrivePolicy"]["deadLetterTargetArn"]["Fn::GetAtt"]
+                [0]
+            .as_str()
+            .unwrap_or_else(|| panic!("{queue} redrives to a DLQ of this stack"))
+            .to_owned();
+        let ingesters: Vec<String> = functions(t)
+            .into_iter()
+            .filter(|(_, g)| {
+                binary(g) == "dlq-ingester"
+                    && g["Properties"]["Events"]["DeadLetters"]["Properties"]["Queue"]["Fn::GetAtt"]
+                        [0]
+                        == dlq.as_str()
+            })
+            .map(|(n, _)| n)
+            .collect();
+        assert_eq!(
+            ingesters.len(),
+            1,
+            "{name}: exactly one ingester reads {dlq}"
+        );
+        found.push((name, ingesters[0].clone(), queue, dlq));
+    }
+    found
+}
+
 #[test]
 fn every_function_builds_a_binary_of_this_workspace_with_cargo_lambda() {
     let t = template();
-    let names: Vec<_> = functions(&t).into_iter().map(|(n, _)| n).collect();
-    assert_eq!(
-        names,
-        [
-            "ConsumerFunction",
-            "DeadLettersDiscardFunction",
-            "DeadLettersReadFunction",
-            "DeadLettersReplayFunction",
-            "DlqIngesterFunction",
-            "SweeperFunction"
-        ]
-    );
     let mut deployed: Vec<String> = Vec::new();
     for (name, f) in functions(&t) {
         assert_eq!(f["Metadata"]["BuildMethod"], "rust-cargolambda", "{name}");
         deployed.push(binary(f).to_owned());
     }
     deployed.sort();
+    deployed.dedup();
     assert_eq!(
         deployed,
         function_binaries(),
-        "every function binary deployed, each once"
+        "every function binary deployed, and nothing else"
     );
+    assert_eq!(consumers(&t).len(), 2, "award-points and redeem-reward");
     let globals = &t["Globals"]["Function"];
     assert_eq!(
         (globals["Runtime"].as_str(), globals["Handler"].as_str()),
         (Some("provided.al2023"), Some("bootstrap"))
     );
     assert_eq!(globals["LoggingConfig"]["LogFormat"], "JSON");
+    assert!(
+        globals["Environment"]["Variables"]
+            .get("CONSUMER_NAME")
+            .is_none(),
+        "CONSUMER_NAME is per function, never inherited"
+    );
 }
 
 #[test]
@@ -160,50 +205,88 @@ fn each_functions_environment_passes_its_own_configuration() {
     for (name, f) in functions(&t) {
         let env = environment(&t, f);
         let lookup = Env::from_fn(|k| env.get(k).cloned());
-        let checked = match name.as_str() {
-            "ConsumerFunction" => ConsumerConfig::from_env(&lookup).map(drop),
-            "DlqIngesterFunction" => BackstopConfig::from_env(&lookup).map(drop),
-            "SweeperFunction" => SweeperConfig::from_env(&lookup).map(drop),
-            "DeadLettersReadFunction"
-            | "DeadLettersReplayFunction"
-            | "DeadLettersDiscardFunction" => {
+        let checked = match binary(f) {
+            "dlq-ingester" => BackstopConfig::from_env(&lookup).map(drop),
+            "sweeper" => SweeperConfig::from_env(&lookup).map(drop),
+            "dead-letters-read" | "dead-letters-replay" | "dead-letters-discard" => {
                 assert!(
                     !env.contains_key("BETTERSTACK_API_TOKEN"),
                     "{name} has no use for the BetterStack token"
                 );
                 ApiConfig::from_env(&lookup).map(drop)
             }
-            other => panic!("no configuration known for {other}"),
+            _ => ConsumerConfig::from_env(&lookup).map(drop),
         };
         checked.unwrap_or_else(|e| panic!("{name} would not start: {e}"));
     }
 }
 
 #[test]
-fn the_queue_redrive_and_timeouts_fit_the_harness() {
+fn every_queue_is_named_after_the_stack() {
     let t = template();
-    let queue = &resource(&t, "JobQueue")["Properties"];
-    let consumer = &resource(&t, "ConsumerFunction")["Properties"];
-    let max_receive = queue["RedrivePolicy"]["maxReceiveCount"].as_u64().unwrap();
-    assert!(
-        max_receive > u64::from(RetryPolicy::default().max_attempts()),
-        "the redrive must not pre-empt the retries"
-    );
-    // Every function that checks the redrive count against the attempts is told the real one.
-    for name in ["ConsumerFunction", "DlqIngesterFunction", "SweeperFunction"] {
-        let env = environment(&t, resource(&t, name));
-        assert_eq!(
-            env["REDRIVE_MAX_RECEIVE_COUNT"],
-            max_receive.to_string(),
-            "{name}"
-        );
+    for (name, r) in t["Resources"].as_object().unwrap() {
+        if r["Type"] == "AWS::SQS::Queue" {
+            let queue_name = r["Properties"]["QueueName"]["Fn::Sub"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{name}: QueueName is Fn::Sub on the stack name"));
+            assert!(
+                queue_name.starts_with("${AWS::StackName}-")
+                    && (queue_name.ends_with("-jobs") || queue_name.ends_with("-dlq")),
+                "{name}: {queue_name}"
+            );
+        }
     }
-    let visibility = queue["VisibilityTimeout"].as_u64().unwrap();
-    let timeout = consumer["Timeout"].as_u64().unwrap();
-    assert!(
-        visibility >= 6 * timeout,
-        "visibility {visibility} s < 6 x timeout {timeout} s"
-    );
+}
+
+#[test]
+fn each_consumer_stanza_wires_its_queue_redrive_ingester_and_timeouts() {
+    let t = template();
+    let mut names = Vec::new();
+    for (consumer, ingester, queue, dlq) in consumers(&t) {
+        let env = environment(&t, resource(&t, &consumer));
+        let config = ConsumerConfig::from_env(&Env::from_fn(|k| env.get(k).cloned())).unwrap();
+        names.push(config.consumer_name.as_str().to_owned());
+        let q = &resource(&t, &queue)["Properties"];
+        let max_receive = q["RedrivePolicy"]["maxReceiveCount"].as_u64().unwrap();
+        assert!(
+            max_receive > u64::from(config.fence.policy.max_attempts()),
+            "{consumer}: the redrive must not pre-empt the retries"
+        );
+        assert_eq!(
+            u64::from(config.fence.max_receive_count),
+            max_receive,
+            "{consumer}: REDRIVE_MAX_RECEIVE_COUNT is the queue's"
+        );
+        let ingester_env = environment(&t, resource(&t, &ingester));
+        assert_eq!(
+            ingester_env["CONSUMER_NAME"], env["CONSUMER_NAME"],
+            "{ingester}"
+        );
+        assert_eq!(
+            ingester_env["REDRIVE_MAX_RECEIVE_COUNT"],
+            max_receive.to_string(),
+            "{ingester}"
+        );
+        assert_eq!(
+            resource(&t, &ingester)["Properties"]["Environment"]["Variables"]["JOB_QUEUE_NAME"]["Fn::GetAtt"]
+                [0],
+            queue.as_str(),
+            "{ingester}: its letters name the job queue, where a replay goes"
+        );
+        let visibility = q["VisibilityTimeout"].as_u64().unwrap();
+        let timeout = resource(&t, &consumer)["Properties"]["Timeout"]
+            .as_u64()
+            .unwrap();
+        assert!(
+            visibility >= 6 * timeout,
+            "{queue}: visibility {visibility} s < 6 x timeout {timeout} s"
+        );
+        assert!(resource(&t, &dlq)["Type"] == "AWS::SQS::Queue");
+    }
+    names.sort();
+    let before = names.len();
+    names.dedup();
+    assert_eq!(before, names.len(), "consumer names are unique: {names:?}");
     for (name, f) in functions(&t) {
         for (event, e) in f["Properties"]["Events"].as_object().unwrap() {
             if e["Type"] == "SQS" {
@@ -218,14 +301,17 @@ fn the_queue_redrive_and_timeouts_fit_the_harness() {
 }
 
 #[test]
-fn only_the_consumer_changes_visibility_and_only_the_ingester_reads_the_dlq() {
+fn each_function_touches_only_its_own_queues_and_only_the_replay_path_sends() {
     let t = template();
+    let job_queues =
+        "arn:${AWS::Partition}:sqs:${AWS::Region}:${AWS::AccountId}:${AWS::StackName}-*-jobs";
     let grants = |f: &Value| -> Vec<(String, String)> {
         let mut out = Vec::new();
         for policy in f["Properties"]["Policies"].as_array().into_iter().flatten() {
             for st in policy["Statement"].as_array().into_iter().flatten() {
                 let target = st["Resource"]["Fn::GetAtt"][0]
                     .as_str()
+                    .or_else(|| st["Resource"]["Fn::Sub"].as_str())
                     .unwrap_or("*")
                     .to_owned();
                 for action in st["Action"].as_array().into_iter().flatten() {
@@ -235,32 +321,29 @@ fn only_the_consumer_changes_visibility_and_only_the_ingester_reads_the_dlq() {
         }
         out
     };
+    let stanzas = consumers(&t);
     for (name, f) in functions(&t) {
+        let own = stanzas.iter().find(|(c, i, _, _)| *c == name || *i == name);
         for (action, target) in grants(f) {
             assert!(
                 action.starts_with("sqs:"),
                 "{name} holds {action}: nothing but SQS is granted at runtime"
             );
-            match name.as_str() {
-                "ConsumerFunction" => assert_eq!(target, "JobQueue", "{name}: {action}"),
-                "DlqIngesterFunction" => assert!(
-                    target == "JobDeadLetterQueue" && action != "sqs:ChangeMessageVisibility",
+            match (binary(f), own) {
+                ("dlq-ingester", Some((_, _, _, dlq))) => assert!(
+                    target == *dlq && action != "sqs:ChangeMessageVisibility",
                     "{name}: {action} on {target}"
                 ),
-                // The replay path: the API sends, and the scheduled run sends what a replay
-                // recorded but could not send.
-                "DeadLettersReplayFunction" | "SweeperFunction" => assert!(
-                    target == "JobQueue"
+                ("dead-letters-replay" | "sweeper", _) => assert!(
+                    target == job_queues
                         && ["sqs:SendMessage", "sqs:GetQueueUrl"].contains(&action.as_str()),
                     "{name}: {action} on {target}"
                 ),
+                (_, Some((_, _, queue, _))) => {
+                    assert_eq!(target, *queue, "{name}: {action}");
+                    assert_ne!(action, "sqs:SendMessage", "{name} may not send");
+                }
                 _ => panic!("{name} should hold no SQS permission, holds {action} on {target}"),
-            }
-            if action == "sqs:SendMessage" {
-                assert!(
-                    ["DeadLettersReplayFunction", "SweeperFunction"].contains(&name.as_str()),
-                    "only the replay path may send, not {name}"
-                );
             }
         }
     }

@@ -31,7 +31,7 @@ async fn main() {
     let counts = e2e::demo::run(&db.url, &queue, logs).await;
 
     let expected = e2e::demo::expected();
-    println!("\n{:<24} {:>6} {:>9}", "outcome", "count", "expected");
+    println!("\n{:<34} {:>6} {:>9}", "outcome", "count", "expected");
     let names: std::collections::BTreeSet<&str> = counts
         .keys()
         .map(String::as_str)
@@ -45,7 +45,7 @@ async fn main() {
         );
         mismatches += usize::from(got != want);
         println!(
-            "{name:<24} {got:>6} {want:>9}{}",
+            "{name:<34} {got:>6} {want:>9}{}",
             if got == want { "" } else { "  ← differs" }
         );
     }
