@@ -37,6 +37,9 @@ pub struct FunctionSpec {
     pub timeout: Duration,
     /// Where its stderr (the logs) goes; `None` discards it.
     pub log_file: Option<PathBuf>,
+    /// Send `Lambda-Runtime-Deadline-Ms` as the timeout in milliseconds, a duration, as
+    /// cargo-lambda 1.9's emulator (`cargo lambda watch`) does, instead of an epoch time.
+    pub deadline_as_duration: bool,
 }
 
 /// Why an invocation produced no response.
@@ -160,10 +163,14 @@ impl LambdaHost {
         let id = uuid::Uuid::new_v4().to_string();
         let (tx, rx) = oneshot::channel();
         *sandbox.state.reply.lock().unwrap() = Some((id.clone(), tx));
-        let deadline_ms = (SystemTime::now() + self.spec.timeout)
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_millis();
+        let deadline_ms = if self.spec.deadline_as_duration {
+            self.spec.timeout.as_millis()
+        } else {
+            (SystemTime::now() + self.spec.timeout)
+                .duration_since(UNIX_EPOCH)
+                .unwrap()
+                .as_millis()
+        };
         let body = Bytes::from(serde_json::to_vec(event).expect("event serializes"));
         let _ = sandbox
             .invocations

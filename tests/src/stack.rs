@@ -155,6 +155,7 @@ impl StackSpec {
                 .collect(),
             timeout: self.consumer_timeout,
             log_file: self.log_file(name),
+            deadline_as_duration: false,
         }
     }
 }
@@ -237,6 +238,7 @@ impl Stack {
             env: common.iter().cloned().chain(ingester_env).collect(),
             timeout: Duration::from_secs(20),
             log_file: log("dlq-ingester"),
+            deadline_as_duration: false,
         });
         let sweeper = LambdaHost::new(FunctionSpec {
             name: "sweeper".into(),
@@ -244,6 +246,7 @@ impl Stack {
             env: common.to_vec(),
             timeout: Duration::from_secs(60),
             log_file: log("sweeper"),
+            deadline_as_duration: false,
         });
         let api_function = |name: &str| {
             LambdaHost::new(FunctionSpec {
@@ -252,6 +255,7 @@ impl Stack {
                 env: common.to_vec(),
                 timeout: Duration::from_secs(10),
                 log_file: log(name),
+                deadline_as_duration: false,
             })
         };
         let api = ApiFunctions {

@@ -175,6 +175,7 @@ async fn the_sweeper_function_deletes_expired_fences_when_invoked(
         ],
         timeout: Duration::from_secs(60),
         log_file: None,
+        deadline_as_duration: false,
     });
     let scheduled_event = json!({"version": "0", "id": "e", "detail-type": "Scheduled Event", "source": "aws.events",
         "account": "123456789012", "time": "2026-11-30T12:00:00Z", "region": "us-east-1", "resources": [], "detail": {}});

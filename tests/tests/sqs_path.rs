@@ -403,3 +403,36 @@ async fn fresh_jobs_commit_before_a_crash_looping_batch_mate_runs(
         "redeliveries after the crash are duplicates"
     );
 }
+
+/// The consumer under cargo-lambda's emulator (`cargo lambda watch`), the development loop of
+/// the toolchain it is built with: that emulator sends `Lambda-Runtime-Deadline-Ms: 600000`, a
+/// duration, which read as an epoch time is 56 years past. The consumer used to hand every
+/// record back unstarted; it now treats a deadline already past as unknown and does the work.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn a_deadline_sent_as_a_duration_as_cargo_lambda_does_is_no_deadline(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let pool = pool_opts.connect_with(connect.clone()).await.unwrap();
+    let stack_spec = StackSpec::time_scaled(
+        e2e::test_binaries!(),
+        &e2e::test_database_url(&connect),
+        &format!("watch-{}", &Uuid::new_v4().simple().to_string()[..12]),
+    );
+    let mut spec = stack_spec.consumer_function("consumer-under-cargo-lambda");
+    spec.deadline_as_duration = true;
+    let stack = Stack::start(stack_spec).await;
+    spec.timeout = Duration::from_secs(600);
+    let host = e2e::lambda_host::LambdaHost::new(spec);
+    let (job_id, body) = job(json!({"account_id": "a", "points": 5}));
+    let record = json!({"messageId": "m-watch", "receiptHandle": "r", "body": body,
+        "attributes": {"ApproximateReceiveCount": "1"}, "messageAttributes": {},
+        "eventSource": "aws:sqs", "eventSourceARN": stack.jobs.arn});
+    let response = host.invoke(&json!({"Records": [record]})).await.unwrap();
+    assert_eq!(
+        response["batchItemFailures"],
+        json!([]),
+        "done, not handed back"
+    );
+    assert_eq!(count_awards(&pool, job_id).await.unwrap(), 1);
+}

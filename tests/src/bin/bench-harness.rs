@@ -245,6 +245,7 @@ async fn consumer_memory(url: &str) -> (u64, u64, f64) {
         .to_vec(),
         timeout: Duration::from_secs(60),
         log_file: None,
+        deadline_as_duration: false,
     });
     host.invoke(&sqs_event(10))
         .await
