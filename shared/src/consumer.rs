@@ -6,20 +6,31 @@
 
 use crate::envelope::Envelope;
 use crate::ids::ConsumerName;
+use crate::metrics::Metrics;
 use chrono::{DateTime, Utc};
 use serde::de::DeserializeOwned;
 use sqlx::PgConnection;
 use std::future::Future;
+use std::sync::Arc;
 
 /// One job handed to a consumer.
 #[derive(Debug, Clone)]
 pub struct Job<P> {
     /// The parsed envelope with the typed payload.
     pub envelope: Envelope<P>,
-    /// Which execution this is, from 1 (SQS `ApproximateReceiveCount`).
+    /// Which execution of the work this is, from 1, counted by the harness (not SQS receives).
     pub attempt: u32,
     /// When this attempt started, from the harness's clock; use it instead of `now()` in SQL.
     pub started_at: DateTime<Utc>,
+    pub(crate) metrics: Arc<Metrics>,
+}
+
+impl<P> Job<P> {
+    /// Counts `n` into the consumer's own metric `name`; it leaves as EMF with the harness's
+    /// metrics at the end of the invocation. Counted whether or not the job then commits.
+    pub fn count(&self, name: &'static str, n: u64) {
+        self.metrics.count(name, n);
+    }
 }
 
 /// How a handler failed. The class decides between retry and dead letter.

@@ -68,10 +68,12 @@ impl Metric {
     }
 }
 
-/// A set of counters for one consumer.
+/// A set of counters for one consumer: the harness's own, and any the consumer counts
+/// ([`crate::consumer::Job::count`]). All leave in one EMF line per invocation.
 #[derive(Debug, Default)]
 pub struct Metrics {
     counters: [AtomicU64; NAMES.len()],
+    custom: std::sync::Mutex<std::collections::BTreeMap<&'static str, u64>>,
 }
 
 impl Metrics {
@@ -85,6 +87,27 @@ impl Metrics {
         self.counters[metric.index()].load(Relaxed)
     }
 
+    /// Adds `n` to the consumer's own metric `name` (a CloudWatch metric name: a fixed word
+    /// such as `PointsRedeemed`, never a value that varies per job).
+    pub fn count(&self, name: &'static str, n: u64) {
+        *self
+            .custom
+            .lock()
+            .expect("metrics lock")
+            .entry(name)
+            .or_default() += n;
+    }
+
+    /// The current count of the consumer's own metric `name`.
+    pub fn custom(&self, name: &str) -> u64 {
+        self.custom
+            .lock()
+            .expect("metrics lock")
+            .get(name)
+            .copied()
+            .unwrap_or(0)
+    }
+
     /// Writes the counts since the last flush as one EMF JSON line and resets them.
     /// Writes nothing when nothing happened.
     pub fn flush_emf(
@@ -95,13 +118,15 @@ impl Metrics {
         at: DateTime<Utc>,
     ) -> std::io::Result<()> {
         let counts: Vec<u64> = self.counters.iter().map(|c| c.swap(0, Relaxed)).collect();
-        if counts.iter().all(|&c| c == 0) {
+        let custom = std::mem::take(&mut *self.custom.lock().expect("metrics lock"));
+        if counts.iter().all(|&c| c == 0) && custom.is_empty() {
             return Ok(());
         }
         let values: Vec<_> = NAMES
             .iter()
             .zip(counts)
             .map(|(n, c)| (*n, c as f64, "Count"))
+            .chain(custom.into_iter().map(|(n, c)| (n, c as f64, "Count")))
             .collect();
         writeln!(
             out,
@@ -182,5 +207,32 @@ mod tests {
         )
         .unwrap();
         assert!(again.is_empty(), "nothing happened, nothing written");
+    }
+
+    #[test]
+    fn a_consumers_own_metrics_leave_in_the_same_line() {
+        let m = Metrics::default();
+        m.increment(Metric::Processed);
+        m.count("PointsRedeemed", 500);
+        m.count("PointsRedeemed", 300);
+        assert_eq!(m.custom("PointsRedeemed"), 800);
+        let mut out = Vec::new();
+        m.flush_emf(
+            &mut out,
+            "JobHarness",
+            "redeem-reward",
+            DateTime::UNIX_EPOCH,
+        )
+        .unwrap();
+        let line: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(
+            (line["Processed"].as_u64(), line["PointsRedeemed"].as_u64()),
+            (Some(1), Some(800))
+        );
+        let defined = line["_aws"]["CloudWatchMetrics"][0]["Metrics"]
+            .as_array()
+            .unwrap();
+        assert!(defined.iter().any(|d| d["Name"] == "PointsRedeemed"));
+        assert_eq!(m.custom("PointsRedeemed"), 0, "reset by the flush");
     }
 }

@@ -82,6 +82,8 @@ impl Consumer for RedeemReward {
         .bind(job.started_at)
         .execute(&mut *tx)
         .await?;
+        // A metric of its own, beside the harness's (counted per execution that got this far).
+        job.count("PointsRedeemed", r.cost_points.unsigned_abs());
         Ok(())
     }
 }

@@ -27,6 +27,11 @@ async fn a_redemption_applies_once_and_a_copy_is_a_duplicate(pool: PgPool) {
     assert!(kit.is_processed(&job).await);
     assert_eq!(count_redemptions(&pool, job.job_id).await.unwrap(), 1);
     assert!(kit.letters(&job).await.is_empty());
+    assert_eq!(
+        kit.harness().metrics().custom("PointsRedeemed"),
+        500,
+        "its own metric"
+    );
 }
 
 #[sqlx::test(migrator = "redeem_reward::MIGRATOR_WITH_CORE")]

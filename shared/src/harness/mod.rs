@@ -53,7 +53,7 @@ pub struct Harness<C> {
     settings: HarnessSettings,
     clock: Arc<dyn Clock>,
     rng: Mutex<StdRng>,
-    metrics: Metrics,
+    metrics: Arc<Metrics>,
     alerter: Option<Alerter>,
 }
 
@@ -93,7 +93,7 @@ impl<C: Consumer> Harness<C> {
             settings,
             clock,
             rng: Mutex::new(rng),
-            metrics: Metrics::default(),
+            metrics: Arc::default(),
             alerter: None,
         }
     }
@@ -231,6 +231,7 @@ impl<C: Consumer> Harness<C> {
             envelope,
             attempt,
             started_at: self.clock.now(),
+            metrics: self.metrics.clone(),
         };
         let failure = match self.attempt(&job, msg).await {
             Ok(FenceClaim::Claimed) => return RecordOutcome::Processed,
