@@ -57,6 +57,12 @@ impl ErrorKind {
     }
 }
 
+crate::ids::text_column!(
+    ErrorKind,
+    |s: &str| ErrorKind::parse(s).ok_or_else(|| format!("unknown error kind {s:?}")),
+    |k: &ErrorKind| k.as_str()
+);
+
 impl fmt::Display for ErrorKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -131,7 +137,7 @@ pub async fn record_dead_letter(
     .bind(letter.message_id)
     .bind(letter.payload)
     .bind(i32::try_from(letter.attempts).unwrap_or(i32::MAX))
-    .bind(letter.kind.as_str())
+    .bind(letter.kind)
     .bind(storable_error(letter.last_error))
     .bind(letter.correlation_id.map(without_nul))
     .bind(letter.replay_of.map(|r| r.0))
@@ -201,35 +207,35 @@ pub async fn record_unless_processed(
     Ok(Settled::Recorded(recorded))
 }
 
-/// A stored dead letter.
+/// A stored dead letter, read back as the domain's types.
 #[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
 pub struct DeadLetter {
     /// Primary key.
-    pub id: uuid::Uuid,
+    pub id: DeadLetterId,
     /// The job, if the message carried one.
-    pub job_id: Option<uuid::Uuid>,
+    pub job_id: Option<JobId>,
     /// The tenant, if readable.
-    pub tenant_id: Option<uuid::Uuid>,
+    pub tenant_id: Option<TenantId>,
     /// The consumer.
-    pub consumer: String,
+    pub consumer: ConsumerName,
     /// The source queue.
     pub queue: String,
     /// The SQS message id.
     pub message_id: String,
     /// The body as received.
     pub payload: Value,
-    /// The attempt on which it was written.
+    /// The attempt on which it was written (executions; 0 for a redriven job that never ran).
     pub attempts: i32,
-    /// `poison`, `permanent`, `exhausted` or `crashed`.
-    pub error_kind: String,
+    /// Why.
+    pub error_kind: ErrorKind,
     /// The last error.
     pub last_error: String,
     /// The correlation id.
     pub correlation_id: Option<String>,
     /// The letter whose replay produced this one.
-    pub replay_of: Option<uuid::Uuid>,
-    /// `pending_review`, `replayed` or `discarded`.
-    pub status: String,
+    pub replay_of: Option<DeadLetterId>,
+    /// Where its review stands.
+    pub status: crate::review::ReviewStatus,
     /// Why it was discarded.
     pub discard_reason: Option<String>,
     /// Who reviewed it.
@@ -238,9 +244,9 @@ pub struct DeadLetter {
     pub reviewed_at: Option<DateTime<Utc>>,
     /// When it was written.
     pub created_at: DateTime<Utc>,
-    /// For a replayed letter: `queued` (recorded, not yet accepted by the queue), `sent`, or
-    /// `already_processed` (the job's fence existed, so nothing was sent).
-    pub replay_outcome: Option<String>,
+    /// For a replayed letter: queued (recorded, not yet accepted by the queue), sent, or
+    /// already processed (the job's fence existed, so nothing was sent).
+    pub replay_outcome: Option<crate::review::ReplayOutcome>,
     /// The message the queue accepted for the replay.
     pub replay_message_id: Option<String>,
     /// When the queue accepted it.

@@ -2,14 +2,50 @@
 //! and the consumer name that keys the fence.
 
 use serde::{Deserialize, Serialize};
+
+/// Maps a domain type to a PostgreSQL `text` column: read through `parse` (a value the type
+/// refuses is a decode error, never a silent string), written through `as_str`.
+macro_rules! text_column {
+    ($ty:ty, $parse:expr, $as_str:expr) => {
+        impl sqlx::Type<sqlx::Postgres> for $ty {
+            fn type_info() -> sqlx::postgres::PgTypeInfo {
+                <String as sqlx::Type<sqlx::Postgres>>::type_info()
+            }
+            fn compatible(ty: &sqlx::postgres::PgTypeInfo) -> bool {
+                <String as sqlx::Type<sqlx::Postgres>>::compatible(ty)
+            }
+        }
+        impl<'r> sqlx::Decode<'r, sqlx::Postgres> for $ty {
+            fn decode(
+                value: sqlx::postgres::PgValueRef<'r>,
+            ) -> Result<Self, sqlx::error::BoxDynError> {
+                let text = <&str as sqlx::Decode<sqlx::Postgres>>::decode(value)?;
+                #[allow(clippy::redundant_closure_call)]
+                ($parse)(text).map_err(|e| format!("{}: {e}", stringify!($ty)).into())
+            }
+        }
+        impl sqlx::Encode<'_, sqlx::Postgres> for $ty {
+            fn encode_by_ref(
+                &self,
+                buf: &mut sqlx::postgres::PgArgumentBuffer,
+            ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+                #[allow(clippy::redundant_closure_call)]
+                let text: &str = ($as_str)(self);
+                <&str as sqlx::Encode<sqlx::Postgres>>::encode_by_ref(&text, buf)
+            }
+        }
+    };
+}
 use std::fmt;
+pub(crate) use text_column;
 use uuid::Uuid;
 
 macro_rules! uuid_id {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, sqlx::Type)]
         #[serde(transparent)]
+        #[sqlx(transparent)]
         pub struct $name(pub Uuid);
 
         impl fmt::Display for $name {
@@ -62,6 +98,18 @@ impl ConsumerName {
         &self.0
     }
 }
+
+impl Serialize for ConsumerName {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.0)
+    }
+}
+
+text_column!(
+    ConsumerName,
+    |s: &str| ConsumerName::new(s),
+    ConsumerName::as_str
+);
 
 impl fmt::Display for ConsumerName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

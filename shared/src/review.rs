@@ -50,6 +50,12 @@ impl ReviewStatus {
     }
 }
 
+crate::ids::text_column!(
+    ReviewStatus,
+    |s: &str| ReviewStatus::parse(s).ok_or_else(|| format!("unknown review status {s:?}")),
+    |k: &ReviewStatus| k.as_str()
+);
+
 impl fmt::Display for ReviewStatus {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -86,21 +92,21 @@ pub struct Position {
 #[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
 pub struct LetterSummary {
     /// Primary key.
-    pub id: Uuid,
+    pub id: DeadLetterId,
     /// The job, if the message carried one.
-    pub job_id: Option<Uuid>,
+    pub job_id: Option<JobId>,
     /// The tenant, if readable.
-    pub tenant_id: Option<Uuid>,
+    pub tenant_id: Option<crate::ids::TenantId>,
     /// The consumer.
-    pub consumer: String,
+    pub consumer: ConsumerName,
     /// The source queue.
     pub queue: String,
     /// The SQS message id.
     pub message_id: String,
     /// The attempt on which it was written.
     pub attempts: i32,
-    /// `poison`, `permanent`, `exhausted` or `crashed`.
-    pub error_kind: String,
+    /// Why.
+    pub error_kind: ErrorKind,
     /// The start of the last error.
     pub last_error: String,
     /// Whether `last_error` was cut.
@@ -108,9 +114,9 @@ pub struct LetterSummary {
     /// The correlation id.
     pub correlation_id: Option<String>,
     /// The letter whose replay produced this one.
-    pub replay_of: Option<Uuid>,
-    /// The review status.
-    pub status: String,
+    pub replay_of: Option<DeadLetterId>,
+    /// Where its review stands.
+    pub status: ReviewStatus,
     /// Why it was discarded.
     pub discard_reason: Option<String>,
     /// Who reviewed it.
@@ -119,8 +125,8 @@ pub struct LetterSummary {
     pub reviewed_at: Option<DateTime<Utc>>,
     /// When it was written.
     pub created_at: DateTime<Utc>,
-    /// For a replayed letter: `queued`, `sent` or `already_processed`.
-    pub replay_outcome: Option<String>,
+    /// For a replayed letter: what the replay did.
+    pub replay_outcome: Option<ReplayOutcome>,
 }
 
 impl LetterSummary {
@@ -128,7 +134,7 @@ impl LetterSummary {
     pub fn position(&self) -> Position {
         Position {
             created_at: self.created_at,
-            id: self.id,
+            id: self.id.0,
         }
     }
 }
@@ -209,11 +215,10 @@ pub async fn letter_fence_exists(
     db: impl PgExecutor<'_>,
     letter: &DeadLetter,
 ) -> sqlx::Result<Option<bool>> {
-    let (Some(job_id), Ok(consumer)) = (letter.job_id, ConsumerName::new(letter.consumer.clone()))
-    else {
+    let Some(job_id) = letter.job_id else {
         return Ok(None);
     };
-    crate::fence::fence_exists(db, JobId(job_id), &consumer)
+    crate::fence::fence_exists(db, job_id, &letter.consumer)
         .await
         .map(Some)
 }
@@ -231,6 +236,9 @@ pub enum ReplayOutcome {
 }
 
 impl ReplayOutcome {
+    /// Every outcome.
+    pub const ALL: [ReplayOutcome; 3] = [Self::Queued, Self::Sent, Self::AlreadyProcessed];
+
     /// The value stored in `core.dead_letters.replay_outcome`.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -239,7 +247,18 @@ impl ReplayOutcome {
             Self::AlreadyProcessed => "already_processed",
         }
     }
+
+    /// The outcome stored as `s`, if it is one.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.as_str() == s)
+    }
 }
+
+crate::ids::text_column!(
+    ReplayOutcome,
+    |s: &str| ReplayOutcome::parse(s).ok_or_else(|| format!("unknown replay outcome {s:?}")),
+    |k: &ReplayOutcome| k.as_str()
+);
 
 /// How a review closes a letter.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -283,8 +302,8 @@ pub async fn lock_letter(
 
 impl LockedLetter {
     /// The letter's status.
-    pub fn status(&self) -> Option<ReviewStatus> {
-        ReviewStatus::parse(&self.letter.status)
+    pub fn status(&self) -> ReviewStatus {
+        self.letter.status
     }
 
     /// [`letter_fence_exists`] for the locked letter, inside the review's transaction.
@@ -305,7 +324,7 @@ impl LockedLetter {
         };
         self.letter = mark_reviewed(
             &mut self.tx,
-            self.letter.id,
+            self.letter.id.0,
             (status, reason, outcome),
             actor,
             now,

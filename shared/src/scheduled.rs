@@ -115,7 +115,7 @@ impl ScheduledRun {
             self.clock.now() - chrono::Duration::from_std(REPLAY_GRACE).unwrap_or_default();
         let mut sends = ReplaySends::default();
         for letter in crate::review::queued_replays(&self.pool, before, REPLAYS_PER_RUN).await? {
-            let id = crate::ids::DeadLetterId(letter.id);
+            let id = letter.id;
             match replayer.send(&letter).await {
                 Ok(sent) => {
                     crate::review::record_replay_sent(

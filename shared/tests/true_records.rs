@@ -246,7 +246,10 @@ async fn hole1_a_redelivered_permanent_failure_is_acked_by_its_letter_without_ru
         "not run again"
     );
     assert_eq!(count_awards(&pool, job_id).await.unwrap(), 0);
-    assert_eq!(letters(&pool, job_id).await[0].status, "pending_review");
+    assert_eq!(
+        letters(&pool, job_id).await[0].status.as_str(),
+        "pending_review"
+    );
 }
 
 /// Hole 1: two messages with one job id: one fails for good, the other later succeeds. The

@@ -354,7 +354,10 @@ async fn hole7_a_replay_is_recorded_before_it_is_sent_and_a_refused_send_is_sent
     );
     assert_eq!(depth(&apis.sqs, &late).await, 1);
     let letter = shared::review::letter(&pool, id).await.unwrap().unwrap();
-    assert_eq!(letter.replay_outcome.as_deref(), Some("sent"));
+    assert_eq!(
+        letter.replay_outcome,
+        Some(shared::review::ReplayOutcome::Sent)
+    );
     assert!(letter.replay_message_id.is_some());
     let again = scheduled.run(None).await;
     assert_eq!(

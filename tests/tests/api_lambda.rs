@@ -224,8 +224,8 @@ async fn a_replay_that_fails_again_is_a_new_letter_linked_to_the_first(
         Some(first),
         "linked to the letter it was replayed from"
     );
-    assert_eq!(letters[1].status, "pending_review");
-    assert_eq!(letters[0].status, "replayed");
+    assert_eq!(letters[1].status.as_str(), "pending_review");
+    assert_eq!(letters[0].status.as_str(), "replayed");
     let got = stack
         .api
         .call(&request(

@@ -159,7 +159,7 @@ async fn any_message_body_is_processed_once_or_dead_lettered_never_lost(pool: Pg
             }
             RecordOutcome::DeadLettered { kind, .. } => {
                 let letter = letter.unwrap_or_else(|| panic!("no letter for {body:?}"));
-                assert_eq!(letter.error_kind, kind.as_str());
+                assert_eq!(letter.error_kind, *kind);
                 // Equal as JSON (jsonb compares numbers by value: 2.7e17 is 270000000000000000).
                 let same: bool =
                     sqlx::query_scalar("SELECT payload = $1 FROM core.dead_letters WHERE id = $2")

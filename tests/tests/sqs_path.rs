@@ -397,7 +397,10 @@ async fn fresh_jobs_commit_before_a_crash_looping_batch_mate_runs(
             "fresh job {job_id} is no collateral"
         );
     }
-    assert_eq!(letters(&pool, crasher).await[0].error_kind, "crashed");
+    assert_eq!(
+        letters(&pool, crasher).await[0].error_kind.as_str(),
+        "crashed"
+    );
     assert!(
         stack.consumer.metrics()["DuplicateSkipped"] >= 9,
         "redeliveries after the crash are duplicates"

@@ -202,7 +202,7 @@ async fn lock_pending(
         })?
         .ok_or_else(|| not_found(id))?;
     match locked.status() {
-        Some(ReviewStatus::PendingReview) => Ok(locked),
+        ReviewStatus::PendingReview => Ok(locked),
         _ => {
             let letter = &locked.letter;
             Err(ApiError::conflict(
