@@ -33,26 +33,120 @@ impl<P> Job<P> {
     }
 }
 
-/// How a handler failed. The class decides between retry and dead letter.
+/// How a handler failed. The class decides between retry and dead letter; the [`Cause`] keeps
+/// the error that caused it, whole, for the logs (`std::error::Error::source` walks to it).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ProcessError {
     /// May succeed later (a timeout, a lock, a provider's 503): retried with backoff, then
     /// dead-lettered as `exhausted` on the last attempt.
     #[error("{0}")]
-    Transient(String),
+    Transient(#[source] Cause),
     /// Can never succeed (the account is closed, the provider said 4xx): dead-lettered at once.
     #[error("{0}")]
-    Permanent(String),
+    Permanent(#[source] Cause),
     /// The payload parsed but is meaningless (negative points): dead-lettered at once as poison.
     #[error("{0}")]
-    Poison(String),
+    Poison(#[source] Cause),
+}
+
+impl ProcessError {
+    /// A transient failure saying `message`.
+    pub fn transient(message: impl Into<String>) -> Self {
+        Self::Transient(Cause::new(message))
+    }
+
+    /// A permanent failure saying `message`.
+    pub fn permanent(message: impl Into<String>) -> Self {
+        Self::Permanent(Cause::new(message))
+    }
+
+    /// Poison: the payload is meaningless, as `message` says.
+    pub fn poison(message: impl Into<String>) -> Self {
+        Self::Poison(Cause::new(message))
+    }
+
+    /// The cause, whatever the class.
+    pub fn cause(&self) -> &Cause {
+        match self {
+            Self::Transient(c) | Self::Permanent(c) | Self::Poison(c) => c,
+        }
+    }
+}
+
+/// What went wrong: a sentence for the letter and the log, and the error behind it, kept.
+#[derive(Debug, Clone)]
+pub struct Cause {
+    message: String,
+    source: Option<Arc<dyn std::error::Error + Send + Sync + 'static>>,
+}
+
+impl Cause {
+    /// A cause that is only a sentence.
+    pub fn new(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// `context` caused by `source`; it reads `context: source`.
+    pub fn with_source(
+        context: &str,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            message: format!("{context}: {source}"),
+            source: Some(Arc::new(source)),
+        }
+    }
+
+    /// The sentence.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl std::fmt::Display for Cause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Cause {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+/// Causes compare by what they say: the error behind them is for the logs.
+impl PartialEq for Cause {
+    fn eq(&self, other: &Self) -> bool {
+        self.message == other.message
+    }
+}
+
+impl Eq for Cause {}
+
+impl From<String> for Cause {
+    fn from(message: String) -> Self {
+        Self::new(message)
+    }
+}
+
+impl From<&str> for Cause {
+    fn from(message: &str) -> Self {
+        Self::new(message)
+    }
 }
 
 impl From<sqlx::Error> for ProcessError {
     /// A database error inside the work is transient: the transaction rolls back and the job is
-    /// retried. Return [`ProcessError::Permanent`] yourself for errors you know are final.
+    /// retried. Return [`ProcessError::Permanent`] yourself for errors you know are final. The
+    /// sqlx error is kept as the cause's source.
     fn from(e: sqlx::Error) -> Self {
-        ProcessError::Transient(format!("database: {e}"))
+        ProcessError::Transient(Cause::with_source("database", e))
     }
 }
 
@@ -71,4 +165,21 @@ pub trait Consumer: Send + Sync {
         job: &Job<Self::Payload>,
         tx: &mut PgConnection,
     ) -> impl Future<Output = Result<(), ProcessError>> + Send;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error;
+
+    #[test]
+    fn a_database_error_is_transient_and_kept_as_the_source() {
+        let e: ProcessError = sqlx::Error::PoolTimedOut.into();
+        assert!(matches!(e, ProcessError::Transient(_)));
+        assert!(e.to_string().starts_with("database: "), "{e}");
+        let cause = e.source().expect("the cause");
+        let sqlx_error = cause.source().expect("the sqlx error, kept");
+        assert!(sqlx_error.downcast_ref::<sqlx::Error>().is_some());
+        assert_eq!(ProcessError::poison("x"), ProcessError::Poison("x".into()));
+    }
 }

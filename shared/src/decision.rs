@@ -51,7 +51,7 @@ mod tests {
     use rand::rngs::StdRng;
 
     fn transient() -> ProcessError {
-        ProcessError::Transient("connection reset".into())
+        ProcessError::transient("connection reset")
     }
 
     #[test]
@@ -83,8 +83,8 @@ mod tests {
         let policy = RetryPolicy::default();
         let mut rng = StdRng::seed_from_u64(2);
         for attempt in 1..=policy.max_attempts() {
-            let permanent = ProcessError::Permanent("account closed".into());
-            let poison = ProcessError::Poison("points must be positive".into());
+            let permanent = ProcessError::permanent("account closed");
+            let poison = ProcessError::poison("points must be positive");
             assert_eq!(
                 decide(Err(&permanent), attempt, &policy, &mut rng),
                 Disposition::DeadLetter(ErrorKind::Permanent)

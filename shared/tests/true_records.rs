@@ -44,8 +44,8 @@ impl Consumer for PermanentOnce {
         tx: &mut PgConnection,
     ) -> Result<(), ProcessError> {
         if self.calls.fetch_add(1, Ordering::SeqCst) == 0 {
-            return Err(ProcessError::Permanent(
-                "the account was closed (then reopened)".into(),
+            return Err(ProcessError::permanent(
+                "the account was closed (then reopened)",
             ));
         }
         award_points().handle(job, tx).await

@@ -72,13 +72,13 @@ impl Consumer for AwardPoints {
     ) -> Result<(), ProcessError> {
         let award = &job.envelope.payload;
         if award.points <= 0 {
-            return Err(ProcessError::Poison(format!(
+            return Err(ProcessError::poison(format!(
                 "points must be positive, got {}",
                 award.points
             )));
         }
         if award.account_id.trim().is_empty() {
-            return Err(ProcessError::Poison("account_id is blank".into()));
+            return Err(ProcessError::poison("account_id is blank"));
         }
         insert_award(
             tx,
@@ -102,14 +102,12 @@ fn simulate(fault: Option<DemoFault>, job: &Job<PointsAward>) -> Result<(), Proc
         None => Ok(()),
         Some(DemoFault::TransientUntilAttempt(n)) if job.attempt >= n => Ok(()),
         Some(DemoFault::TransientUntilAttempt(_)) | Some(DemoFault::AlwaysTransient) => {
-            Err(ProcessError::Transient(format!(
+            Err(ProcessError::transient(format!(
                 "simulated provider timeout on attempt {}",
                 job.attempt
             )))
         }
-        Some(DemoFault::Permanent) => Err(ProcessError::Permanent(
-            "simulated: account is closed".into(),
-        )),
+        Some(DemoFault::Permanent) => Err(ProcessError::permanent("simulated: account is closed")),
         Some(DemoFault::CrashBeforeCommit) => {
             tracing::error!(job_id = %job.envelope.job_id, "simulated crash before commit");
             std::process::exit(137)

@@ -60,14 +60,14 @@ impl Consumer for RedeemReward {
     ) -> Result<(), ProcessError> {
         let r = &job.envelope.payload;
         if r.cost_points <= 0 {
-            return Err(ProcessError::Poison(format!(
+            return Err(ProcessError::poison(format!(
                 "cost_points must be positive, got {}",
                 r.cost_points
             )));
         }
         if r.account_id.trim().is_empty() || r.reward_sku.trim().is_empty() {
-            return Err(ProcessError::Poison(
-                "account_id and reward_sku must not be blank".into(),
+            return Err(ProcessError::poison(
+                "account_id and reward_sku must not be blank",
             ));
         }
         sqlx::query(

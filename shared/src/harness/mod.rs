@@ -258,7 +258,7 @@ impl<C: Consumer> Harness<C> {
                 job_id,
                 consumer,
                 charged,
-                error,
+                error.message(),
                 self.clock.now(),
             )
             .await
@@ -307,7 +307,7 @@ impl<C: Consumer> Harness<C> {
                     "COMMIT reported an error, but the fence shows the job committed");
                 Ok(RecordOutcome::Processed)
             }
-            Ok(false) => Err(ProcessError::Transient(format!(
+            Ok(false) => Err(ProcessError::transient(format!(
                 "COMMIT failed ({commit_error}); the fence shows the job did not commit"
             ))),
             Err(e) => Ok(self.hand_back(format!(
@@ -378,12 +378,11 @@ impl<C: Consumer> Harness<C> {
                             Err(e) => Err(AttemptError::CommitUnknown(e)),
                         };
                     }
-                    Ok(false) => ProcessError::Transient(
+                    Ok(false) => ProcessError::transient(
                         "the handler returned Ok but ended the harness's transaction itself \
-                         (COMMIT or ROLLBACK inside handle): the job's fence is not its own"
-                            .into(),
+                         (COMMIT or ROLLBACK inside handle): the job's fence is not its own",
                     ),
-                    Err(e) => ProcessError::Transient(format!(
+                    Err(e) => ProcessError::transient(format!(
                         "the handler returned Ok from a transaction that cannot commit: an SQL \
                          error inside handle was not returned ({e})"
                     )),
@@ -396,7 +395,7 @@ impl<C: Consumer> Harness<C> {
                     .map(|s| s.to_string())
                     .or_else(|| panic.downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "non-string panic".into());
-                ProcessError::Transient(format!("handler panicked: {what}"))
+                ProcessError::transient(format!("handler panicked: {what}"))
             }
         };
         let _ = tx.rollback().await;

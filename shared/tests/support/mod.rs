@@ -292,9 +292,9 @@ impl Consumer for Failing {
         match self.fault {
             Fault::TransientUntilAttempt(n) if job.attempt >= n => Ok(()),
             Fault::AlwaysTransient | Fault::TransientUntilAttempt(_) => Err(
-                ProcessError::Transient(format!("provider timeout on attempt {}", job.attempt)),
+                ProcessError::transient(format!("provider timeout on attempt {}", job.attempt)),
             ),
-            Fault::Permanent => Err(ProcessError::Permanent("account is closed".into())),
+            Fault::Permanent => Err(ProcessError::permanent("account is closed")),
         }
     }
 }
