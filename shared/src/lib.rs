@@ -13,12 +13,12 @@
 
 pub mod alert_store;
 pub mod alerting;
-pub mod backstop;
 pub mod clock;
 pub mod config;
 pub mod consumer;
 pub mod dead_letter;
 pub mod decision;
+pub mod dlq_ingester;
 pub mod envelope;
 pub mod escalation;
 pub mod execution;

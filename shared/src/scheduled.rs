@@ -184,6 +184,6 @@ impl ScheduledReport {
             ("QueuedReplaysSent", replays.sent as f64, "Count"),
             ("QueuedReplaysFailed", replays.failed as f64, "Count"),
         ];
-        emf_line(namespace, ("Function", "sweeper"), &values, at)
+        emf_line(namespace, ("Function", "scheduled"), &values, at)
     }
 }

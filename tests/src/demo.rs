@@ -93,7 +93,7 @@ pub async fn run(database_url: &str, queue: &str, log_dir: PathBuf) -> BTreeMap<
         stack.jobs.name, stack.dlq.name
     );
     println!(
-        "function logs: {}/{{consumer,dlq-ingester,sweeper,dead-letters-*}}.log",
+        "function logs: {}/{{consumer,dlq-ingester,scheduled,dead-letters-*}}.log",
         log_dir.display()
     );
     println!(
@@ -133,8 +133,8 @@ pub async fn run(database_url: &str, queue: &str, log_dir: PathBuf) -> BTreeMap<
     settle(&stack, sent, start).await;
     println!("\nphase 3: the scheduled function (EventBridge, every few minutes on AWS)");
     match stack.tick().await {
-        Ok(report) => println!("  sweeper: {report}"),
-        Err(e) => println!("  sweeper failed: {e}"),
+        Ok(report) => println!("  scheduled: {report}"),
+        Err(e) => println!("  scheduled failed: {e}"),
     }
     println!("\nphase 4: an operator reviews the dead letters through the API functions");
     review(&stack, &mut sent, start).await;

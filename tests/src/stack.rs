@@ -17,7 +17,7 @@ pub struct Binaries {
     /// The DLQ ingester.
     pub ingester: PathBuf,
     /// The scheduled function.
-    pub sweeper: PathBuf,
+    pub scheduled: PathBuf,
     /// The dead-letter API functions (one binary serving as the function it is named).
     pub api: PathBuf,
     /// The second consumer, redeem-reward.
@@ -32,7 +32,7 @@ impl Binaries {
         Self {
             consumer: dir.join("local-consumer"),
             ingester: dir.join("local-dlq-ingester"),
-            sweeper: dir.join("local-sweeper"),
+            scheduled: dir.join("local-scheduled"),
             api: dir.join("local-dead-letter-api"),
             redeem_reward: dir.join("local-redeem-reward"),
         }
@@ -46,7 +46,7 @@ macro_rules! test_binaries {
         $crate::stack::Binaries {
             consumer: env!("CARGO_BIN_EXE_local-consumer").into(),
             ingester: env!("CARGO_BIN_EXE_local-dlq-ingester").into(),
-            sweeper: env!("CARGO_BIN_EXE_local-sweeper").into(),
+            scheduled: env!("CARGO_BIN_EXE_local-scheduled").into(),
             api: env!("CARGO_BIN_EXE_local-dead-letter-api").into(),
             redeem_reward: env!("CARGO_BIN_EXE_local-redeem-reward").into(),
         }
@@ -173,7 +173,7 @@ pub struct Stack {
     /// The DLQ ingester function.
     pub ingester: LambdaHost,
     /// The scheduled function (EventBridge invokes it on AWS; [`Stack::tick`] here).
-    pub sweeper: LambdaHost,
+    pub scheduled: LambdaHost,
     /// The dead-letter API: `dead-letters-read`, `-replay` and `-discard`.
     pub api: ApiFunctions,
 }
@@ -240,12 +240,12 @@ impl Stack {
             log_file: log("dlq-ingester"),
             deadline_as_duration: false,
         });
-        let sweeper = LambdaHost::new(FunctionSpec {
-            name: "sweeper".into(),
-            binary: spec.binaries.sweeper.clone(),
+        let scheduled = LambdaHost::new(FunctionSpec {
+            name: "scheduled".into(),
+            binary: spec.binaries.scheduled.clone(),
             env: common.to_vec(),
             timeout: Duration::from_secs(60),
-            log_file: log("sweeper"),
+            log_file: log("scheduled"),
             deadline_as_duration: false,
         });
         let api_function = |name: &str| {
@@ -269,7 +269,7 @@ impl Stack {
             dlq,
             consumer,
             ingester,
-            sweeper,
+            scheduled,
             api,
         }
     }
@@ -279,7 +279,7 @@ impl Stack {
         let event = serde_json::json!({"version": "0", "id": uuid::Uuid::new_v4(), "detail-type": "Scheduled Event",
             "source": "aws.events", "account": "123456789012", "time": chrono::Utc::now(), "region": "us-east-1",
             "resources": [], "detail": {}});
-        self.sweeper.invoke(&event).await
+        self.scheduled.invoke(&event).await
     }
 
     /// Sends `body` to the job queue; returns the message id.

@@ -166,8 +166,8 @@ async fn the_sweeper_function_deletes_expired_fences_when_invoked(
     .await
     .unwrap();
     let host = LambdaHost::new(FunctionSpec {
-        name: "sweeper".into(),
-        binary: env!("CARGO_BIN_EXE_local-sweeper").into(),
+        name: "scheduled".into(),
+        binary: env!("CARGO_BIN_EXE_local-scheduled").into(),
         env: vec![
             ("DATABASE_URL".into(), e2e::test_database_url(&connect)),
             ("ALERTING_DISABLED".into(), "true".into()),

@@ -5,7 +5,7 @@
 
 use dead_letter_api::api::ROUTES;
 use serde_json::{Map, Value};
-use shared::config::{ApiConfig, BackstopConfig, ConsumerConfig, Env, SweeperConfig};
+use shared::config::{ApiConfig, ConsumerConfig, DlqIngesterConfig, Env, ScheduledConfig};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -123,7 +123,7 @@ fn binary(f: &Value) -> &str {
 fn is_consumer_binary(binary: &str) -> bool {
     ![
         "dlq-ingester",
-        "sweeper",
+        "scheduled",
         "dead-letters-read",
         "dead-letters-replay",
         "dead-letters-discard",
@@ -206,8 +206,8 @@ fn each_functions_environment_passes_its_own_configuration() {
         let env = environment(&t, f);
         let lookup = Env::from_fn(|k| env.get(k).cloned());
         let checked = match binary(f) {
-            "dlq-ingester" => BackstopConfig::from_env(&lookup).map(drop),
-            "sweeper" => SweeperConfig::from_env(&lookup).map(drop),
+            "dlq-ingester" => DlqIngesterConfig::from_env(&lookup).map(drop),
+            "scheduled" => ScheduledConfig::from_env(&lookup).map(drop),
             "dead-letters-read" | "dead-letters-replay" | "dead-letters-discard" => {
                 assert!(
                     !env.contains_key("BETTERSTACK_API_TOKEN"),
@@ -334,7 +334,7 @@ fn each_function_touches_only_its_own_queues_and_only_the_replay_path_sends() {
                     target == *dlq && action != "sqs:ChangeMessageVisibility",
                     "{name}: {action} on {target}"
                 ),
-                ("dead-letters-replay" | "sweeper", _) => assert!(
+                ("dead-letters-replay" | "scheduled", _) => assert!(
                     target == job_queues
                         && ["sqs:SendMessage", "sqs:GetQueueUrl"].contains(&action.as_str()),
                     "{name}: {action} on {target}"

@@ -4,7 +4,7 @@ use super::*;
 
 /// Everything the scheduled function (sweep, escalation, alert retries) needs at start-up.
 #[derive(Debug, Clone)]
-pub struct SweeperConfig {
+pub struct ScheduledConfig {
     /// The database.
     pub database: DatabaseConfig,
     /// The fence TTL, checked against its floor: the sweeper refuses to run below it.
@@ -19,7 +19,7 @@ pub struct SweeperConfig {
     pub metrics_namespace: String,
 }
 
-impl SweeperConfig {
+impl ScheduledConfig {
     /// Reads and validates every variable the scheduled function needs.
     pub fn from_env(env: &Env<'_>) -> Result<Self, ConfigError> {
         let batch_size = env.parsed(SWEEP_BATCH_SIZE, 5_000i64)?;
@@ -106,7 +106,7 @@ impl ConsumerConfig {
 
 /// Everything the backstop DLQ ingester needs at start-up.
 #[derive(Debug, Clone)]
-pub struct BackstopConfig {
+pub struct DlqIngesterConfig {
     /// The database.
     pub database: DatabaseConfig,
     /// The consumer whose DLQ this is.
@@ -121,7 +121,7 @@ pub struct BackstopConfig {
     pub alerts: Option<AlertConfig>,
 }
 
-impl BackstopConfig {
+impl DlqIngesterConfig {
     /// Reads and validates every variable the ingester needs, with the same queue checks as
     /// the consumer's ([`FenceConfig`]).
     pub fn from_env(env: &Env<'_>) -> Result<Self, ConfigError> {

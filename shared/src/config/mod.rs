@@ -12,7 +12,7 @@ mod functions;
 pub use alerts::AlertConfig;
 pub use database::DatabaseConfig;
 pub use fence::FenceConfig;
-pub use functions::{ApiConfig, BackstopConfig, ConsumerConfig, SweeperConfig};
+pub use functions::{ApiConfig, ConsumerConfig, DlqIngesterConfig, ScheduledConfig};
 
 use crate::ids::ConsumerName;
 use std::fmt;

@@ -94,20 +94,20 @@ fn the_sweeper_refuses_a_ttl_under_the_floor_naming_the_variable() {
         (ALERTING_DISABLED, "true"),
         (FENCE_TTL_SECONDS, "86400"),
     ];
-    let err = SweeperConfig::from_env(&Env::from_pairs(&pairs)).unwrap_err();
+    let err = ScheduledConfig::from_env(&Env::from_pairs(&pairs)).unwrap_err();
     assert_eq!(err.variable, FENCE_TTL_SECONDS);
     assert!(
         err.to_string().contains("would apply its effect twice"),
         "{err}"
     );
-    let ok = SweeperConfig::from_env(&Env::from_pairs(&pairs[..2])).unwrap();
+    let ok = ScheduledConfig::from_env(&Env::from_pairs(&pairs[..2])).unwrap();
     assert_eq!(
         (ok.sweep.batch_size, ok.escalate_after),
         (5_000, Duration::from_secs(3 * 86_400))
     );
     let bad = [pairs[0], pairs[1], (ESCALATE_AFTER_DAYS, "0")];
     assert_eq!(
-        SweeperConfig::from_env(&Env::from_pairs(&bad))
+        ScheduledConfig::from_env(&Env::from_pairs(&bad))
             .unwrap_err()
             .variable,
         ESCALATE_AFTER_DAYS
@@ -124,7 +124,7 @@ fn the_redrive_count_must_exceed_the_attempts() {
     ];
     let with = |extra: &[(&'static str, &'static str)]| {
         let pairs: Vec<_> = base.iter().chain(extra).copied().collect();
-        BackstopConfig::from_env(&Env::from_pairs(&pairs))
+        DlqIngesterConfig::from_env(&Env::from_pairs(&pairs))
     };
     assert_eq!(with(&[]).unwrap().fence.max_receive_count, 7);
     assert_eq!(
@@ -134,7 +134,7 @@ fn the_redrive_count_must_exceed_the_attempts() {
         REDRIVE_MAX_RECEIVE_COUNT
     );
     let no_queue =
-        BackstopConfig::from_env(&Env::from_pairs(&[base[0], base[1], base[3]])).unwrap_err();
+        DlqIngesterConfig::from_env(&Env::from_pairs(&[base[0], base[1], base[3]])).unwrap_err();
     assert_eq!(no_queue.variable, JOB_QUEUE_NAME);
 }
 
@@ -181,7 +181,7 @@ fn a_redrive_count_not_above_the_attempts_stops_the_consumer_and_the_sweeper_too
     let consumer = load(&[(REDRIVE_MAX_RECEIVE_COUNT, "5")]).unwrap_err();
     assert_eq!(consumer.variable, REDRIVE_MAX_RECEIVE_COUNT);
     assert!(consumer.problem.contains("must exceed"), "{consumer}");
-    let sweeper = SweeperConfig::from_env(&Env::from_pairs(&[
+    let sweeper = ScheduledConfig::from_env(&Env::from_pairs(&[
         (DATABASE_URL, "postgres://h/d"),
         (ALERTING_DISABLED, "true"),
         (REDRIVE_MAX_RECEIVE_COUNT, "3"),
@@ -210,7 +210,7 @@ fn a_queue_retention_shorter_than_the_retry_window_stops_the_consumer() {
     assert_eq!(short.variable, QUEUE_RETENTION_SECONDS);
     assert!(short.problem.contains("retry window 675 s"), "{short}");
     assert!(load(&[(QUEUE_RETENTION_SECONDS, "4275")]).is_ok());
-    let backstop = BackstopConfig::from_env(&Env::from_pairs(&[
+    let backstop = DlqIngesterConfig::from_env(&Env::from_pairs(&[
         (DATABASE_URL, "postgres://h/d"),
         (CONSUMER_NAME, "award-points"),
         (JOB_QUEUE_NAME, "jobs"),

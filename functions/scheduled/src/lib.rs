@@ -5,7 +5,7 @@
 use lambda_runtime::{Error, LambdaEvent, service_fn};
 use serde_json::Value;
 use shared::clock::{Clock, SystemClock};
-use shared::config::{Env, SweeperConfig, or_exit};
+use shared::config::{Env, ScheduledConfig, or_exit};
 use shared::scheduled::ScheduledRun;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -16,7 +16,7 @@ const DEADLINE_MARGIN: Duration = Duration::from_secs(10);
 /// Builds everything once from the environment, then serves scheduled invocations.
 pub async fn run() -> Result<(), Error> {
     shared::telemetry::init();
-    let config = or_exit(SweeperConfig::from_env(&Env::process()));
+    let config = or_exit(ScheduledConfig::from_env(&Env::process()));
     let pool = or_exit(config.database.lazy_pool());
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let alerts = config.alerts.as_ref();

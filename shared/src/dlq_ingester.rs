@@ -1,4 +1,4 @@
-//! The backstop: messages the harness never saw finish (timeouts, out-of-memory, crash loops)
+//! The DLQ ingester (the backstop): messages the harness never saw finish (timeouts, out-of-memory, crash loops)
 //! are moved by the queue's redrive policy to an SQS DLQ, and become dead letters here.
 //!
 //! Invariants: a letter is a true record. A redriven job whose effect committed (its batch kept
@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Writes dead letters for the messages of one consumer's DLQ.
-pub struct Backstop {
+pub struct DlqIngester {
     /// The database.
     pub pool: PgPool,
     /// The consumer whose queue redrives into this DLQ.
@@ -43,7 +43,7 @@ pub struct Backstop {
     pub alerter: Option<crate::alerting::Alerter>,
 }
 
-impl Backstop {
+impl DlqIngester {
     /// Records a letter for each record whose job did not commit; returns the records whose
     /// outcome could not be committed.
     pub async fn ingest(&self, records: Vec<SqsMessage>) -> SqsBatchResponse {
