@@ -180,3 +180,27 @@ impl<C: Consumer> TestKit<C> {
         &self.pool
     }
 }
+
+/// Sets `job_id`'s execution ledger for `consumer` as if `executions` had run, the last ending
+/// with `last_error` (`None`: without an outcome, as a crash leaves it). For testing what a
+/// consumer does on its last attempt, or past its budget, without running it that often.
+pub async fn charge_executions(
+    pool: &PgPool,
+    job_id: JobId,
+    consumer: &ConsumerName,
+    executions: u32,
+    last_error: Option<&str>,
+) {
+    sqlx::query(
+        "INSERT INTO core.job_executions (job_id, consumer, executions, last_error, updated_at)
+         VALUES ($1, $2, $3, $4, now())
+         ON CONFLICT (job_id, consumer) DO UPDATE SET executions = $3, last_error = $4",
+    )
+    .bind(job_id.0)
+    .bind(consumer.as_str())
+    .bind(i32::try_from(executions).expect("executions fit an i32"))
+    .bind(last_error)
+    .execute(pool)
+    .await
+    .expect("charging executions");
+}

@@ -125,22 +125,7 @@ async fn hole1_a_commit_whose_reply_is_lost_is_settled_by_the_fence_as_processed
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    let pool = pool_opts
-        .clone()
-        .connect_with(connect.clone())
-        .await
-        .unwrap();
-    let cutter = CommitCutter::start(connect.get_port()).await;
-    let through = pool_opts
-        .connect_with(
-            connect
-                .host("127.0.0.1")
-                .port(cutter.port)
-                .ssl_mode(PgSslMode::Disable),
-        )
-        .await
-        .unwrap();
-    let harness = harness(&through, award_points());
+    let (pool, cutter, harness) = through_a_commit_cutter(pool_opts, connect).await;
     let (job_id, body) = job(award(5));
     record_transient_failures(&pool, job_id, 4).await;
     cutter.arm(Cut::AfterCommitSent);
@@ -161,22 +146,7 @@ async fn hole1_a_commit_lost_before_the_server_is_a_failure_and_its_letter_is_tr
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    let pool = pool_opts
-        .clone()
-        .connect_with(connect.clone())
-        .await
-        .unwrap();
-    let cutter = CommitCutter::start(connect.get_port()).await;
-    let through = pool_opts
-        .connect_with(
-            connect
-                .host("127.0.0.1")
-                .port(cutter.port)
-                .ssl_mode(PgSslMode::Disable),
-        )
-        .await
-        .unwrap();
-    let harness = harness(&through, award_points());
+    let (pool, cutter, harness) = through_a_commit_cutter(pool_opts, connect).await;
     let (job_id, body) = job(award(5));
     record_transient_failures(&pool, job_id, 4).await;
     cutter.arm(Cut::BeforeCommitSent);
@@ -568,15 +538,35 @@ async fn hole7_the_schema_rejects_a_discard_reason_of_invisible_characters(pool:
     }
 }
 
-async fn record_transient_failures(pool: &PgPool, job_id: JobId, n: i32) {
-    sqlx::query(
-        "INSERT INTO core.job_executions (job_id, consumer, executions, last_error, updated_at)
-         VALUES ($1, $2, $3, 'simulated provider timeout', now())",
-    )
-    .bind(job_id.0)
-    .bind(consumer_name().as_str())
-    .bind(n)
-    .execute(pool)
-    .await
-    .unwrap();
+/// The test's pool, a commit-cutting proxy in front of its server, and a harness whose pool goes
+/// through the proxy.
+async fn through_a_commit_cutter(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) -> (
+    PgPool,
+    CommitCutter,
+    shared::harness::Harness<consumer::AwardPoints>,
+) {
+    let pool = pool_opts
+        .clone()
+        .connect_with(connect.clone())
+        .await
+        .unwrap();
+    let cutter = CommitCutter::start(connect.get_port()).await;
+    let through = pool_opts
+        .connect_with(
+            connect
+                .host("127.0.0.1")
+                .port(cutter.port)
+                .ssl_mode(PgSslMode::Disable),
+        )
+        .await
+        .unwrap();
+    (pool, cutter, harness(&through, award_points()))
+}
+
+async fn record_transient_failures(pool: &PgPool, job_id: JobId, n: u32) {
+    let error = Some("simulated provider timeout");
+    shared::testkit::charge_executions(pool, job_id, &consumer_name(), n, error).await;
 }

@@ -102,19 +102,9 @@ pub fn harness<C: Consumer>(pool: PgPool, consumer: C) -> Harness<C> {
 pub async fn charge_executions(
     pool: &PgPool,
     job_id: shared::ids::JobId,
-    executions: i32,
+    executions: u32,
     last_error: Option<&str>,
 ) {
-    sqlx::query(
-        "INSERT INTO core.job_executions (job_id, consumer, executions, last_error, updated_at)
-         VALUES ($1, $2, $3, $4, now())
-         ON CONFLICT (job_id, consumer) DO UPDATE SET executions = $3, last_error = $4",
-    )
-    .bind(job_id.0)
-    .bind(consumer_name().as_str())
-    .bind(executions)
-    .bind(last_error)
-    .execute(pool)
-    .await
-    .expect("charge executions");
+    shared::testkit::charge_executions(pool, job_id, &consumer_name(), executions, last_error)
+        .await;
 }

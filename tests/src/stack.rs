@@ -160,6 +160,27 @@ impl StackSpec {
     }
 }
 
+/// A test's stack: a pool on the test's database (`#[sqlx::test]` made it) and a stack of the
+/// `binaries` over it, on queues of its own, after `tweak` has adjusted the spec.
+pub async fn start_for_test(
+    binaries: Binaries,
+    pool_opts: sqlx::postgres::PgPoolOptions,
+    connect: sqlx::postgres::PgConnectOptions,
+    tweak: impl FnOnce(&mut StackSpec),
+) -> (sqlx::PgPool, Stack) {
+    let pool = pool_opts
+        .connect_with(connect.clone())
+        .await
+        .expect("the test database");
+    let mut spec = StackSpec::time_scaled(
+        binaries,
+        &crate::test_database_url(&connect),
+        &format!("jobs-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]),
+    );
+    tweak(&mut spec);
+    (pool, Stack::start(spec).await)
+}
+
 /// A running local stack.
 pub struct Stack {
     /// The SQS client.

@@ -5,7 +5,7 @@
 use consumer::count_awards;
 use dead_letter_api::api::{ApiRequest, ROUTES, Scope};
 use e2e::api_client::{caller, fingerprint, request, seed_letter, seed_letter_for, with_body};
-use e2e::stack::{Stack, StackSpec};
+use e2e::stack::Stack;
 use serde_json::{Value, json};
 use shared::dead_letter::{ErrorKind, letters_for_job};
 use shared::ids::{JobId, TenantId};
@@ -18,13 +18,7 @@ const SETTLE: Duration = Duration::from_secs(60);
 const ALL: [Scope; 3] = [Scope::Read, Scope::Replay, Scope::Discard];
 
 async fn setup(pool_opts: PgPoolOptions, connect: PgConnectOptions) -> (PgPool, Stack) {
-    let pool = pool_opts.connect_with(connect.clone()).await.unwrap();
-    let spec = StackSpec::time_scaled(
-        e2e::test_binaries!(),
-        &e2e::test_database_url(&connect),
-        &format!("jobs-{}", &Uuid::new_v4().simple().to_string()[..12]),
-    );
-    (pool, Stack::start(spec).await)
+    e2e::stack::start_for_test(e2e::test_binaries!(), pool_opts, connect, |_| {}).await
 }
 
 fn envelope(payload: Value) -> (JobId, Value) {

@@ -27,14 +27,7 @@ async fn setup(
     connect: PgConnectOptions,
     tweak: impl FnOnce(&mut StackSpec),
 ) -> (PgPool, Stack) {
-    let pool = pool_opts.connect_with(connect.clone()).await.unwrap();
-    let mut spec = StackSpec::time_scaled(
-        e2e::test_binaries!(),
-        &e2e::test_database_url(&connect),
-        &format!("true-{}", &Uuid::new_v4().simple().to_string()[..12]),
-    );
-    tweak(&mut spec);
-    (pool, Stack::start(spec).await)
+    e2e::stack::start_for_test(e2e::test_binaries!(), pool_opts, connect, tweak).await
 }
 
 fn job(payload: Value) -> (JobId, Value) {

@@ -141,18 +141,8 @@ pub async fn table_counts(pool: &PgPool) -> std::collections::BTreeMap<String, i
 }
 
 /// Charges `n` executions to `job_id` that ended without an outcome (as crashes leave them).
-pub async fn charge_crashed_executions(pool: &PgPool, job_id: JobId, n: i32) {
-    sqlx::query(
-        "INSERT INTO core.job_executions (job_id, consumer, executions, updated_at)
-         VALUES ($1, $2, $3, now())
-         ON CONFLICT (job_id, consumer) DO UPDATE SET executions = $3, last_error = NULL",
-    )
-    .bind(job_id.0)
-    .bind(consumer_name().as_str())
-    .bind(n)
-    .execute(pool)
-    .await
-    .unwrap();
+pub async fn charge_crashed_executions(pool: &PgPool, job_id: JobId, n: u32) {
+    shared::testkit::charge_executions(pool, job_id, &consumer_name(), n, None).await;
 }
 
 /// A TCP proxy in front of PostgreSQL that can cut one connection at its `COMMIT`, for the
