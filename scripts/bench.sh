@@ -5,6 +5,13 @@ source "$(dirname "$0")/lib.sh"
 
 command -v cargo >/dev/null || die "cargo is not installed"
 ensure_postgres
+# jobs_bench is kept between runs (its million letters take a while to seed), unless it was
+# made before core's migrations had a tracking table of their own (core._sqlx_migrations).
+bench_url="${DATABASE_URL%/*}/jobs_bench"
+if can_connect "$bench_url" && [ -z "$(psql "$bench_url" -Atqc "SELECT to_regclass('core._sqlx_migrations')")" ]; then
+  note "jobs_bench predates core's own migration table: making it anew"
+  psql "$DATABASE_URL" -qc 'DROP DATABASE IF EXISTS jobs_bench WITH (FORCE)' >/dev/null || die "could not drop jobs_bench"
+fi
 DATABASE_URL=$(database_url_for jobs_bench)
 export DATABASE_URL
 ensure_sqs_api

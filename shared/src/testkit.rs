@@ -4,7 +4,7 @@
 //! ```ignore
 //! #[sqlx::test(migrator = "my_consumer::MIGRATOR_WITH_CORE")]
 //! async fn applies_once(pool: PgPool) {
-//!     let kit = TestKit::new(pool, MyConsumer::new(TestKit::<MyConsumer>::consumer_name("my-consumer")));
+//!     let kit = TestKit::new(pool, MyConsumer::new(consumer_name("my-consumer")));
 //!     let job = kit.job(json!({"account_id": "a", "points": 5}));
 //!     assert_eq!(kit.deliver(&job).await, RecordOutcome::Processed);
 //!     assert_eq!(kit.deliver_copy(&job).await, RecordOutcome::Duplicate);
@@ -35,6 +35,11 @@ use uuid::Uuid;
 /// The queue name the kit's messages come from.
 pub const QUEUE: &str = "testkit-jobs";
 
+/// `name` as a consumer name; panics if it is not a valid one.
+pub fn consumer_name(name: &str) -> ConsumerName {
+    ConsumerName::new(name).unwrap_or_else(|e| panic!("consumer name {name:?}: {e}"))
+}
+
 /// A consumer under test, with its harness, database and clock.
 pub struct TestKit<C> {
     harness: Harness<C>,
@@ -59,11 +64,6 @@ impl<C: Consumer> TestKit<C> {
     /// When the kit's clock starts: 2026-01-01T00:00:00Z.
     pub fn start() -> DateTime<Utc> {
         Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap()
-    }
-
-    /// `name` as a consumer name; panics if it is not a valid one.
-    pub fn consumer_name(name: &str) -> ConsumerName {
-        ConsumerName::new(name).unwrap_or_else(|e| panic!("consumer name {name:?}: {e}"))
     }
 
     /// `consumer` on `pool` with the platform's retry policy.

@@ -24,6 +24,8 @@ pub fn expected() -> BTreeMap<&'static str, u64> {
         ("redeem-reward/Processed", 2),
         ("redeem-reward/DuplicateSkipped", 1),
         ("redeem-reward/DeadLetteredPoison", 1),
+        // Its own metric: 500 + 300 points of the two redemptions that went through.
+        ("redeem-reward/PointsRedeemed", 800),
         ("Processed", 6),
         ("DuplicateSkipped", 1),
         ("Retried", 2 + 4),

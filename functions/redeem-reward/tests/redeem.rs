@@ -6,12 +6,12 @@ use serde_json::json;
 use shared::dead_letter::ErrorKind;
 use shared::harness::RecordOutcome;
 use shared::retry::RetryPolicy;
-use shared::testkit::TestKit;
+use shared::testkit::{TestKit, consumer_name};
 use sqlx::PgPool;
 use std::time::Duration;
 
 fn kit(pool: &PgPool) -> TestKit<RedeemReward> {
-    let consumer = RedeemReward::new(TestKit::<RedeemReward>::consumer_name("redeem-reward"));
+    let consumer = RedeemReward::new(consumer_name("redeem-reward"));
     // The queue's own policy, as template.yaml sets it.
     let policy = RetryPolicy::new(3, Duration::from_secs(10), Duration::from_secs(60)).unwrap();
     TestKit::with_policy(pool.clone(), consumer, policy)

@@ -1,0 +1,42 @@
+//! The reference consumer on the test kit: what a consumer's own tests look like.
+
+use consumer::{AwardPoints, count_awards};
+use serde_json::json;
+use shared::dead_letter::ErrorKind;
+use shared::harness::RecordOutcome;
+use shared::testkit::{TestKit, consumer_name};
+use sqlx::PgPool;
+
+fn kit(pool: &PgPool) -> TestKit<AwardPoints> {
+    TestKit::new(
+        pool.clone(),
+        AwardPoints::new(consumer_name("award-points")),
+    )
+}
+
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn an_award_applies_once_however_often_it_is_delivered(pool: PgPool) {
+    let kit = kit(&pool);
+    let job = kit.job(json!({"account_id": "acct-1", "points": 40}));
+    assert_eq!(kit.deliver(&job).await, RecordOutcome::Processed);
+    assert_eq!(kit.deliver(&job).await, RecordOutcome::Duplicate);
+    assert_eq!(kit.deliver_copy(&job).await, RecordOutcome::Duplicate);
+    assert!(kit.is_processed(&job).await);
+    assert_eq!(count_awards(&pool, job.job_id).await.unwrap(), 1);
+}
+
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn negative_points_a_blank_account_or_a_body_that_is_no_envelope_are_poison(pool: PgPool) {
+    let kit = kit(&pool);
+    for job in [
+        kit.job(json!({"account_id": "acct-1", "points": -3})),
+        kit.job(json!({"account_id": " ", "points": 3})),
+        kit.raw("not an envelope"),
+    ] {
+        assert_eq!(
+            kit.deliver(&job).await.dead_letter_kind(),
+            Some(ErrorKind::Poison)
+        );
+        assert_eq!(count_awards(&pool, job.job_id).await.unwrap(), 0);
+    }
+}
