@@ -221,7 +221,10 @@ impl<C: Consumer> Harness<C> {
                         .dead_letter(msg, &envelope.ids(), ledger.executions, kind, error)
                         .await;
                 }
-                Err(e) => return self.hand_back(format!("reading the execution ledger: {e}")),
+                Err(e) => {
+                    let error = format!("reading the execution ledger: {e}");
+                    return self.hand_back(error, self.unavailable_delay(msg));
+                }
             }
         } else {
             1
@@ -246,7 +249,7 @@ impl<C: Consumer> Harness<C> {
                     retry_after: self.settings.contended_retry_after,
                 };
             }
-            Err(AttemptError::CommitUnknown(e)) => match self.settle_commit(job_id, e).await {
+            Err(AttemptError::CommitUnknown(e)) => match self.settle_commit(msg, job_id, e).await {
                 Ok(committed) => return committed,
                 Err(failure) => failure,
             },
@@ -290,6 +293,7 @@ impl<C: Consumer> Harness<C> {
     /// transient failure to retry; an answer that cannot be had yet hands the record back.
     async fn settle_commit(
         &self,
+        msg: &IncomingMessage,
         job_id: JobId,
         commit_error: sqlx::Error,
     ) -> Result<RecordOutcome, ProcessError> {
@@ -310,16 +314,35 @@ impl<C: Consumer> Harness<C> {
             Ok(false) => Err(ProcessError::transient(format!(
                 "COMMIT failed ({commit_error}); the fence shows the job did not commit"
             ))),
-            Err(e) => Ok(self.hand_back(format!(
-                "COMMIT failed ({commit_error}) and its outcome could not be settled yet: {e}"
-            ))),
+            Err(e) => {
+                let after = self.retry_after(&e, msg);
+                Ok(self.hand_back(
+                    format!("COMMIT failed ({commit_error}) and its outcome could not be settled yet: {e}"),
+                    after,
+                ))
+            }
         }
     }
 
-    fn hand_back(&self, error: String) -> RecordOutcome {
-        RecordOutcome::HandedBack {
-            retry_after: self.settings.contended_retry_after,
-            error,
+    fn hand_back(&self, error: String, retry_after: Duration) -> RecordOutcome {
+        RecordOutcome::HandedBack { retry_after, error }
+    }
+
+    /// How long a record waits when the database is unavailable: the retry policy's backoff for
+    /// its delivery, so an outage does not spend the queue's receives (and its redrive) in
+    /// seconds.
+    fn unavailable_delay(&self, msg: &IncomingMessage) -> Duration {
+        let policy = &self.settings.policy;
+        let n = msg.receive_count.clamp(1, policy.max_attempts());
+        policy.delay_after(n, &mut *self.rng.lock().expect("rng lock"))
+    }
+
+    /// After a fence settle that could not finish: soon when a copy holds the fence (it will
+    /// end shortly), with backoff when the database failed.
+    fn retry_after(&self, error: &FenceError, msg: &IncomingMessage) -> Duration {
+        match error {
+            FenceError::Contended => self.settings.contended_retry_after,
+            FenceError::Database(_) => self.unavailable_delay(msg),
         }
     }
 
@@ -444,7 +467,7 @@ impl<C: Consumer> Harness<C> {
                 }
             }
             Err(e) => RecordOutcome::DeadLetterFailed {
-                retry_after: self.settings.contended_retry_after,
+                retry_after: self.retry_after(&e, msg),
                 error: format!(
                     "writing the {kind} dead letter failed: {e}; original error: {error}"
                 ),
