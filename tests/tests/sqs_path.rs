@@ -233,6 +233,10 @@ async fn a_message_redriven_to_the_dlq_becomes_one_crashed_dead_letter(
         ));
         spec.consumer_env
             .push(("DATABASE_ACQUIRE_TIMEOUT_MS".into(), "300".into()));
+        // An outage hands records back after the policy's backoff; capped at 2 s here so the
+        // seven receives before the redrive take seconds.
+        spec.consumer_env
+            .push(("RETRY_CAP_SECONDS".into(), "2".into()));
     })
     .await;
     let (job_id, body) = job(json!({"account_id": "a", "points": 5}));
