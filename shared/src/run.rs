@@ -56,23 +56,27 @@ where
     .with_alerter(alerter);
     let (harness, visibility, config) = (&harness, &visibility, &config);
 
-    lambda_runtime::run(service_fn(move |event: LambdaEvent<SqsEvent>| async move {
-        let deadline = invocation_deadline(event.context.deadline, harness.now());
-        let response: SqsBatchResponse = process_batch(
-            harness,
-            visibility,
-            event.payload.records,
-            deadline,
-            config.batch_settings(),
-        )
-        .await;
-        harness.metrics().flush_emf(
-            &mut std::io::stdout().lock(),
-            &config.metrics_namespace,
-            config.consumer_name.as_str(),
-            harness.now(),
-        )?;
-        Ok::<_, lambda_runtime::Error>(response)
-    }))
+    // Boxed: the service future is deep enough to overflow the compiler's layout query depth in
+    // optimized builds of the consumer crates (seen with the perf and release profiles).
+    Box::pin(lambda_runtime::run(service_fn(
+        move |event: LambdaEvent<SqsEvent>| async move {
+            let deadline = invocation_deadline(event.context.deadline, harness.now());
+            let response: SqsBatchResponse = process_batch(
+                harness,
+                visibility,
+                event.payload.records,
+                deadline,
+                config.batch_settings(),
+            )
+            .await;
+            harness.metrics().flush_emf(
+                &mut std::io::stdout().lock(),
+                &config.metrics_namespace,
+                config.consumer_name.as_str(),
+                harness.now(),
+            )?;
+            Ok::<_, lambda_runtime::Error>(response)
+        },
+    )))
     .await
 }

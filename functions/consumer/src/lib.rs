@@ -20,5 +20,5 @@ pub static MIGRATOR_WITH_CORE: LazyLock<Migrator> =
 /// Serves invocations until the runtime stops. A configuration error stops the process with
 /// the variable's name (exit status 78).
 pub async fn run() -> Result<(), lambda_runtime::Error> {
-    shared::run::run_consumer(AwardPoints::new).await
+    Box::pin(shared::run::run_consumer(AwardPoints::new)).await
 }
