@@ -210,21 +210,29 @@ pub async fn process_batch<C: Consumer>(
 /// receives alone order them (each record then reports its own database failure).
 async fn least_run_first<C: Consumer>(
     harness: &Harness<C>,
-    mut records: Vec<SqsMessage>,
+    records: Vec<SqsMessage>,
 ) -> Vec<SqsMessage> {
     if records.len() < 2 {
         return records;
     }
-    let job_of = |r: &SqsMessage| read_ids(r.body.as_deref().unwrap_or_default()).job_id;
-    let jobs: Vec<_> = records.iter().filter_map(job_of).collect();
+    // Each body is parsed once, here; the sort reads the job ids it kept.
+    let keyed: Vec<_> = records
+        .into_iter()
+        .map(|r| (read_ids(r.body.as_deref().unwrap_or_default()).job_id, r))
+        .collect();
+    let jobs: Vec<_> = keyed.iter().filter_map(|(job, _)| *job).collect();
     let executions = executions_of(harness.pool(), harness.consumer().name(), &jobs)
         .await
         .unwrap_or_default();
-    records.sort_by_key(|r| {
-        let ran = job_of(r).and_then(|j| executions.get(&j).copied());
-        (ran.unwrap_or(0), receive_count(r))
-    });
-    records
+    let mut keyed: Vec<_> = keyed
+        .into_iter()
+        .map(|(job, r)| {
+            let ran = job.and_then(|j| executions.get(&j).copied()).unwrap_or(0);
+            ((ran, receive_count(&r)), r)
+        })
+        .collect();
+    keyed.sort_by_key(|(key, _)| *key);
+    keyed.into_iter().map(|(_, r)| r).collect()
 }
 
 /// A partial batch response reporting `message_ids` as failed.
