@@ -108,3 +108,13 @@ pub async fn charge_executions(
     shared::testkit::charge_executions(pool, job_id, &consumer_name(), executions, last_error)
         .await;
 }
+
+/// The letters of `job_id` for the consumer every test here fences under, oldest first.
+pub async fn letters(
+    pool: &PgPool,
+    job_id: shared::ids::JobId,
+) -> Vec<shared::dead_letter::DeadLetter> {
+    shared::dead_letter::letters_for_job(pool, job_id, &consumer_name())
+        .await
+        .expect("reading the letters")
+}

@@ -5,19 +5,15 @@
 use consumer::count_awards;
 use e2e::stack::{Stack, StackSpec};
 use serde_json::{Value, json};
-use shared::dead_letter::{DeadLetter, letter_for_message, letters_for_job};
+use shared::dead_letter::letter_for_message;
 use shared::fence::fence_exists;
-use shared::ids::{ConsumerName, JobId, TenantId};
+use shared::ids::{JobId, TenantId};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use std::time::Duration;
 use uuid::Uuid;
 
 const SETTLE: Duration = Duration::from_secs(90);
-
-fn consumer() -> ConsumerName {
-    ConsumerName::new("award-points").unwrap()
-}
 
 async fn setup(
     pool_opts: PgPoolOptions,
@@ -31,10 +27,6 @@ fn job(payload: Value) -> (JobId, String) {
     let job_id = JobId(Uuid::new_v4());
     let body = json!({"job_id": job_id, "tenant_id": TenantId(Uuid::new_v4()), "correlation_id": "e2e", "payload": payload});
     (job_id, body.to_string())
-}
-
-async fn letters(pool: &PgPool, job_id: JobId) -> Vec<DeadLetter> {
-    letters_for_job(pool, job_id, &consumer()).await.unwrap()
 }
 
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
@@ -55,7 +47,11 @@ async fn a_message_is_processed_once_and_deleted(
         1,
         "delivered once: {polls:?}"
     );
-    assert!(fence_exists(&pool, job_id, &consumer()).await.unwrap());
+    assert!(
+        fence_exists(&pool, job_id, &e2e::consumer_name())
+            .await
+            .unwrap()
+    );
     assert_eq!(stack.consumer.metrics().get("Processed"), Some(&1));
 }
 
@@ -84,7 +80,7 @@ async fn a_duplicate_send_is_acked_as_a_duplicate(
     let m = stack.consumer.metrics();
     assert_eq!((m["Processed"], m["DuplicateSkipped"]), (1, 1));
     assert!(
-        letters(&pool, job_id).await.is_empty(),
+        e2e::letters(&pool, job_id).await.is_empty(),
         "a duplicate is not an error"
     );
 }
@@ -103,7 +99,7 @@ async fn a_transient_failure_reappears_after_the_backoff_then_dead_letters_after
     stack.send(&body).await;
     let polls = stack
         .run_until(SETTLE, || async {
-            !letters(&pool, job_id).await.is_empty()
+            !e2e::letters(&pool, job_id).await.is_empty()
         })
         .await;
     let deliveries: Vec<_> = polls.iter().map(|(at, _)| *at).collect();
@@ -117,7 +113,7 @@ async fn a_transient_failure_reappears_after_the_backoff_then_dead_letters_after
             n + 2
         );
     }
-    let letters = letters(&pool, job_id).await;
+    let letters = e2e::letters(&pool, job_id).await;
     assert_eq!(letters.len(), 1);
     assert_eq!(
         (letters[0].attempts, letters[0].error_kind.as_str()),
@@ -149,7 +145,7 @@ async fn a_job_that_fails_twice_then_succeeds_is_processed_once_on_attempt_3(
         })
         .await;
     assert_eq!(polls.len(), 3, "{polls:?}");
-    assert!(letters(&pool, job_id).await.is_empty());
+    assert!(e2e::letters(&pool, job_id).await.is_empty());
     assert_eq!(stack.consumer.metrics()["Retried"], 2);
 }
 
@@ -162,14 +158,14 @@ async fn a_poison_message_is_dead_lettered_with_zero_retries(
     let message_id = stack.send("{\"this is\": \"not an envelope\"}").await;
     let polls = stack
         .run_until(SETTLE, || async {
-            letter_for_message(&pool, &consumer(), &message_id)
+            letter_for_message(&pool, &e2e::consumer_name(), &message_id)
                 .await
                 .unwrap()
                 .is_some()
         })
         .await;
     assert_eq!(polls.len(), 1, "delivered once, never retried: {polls:?}");
-    let letter = letter_for_message(&pool, &consumer(), &message_id)
+    let letter = letter_for_message(&pool, &e2e::consumer_name(), &message_id)
         .await
         .unwrap()
         .unwrap();
@@ -193,7 +189,7 @@ async fn a_consumer_that_crashes_every_time_ends_as_a_crashed_dead_letter(
     stack.send(&body).await;
     let polls = stack
         .run_until(SETTLE, || async {
-            !letters(&pool, job_id).await.is_empty()
+            !e2e::letters(&pool, job_id).await.is_empty()
         })
         .await;
     let crashes = polls
@@ -205,7 +201,7 @@ async fn a_consumer_that_crashes_every_time_ends_as_a_crashed_dead_letter(
         stack.consumer.starts() >= 7,
         "a new process after every crash"
     );
-    let letters = letters(&pool, job_id).await;
+    let letters = e2e::letters(&pool, job_id).await;
     assert_eq!(
         (
             letters.len(),
@@ -215,7 +211,11 @@ async fn a_consumer_that_crashes_every_time_ends_as_a_crashed_dead_letter(
         (1, 5, "crashed")
     );
     assert_eq!(count_awards(&pool, job_id).await.unwrap(), 0);
-    assert!(!fence_exists(&pool, job_id, &consumer()).await.unwrap());
+    assert!(
+        !fence_exists(&pool, job_id, &e2e::consumer_name())
+            .await
+            .unwrap()
+    );
 }
 
 /// When the consumer cannot even record its failure (its database is unreachable), the redrive
@@ -243,14 +243,14 @@ async fn a_message_redriven_to_the_dlq_becomes_one_crashed_dead_letter(
     stack.send(&body).await;
     let polls = stack
         .run_until(SETTLE, || async {
-            !letters(&pool, job_id).await.is_empty()
+            !e2e::letters(&pool, job_id).await.is_empty()
         })
         .await;
     assert!(
         polls.len() >= 7,
         "delivered maxReceiveCount times before the redrive: {polls:?}"
     );
-    let found = letters(&pool, job_id).await;
+    let found = e2e::letters(&pool, job_id).await;
     assert_eq!(found.len(), 1);
     let letter = &found[0];
     // The consumer never reached its database: no execution ran, and the letter says so.
@@ -283,7 +283,7 @@ async fn a_message_redriven_to_the_dlq_becomes_one_crashed_dead_letter(
         .await
         .unwrap();
     assert_eq!(response["batchItemFailures"], json!([]));
-    assert_eq!(letters(&pool, job_id).await.len(), 1);
+    assert_eq!(e2e::letters(&pool, job_id).await.len(), 1);
 }
 
 /// A batch whose deadline is already too near is handed back whole, without running anything.
@@ -306,7 +306,11 @@ async fn records_not_started_before_the_deadline_are_handed_back(
         "{report:?}"
     );
     assert_eq!(count_awards(&pool, job_id).await.unwrap(), 0);
-    assert!(!fence_exists(&pool, job_id, &consumer()).await.unwrap());
+    assert!(
+        !fence_exists(&pool, job_id, &e2e::consumer_name())
+            .await
+            .unwrap()
+    );
 }
 
 /// A misconfigured function does not start, and says which variable is wrong.
@@ -380,7 +384,7 @@ async fn fresh_jobs_commit_before_a_crash_looping_batch_mate_runs(
 
     stack
         .run_until(SETTLE, || async {
-            !letters(&pool, crasher).await.is_empty()
+            !e2e::letters(&pool, crasher).await.is_empty()
         })
         .await;
     for job_id in fresh {
@@ -390,12 +394,12 @@ async fn fresh_jobs_commit_before_a_crash_looping_batch_mate_runs(
             "fresh job {job_id} processed once"
         );
         assert!(
-            letters(&pool, job_id).await.is_empty(),
+            e2e::letters(&pool, job_id).await.is_empty(),
             "fresh job {job_id} is no collateral"
         );
     }
     assert_eq!(
-        letters(&pool, crasher).await[0].error_kind.as_str(),
+        e2e::letters(&pool, crasher).await[0].error_kind.as_str(),
         "crashed"
     );
     assert!(

@@ -8,19 +8,15 @@ use dead_letter_api::api::Scope;
 use e2e::api_client::{caller, request, seed_letter_for};
 use e2e::stack::{Stack, StackSpec};
 use serde_json::{Value, json};
-use shared::dead_letter::{DeadLetter, ErrorKind, letters_for_job};
+use shared::dead_letter::ErrorKind;
 use shared::fence::fence_exists;
-use shared::ids::{ConsumerName, JobId, TenantId};
+use shared::ids::{JobId, TenantId};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use std::time::Duration;
 use uuid::Uuid;
 
 const SETTLE: Duration = Duration::from_secs(120);
-
-fn consumer() -> ConsumerName {
-    ConsumerName::new("award-points").unwrap()
-}
 
 async fn setup(
     pool_opts: PgPoolOptions,
@@ -35,10 +31,6 @@ fn job(payload: Value) -> (JobId, Value) {
     let body = json!({"job_id": job_id, "tenant_id": TenantId(Uuid::new_v4()),
         "correlation_id": "true-records", "payload": payload});
     (job_id, body)
-}
-
-async fn letters(pool: &PgPool, job_id: JobId) -> Vec<DeadLetter> {
-    letters_for_job(pool, job_id, &consumer()).await.unwrap()
 }
 
 /// One DLQ record for `body`, as the SQS event source delivers it to the ingester.
@@ -79,7 +71,7 @@ async fn hole1_a_committed_job_redriven_swept_and_replayed_is_still_one_award(
         .unwrap();
     stack.run_until(SETTLE, || async { true }).await;
     assert!(
-        letters(&pool, job_id).await.is_empty(),
+        e2e::letters(&pool, job_id).await.is_empty(),
         "no letter for a committed job"
     );
     assert_eq!(stack.ingester.metrics()["RedrivenAlreadyProcessed"], 1);
@@ -94,7 +86,9 @@ async fn hole1_a_committed_job_redriven_swept_and_replayed_is_still_one_award(
     let tick = stack.tick().await.unwrap();
     assert_eq!(tick["sweep"]["deleted"], 0, "{tick:#}");
     assert!(
-        fence_exists(&pool, job_id, &consumer()).await.unwrap(),
+        fence_exists(&pool, job_id, &e2e::consumer_name())
+            .await
+            .unwrap(),
         "kept for the letter"
     );
 
@@ -167,7 +161,7 @@ async fn hole5_a_crasher_first_in_a_fresh_batch_of_ten_costs_its_batch_mates_not
     );
     stack
         .run_until(SETTLE, || async {
-            !letters(&pool, crasher).await.is_empty()
+            !e2e::letters(&pool, crasher).await.is_empty()
         })
         .await;
     for job_id in &mates {
@@ -177,11 +171,11 @@ async fn hole5_a_crasher_first_in_a_fresh_batch_of_ten_costs_its_batch_mates_not
             "{job_id} applied once"
         );
         assert!(
-            letters(&pool, *job_id).await.is_empty(),
+            e2e::letters(&pool, *job_id).await.is_empty(),
             "{job_id} is no collateral"
         );
     }
-    let letter = &letters(&pool, crasher).await[0];
+    let letter = &e2e::letters(&pool, crasher).await[0];
     assert_eq!(
         (letter.error_kind.as_str(), letter.attempts),
         ("crashed", 5)
@@ -217,7 +211,7 @@ async fn hole7_the_ingester_labels_a_body_that_is_no_envelope_poison(
             .unwrap();
     assert_eq!(kinds, [("poison".to_owned(), 1), ("poison".to_owned(), 1)]);
     assert_eq!(
-        letters(&pool, job_id).await.len(),
+        e2e::letters(&pool, job_id).await.len(),
         1,
         "the half envelope keeps its job id"
     );
@@ -240,10 +234,10 @@ async fn hole6_a_replay_sends_the_body_as_received_number_for_number(
     stack.send(&body).await;
     stack
         .run_until(SETTLE, || async {
-            !letters(&pool, job_id).await.is_empty()
+            !e2e::letters(&pool, job_id).await.is_empty()
         })
         .await;
-    let letter = &letters(&pool, job_id).await[0];
+    let letter = &e2e::letters(&pool, job_id).await[0];
     let replay = stack
         .api
         .call(&request(
