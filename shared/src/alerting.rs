@@ -1,13 +1,20 @@
-//! BetterStack alerting for dead letters.
+//! BetterStack alerting: one incident per failure group ([`crate::groups`]) while it lasts.
 //!
 //! Invariants: a dead letter is committed before any alert is tried; an alert never blocks
-//! processing longer than its time budget; a group that could not be sent stays unsent in
-//! PostgreSQL and the scheduled run sends it. The API token never appears in logs or `Debug`.
+//! processing longer than its time budget; a step that could not be delivered stays due in
+//! PostgreSQL and the scheduled run delivers it. A group's incident is opened once, updated with
+//! the group's count at most every `update_every`, and resolved when the group is. The API token
+//! never appears in logs or `Debug`.
 
-use crate::alert_store::{AlertGroup, claim_unsent, mark_send_failed, mark_sent};
 use crate::clock::Clock;
-use serde_json::json;
+use crate::groups::{
+    Group, IncidentStep, claim_due, record_delivery_failed, record_opened, record_resolved,
+    record_updated,
+};
+use serde::Deserialize;
+use serde_json::{Value, json};
 use sqlx::PgPool;
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,11 +23,39 @@ use tokio::time::Instant;
 /// How long a sender holds a claimed group before another may try it.
 const LEASE: Duration = Duration::from_secs(60);
 
-/// A BetterStack Uptime API client that creates incidents.
+/// Whom a queue's incidents page: a BetterStack escalation policy and/or team.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Route {
+    /// The escalation policy's id.
+    pub policy_id: Option<String>,
+    /// The team that owns the incident (needed with a global API token).
+    pub team_name: Option<String>,
+}
+
+/// Whom each queue pages: a route per queue, else the default.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Routes {
+    /// For queues without a route of their own.
+    pub default: Route,
+    /// By queue name.
+    pub by_queue: BTreeMap<String, Route>,
+    /// Escalations of unreviewed letters, if they page someone else.
+    pub escalation: Option<Route>,
+}
+
+impl Routes {
+    /// The route of `queue`.
+    pub fn for_queue(&self, queue: &str) -> &Route {
+        self.by_queue.get(queue).unwrap_or(&self.default)
+    }
+}
+
+/// A BetterStack Uptime API client: incidents, their comments and their resolution.
 #[derive(Clone)]
 pub struct BetterStack {
     http: reqwest::Client,
-    incidents_url: String,
+    base_url: String,
     token: String,
     requester_email: Option<String>,
 }
@@ -28,16 +63,24 @@ pub struct BetterStack {
 impl fmt::Debug for BetterStack {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BetterStack")
-            .field("incidents_url", &self.incidents_url)
+            .field("base_url", &self.base_url)
             .field("token", &"<redacted>")
             .finish()
     }
 }
 
-/// Why an incident was not created.
+/// Why BetterStack did not take a request.
 #[derive(Debug, thiserror::Error)]
 pub enum AlertError {
-    /// The API answered with an error status.
+    /// The token was refused (401 or 403): every page fails until it is replaced.
+    #[error("BetterStack refused the API token ({status}): {body}")]
+    Rejected {
+        /// HTTP status.
+        status: u16,
+        /// The start of the body.
+        body: String,
+    },
+    /// The API answered with another error status.
     #[error("BetterStack answered {status}: {body}")]
     Status {
         /// HTTP status.
@@ -53,6 +96,16 @@ pub enum AlertError {
     OutOfTime(Duration),
 }
 
+impl AlertError {
+    /// The HTTP status BetterStack answered, if it answered.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            Self::Rejected { status, .. } | Self::Status { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
+
 impl BetterStack {
     /// A client for `base_url` (for example `https://uptime.betterstack.com`).
     pub fn new(
@@ -63,36 +116,67 @@ impl BetterStack {
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(2))
             .build()?;
-        let incidents_url = format!("{}/api/v3/incidents", base_url.trim_end_matches('/'));
         Ok(Self {
             http,
-            incidents_url,
+            base_url: base_url.trim_end_matches('/').to_owned(),
             token,
             requester_email,
         })
     }
 
-    /// Creates an incident for `group` (see [`BetterStack::send`]).
+    /// Creates the incident `incident` (`name`, `summary`, `description`, and a route's
+    /// `policy_id` / `team_name`). Returns its id.
     pub async fn create_incident(
         &self,
-        group: &AlertGroup,
+        incident: &Value,
         budget: Duration,
     ) -> Result<String, AlertError> {
-        self.send(&incident_body(group), budget).await
-    }
-
-    /// Creates the incident `incident` (`name`, `summary`, `description`), retrying 429 and 5xx
-    /// with backoff (or `Retry-After`) while `budget` lasts. Returns the incident id.
-    pub async fn send(
-        &self,
-        incident: &serde_json::Value,
-        budget: Duration,
-    ) -> Result<String, AlertError> {
-        let deadline = Instant::now() + budget;
         let mut body = incident.clone();
         if let Some(email) = &self.requester_email {
             body["requester_email"] = json!(email);
         }
+        let created = self.send("/api/v3/incidents", &body, budget).await?;
+        Ok(created["data"]["id"]
+            .as_str()
+            .map(str::to_owned)
+            .unwrap_or_else(|| "unknown".into()))
+    }
+
+    /// Adds `content` (Markdown) to the incident's timeline.
+    pub async fn comment(
+        &self,
+        incident_id: &str,
+        content: &str,
+        budget: Duration,
+    ) -> Result<(), AlertError> {
+        let path = format!("/api/v2/incidents/{incident_id}/comments");
+        self.send(&path, &json!({ "content": content }), budget)
+            .await
+            .map(drop)
+    }
+
+    /// Resolves the incident; one already resolved (409) counts as resolved.
+    pub async fn resolve(
+        &self,
+        incident_id: &str,
+        resolved_by: &str,
+        budget: Duration,
+    ) -> Result<(), AlertError> {
+        let path = format!("/api/v3/incidents/{incident_id}/resolve");
+        match self
+            .send(&path, &json!({ "resolved_by": resolved_by }), budget)
+            .await
+        {
+            Err(AlertError::Status { status: 409, .. }) => Ok(()),
+            other => other.map(drop),
+        }
+    }
+
+    /// POSTs `body` to `path`, retrying 429 and 5xx with backoff (or `Retry-After`) while
+    /// `budget` lasts. Returns the answer's JSON (`null` if it has none).
+    async fn send(&self, path: &str, body: &Value, budget: Duration) -> Result<Value, AlertError> {
+        let deadline = Instant::now() + budget;
+        let url = format!("{}{path}", self.base_url);
         let mut delay = Duration::from_millis(100);
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -101,20 +185,15 @@ impl BetterStack {
             }
             let sent = self
                 .http
-                .post(&self.incidents_url)
+                .post(&url)
                 .bearer_auth(&self.token)
                 .timeout(left)
-                .json(&body)
+                .json(body)
                 .send()
                 .await;
             let retry_after = match sent {
                 Ok(response) if response.status().is_success() => {
-                    let created: serde_json::Value = response.json().await.unwrap_or_default();
-                    let id = created["data"]["id"]
-                        .as_str()
-                        .map(str::to_owned)
-                        .unwrap_or_else(|| "unknown".into());
-                    return Ok(id);
+                    return Ok(response.json().await.unwrap_or_default());
                 }
                 Ok(response)
                     if response.status().as_u16() == 429 || response.status().is_server_error() =>
@@ -126,16 +205,19 @@ impl BetterStack {
                         .map(Duration::from_secs);
                     tracing::warn!(
                         status = response.status().as_u16(),
-                        "BetterStack refused the incident; retrying"
+                        path,
+                        "BetterStack refused the request; retrying"
                     );
                     wait.unwrap_or(delay)
                 }
                 Ok(response) => {
                     let status = response.status().as_u16();
                     let text = response.text().await.unwrap_or_default();
-                    return Err(AlertError::Status {
-                        status,
-                        body: text.chars().take(300).collect(),
+                    let body = text.chars().take(300).collect();
+                    return Err(if status == 401 || status == 403 {
+                        AlertError::Rejected { status, body }
+                    } else {
+                        AlertError::Status { status, body }
                     });
                 }
                 Err(e) if Instant::now() + delay >= deadline => {
@@ -152,51 +234,106 @@ impl BetterStack {
     }
 }
 
-/// The incident for a group: what failed, how often, an example, and where to look.
-pub fn incident_body(group: &AlertGroup) -> serde_json::Value {
-    let sample = group
-        .sample_job_id
-        .map(|j| j.to_string())
-        .unwrap_or_else(|| "(no job id)".into());
-    let description = format!(
-        "{count} dead letter(s) of kind {kind} on queue {queue} since {first}.\n\
-         First error: {first_error}\nLast error: {last_error}\n\
-         Sample job_id: {sample}, correlation_id: {corr}\n\n\
-         List them: GET /v1/core/dead-letters?queue={queue}&error_kind={kind}&status=pending_review\n\
-         or: SELECT * FROM core.dead_letters WHERE queue = '{queue}' AND error_kind = '{kind}' AND status = 'pending_review';\n\
-         Later letters of this group raise its count in core.dead_letter_alerts (id {id}) without paging again.",
+/// The incident for a group: what failed, how often, an example, where to look, and whom it
+/// pages.
+pub fn incident_body(group: &Group, route: &Route) -> Value {
+    let mut body = json!({
+        "name": format!("Dead letters: {} / {} on {}", group.consumer, group.error_kind, group.queue),
+        "summary": format!("{} {} dead letter(s) on {}: {}", group.letter_count, group.error_kind,
+            group.queue, clip(&group.pattern, 120)),
+        "description": description(group),
+    });
+    with_route(&mut body, route);
+    body
+}
+
+/// Sets `route`'s policy and team on an incident body.
+pub fn with_route(body: &mut Value, route: &Route) {
+    if let Some(policy) = &route.policy_id {
+        body["policy_id"] = json!(policy);
+    }
+    if let Some(team) = &route.team_name {
+        body["team_name"] = json!(team);
+    }
+}
+
+fn description(group: &Group) -> String {
+    format!(
+        "Group {id}: {count} dead letter(s) of consumer {consumer}, kind {kind}, on queue {queue}, \
+         since {first}.\nThe failure: {pattern}\nFirst error: {sample}\nSample job_id: {job}, \
+         correlation_id: {corr}\n\n\
+         See it: dlq group {id}   (or GET /v1/core/dead-letter-groups/{id})\n\
+         Its letters: dlq list --group {id}\n\
+         Once the cause is fixed: dlq replay --group {id} --dry-run, then without --dry-run.\n\
+         This incident is updated with the group's count and resolved when every letter of the \
+         group has been replayed or discarded.",
+        id = group.id,
         count = group.letter_count,
+        consumer = group.consumer,
         kind = group.error_kind,
         queue = group.queue,
         first = group.first_letter_at.to_rfc3339(),
-        first_error = group.first_error,
-        last_error = group.last_error,
+        pattern = group.pattern,
+        sample = clip(&group.sample_error, 1000),
+        job = group
+            .sample_job_id
+            .map(|j| j.to_string())
+            .unwrap_or_else(|| "(none)".into()),
         corr = group.sample_correlation_id.as_deref().unwrap_or("(none)"),
-        id = group.id,
-    );
-    json!({
-        "name": format!("Dead letters: {} / {}", group.queue, group.error_kind),
-        "summary": format!("{} {} dead letter(s) on {}", group.letter_count, group.error_kind, group.queue),
-        "description": description,
-    })
+    )
+}
+
+/// The comment that brings an incident up to the group's count.
+pub fn update_comment(group: &Group) -> String {
+    format!(
+        "Group {}: now {} dead letter(s), {} pending review; the latest at {}.\nLatest error: {}",
+        group.id,
+        group.letter_count,
+        group.pending_count,
+        group.last_letter_at.to_rfc3339(),
+        clip(&group.last_error, 1000)
+    )
+}
+
+fn clip(s: &str, chars: usize) -> String {
+    let mut clipped: String = s.chars().take(chars).collect();
+    if clipped.len() < s.len() {
+        clipped.push('…');
+    }
+    clipped
 }
 
 /// What one delivery round did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Delivery {
-    /// Groups that paged.
-    pub sent: usize,
-    /// Groups left for a later round.
+    /// Incidents opened.
+    pub opened: usize,
+    /// Incidents updated with their group's count.
+    pub updated: usize,
+    /// Incidents resolved.
+    pub resolved: usize,
+    /// Steps that failed and are left for a later round.
     pub failed: usize,
+    /// Of those, refused for the token (401/403): the alert path is broken until it is fixed.
+    pub rejected: usize,
 }
 
-/// Sends unsent alert groups to BetterStack.
+impl Delivery {
+    /// Steps delivered.
+    pub fn delivered(&self) -> usize {
+        self.opened + self.updated + self.resolved
+    }
+}
+
+/// Delivers the incidents of failure groups to BetterStack.
 #[derive(Clone)]
 pub struct Alerter {
     pool: PgPool,
     client: BetterStack,
+    routes: Arc<Routes>,
     clock: Arc<dyn Clock>,
     budget: Duration,
+    update_every: Duration,
 }
 
 impl fmt::Debug for Alerter {
@@ -204,33 +341,54 @@ impl fmt::Debug for Alerter {
         f.debug_struct("Alerter")
             .field("client", &self.client)
             .field("budget", &self.budget)
+            .field("update_every", &self.update_every)
             .finish()
     }
 }
 
 impl Alerter {
-    /// An alerter that spends at most `budget` per delivery round.
-    pub fn new(pool: PgPool, client: BetterStack, clock: Arc<dyn Clock>, budget: Duration) -> Self {
+    /// An alerter that spends at most `budget` per delivery round and updates an incident with
+    /// its group's count at most every `update_every`.
+    pub fn new(
+        pool: PgPool,
+        client: BetterStack,
+        routes: Routes,
+        clock: Arc<dyn Clock>,
+        budget: Duration,
+        update_every: Duration,
+    ) -> Self {
         Self {
             pool,
             client,
+            routes: Arc::new(routes),
             clock,
             budget,
+            update_every,
         }
     }
 
-    /// Claims up to `limit` due groups and pages each, within the budget. Failures are recorded
-    /// with a backoff and left for the next round. Never returns an error: alerting must not
-    /// fail the caller.
+    /// The BetterStack client.
+    pub fn client(&self) -> &BetterStack {
+        &self.client
+    }
+
+    /// The routes.
+    pub fn routes(&self) -> &Routes {
+        &self.routes
+    }
+
+    /// Claims up to `limit` groups whose incident is due a step and delivers each, within the
+    /// budget. Failures are recorded with a backoff and left for the next round. Never returns
+    /// an error: alerting must not fail the caller.
     pub async fn deliver_pending(&self, limit: i64) -> Delivery {
         let started = Instant::now();
         let now = self.clock.now();
         let claimed =
-            async { claim_unsent(&mut *self.pool.acquire().await?, now, LEASE, limit).await };
+            async { claim_due(&mut *self.pool.acquire().await?, now, LEASE, limit).await };
         let groups = match tokio::time::timeout(self.budget, claimed).await {
             Ok(Ok(groups)) => groups,
             Ok(Err(e)) => {
-                tracing::warn!(error = %e, "could not read unsent alerts");
+                tracing::warn!(error = %e, "could not read the incidents due");
                 return Delivery::default();
             }
             Err(_) => return Delivery::default(),
@@ -238,31 +396,98 @@ impl Alerter {
         let mut delivery = Delivery::default();
         for group in groups {
             let left = self.budget.saturating_sub(started.elapsed());
-            let result = self.client.create_incident(&group, left).await;
-            let recorded = match &result {
-                Ok(incident) => {
-                    delivery.sent += 1;
-                    tracing::info!(
-                        group = group.id,
-                        incident,
-                        letters = group.letter_count,
-                        "alert sent"
-                    );
-                    mark_sent(&self.pool, &group, incident, self.clock.now()).await
+            let Some(step) = group.incident_step() else {
+                continue;
+            };
+            let result = self.deliver(&group, step, left).await;
+            let recorded = match result {
+                Ok(()) => {
+                    match step {
+                        IncidentStep::Open => delivery.opened += 1,
+                        IncidentStep::Update => delivery.updated += 1,
+                        IncidentStep::Resolve => delivery.resolved += 1,
+                    }
+                    Ok(())
                 }
                 Err(error) => {
                     delivery.failed += 1;
-                    let backoff = Duration::from_secs(10u64 << group.send_attempts.clamp(0, 5));
+                    if matches!(error, AlertError::Rejected { .. }) {
+                        delivery.rejected += 1;
+                    }
+                    let backoff = Duration::from_secs(10u64 << group.delivery_failures.clamp(0, 5));
                     let retry_at =
                         self.clock.now() + chrono::Duration::from_std(backoff).unwrap_or_default();
-                    tracing::warn!(group = group.id, %error, ?backoff, "alert not sent; the scheduled run retries it");
-                    mark_send_failed(&self.pool, group.id, &error.to_string(), retry_at).await
+                    tracing::warn!(group = %group.id, ?step, %error, ?backoff,
+                        "incident step not delivered; retried later");
+                    record_delivery_failed(&self.pool, group.id, &error.to_string(), retry_at).await
                 }
             };
             if let Err(e) = recorded {
-                tracing::warn!(group = group.id, error = %e, "could not record the alert's state; its lease expires and it is retried");
+                tracing::warn!(group = %group.id, error = %e,
+                    "could not record the incident's state; its lease expires and it is retried");
             }
         }
         delivery
     }
+
+    /// Delivers one step and records it. The record's own failure is logged, not returned: the
+    /// step went out, and a lease that expires only repeats it.
+    async fn deliver(
+        &self,
+        group: &Group,
+        step: IncidentStep,
+        budget: Duration,
+    ) -> Result<(), AlertError> {
+        let now = self.clock.now();
+        let next_update = now + chrono::Duration::from_std(self.update_every).unwrap_or_default();
+        let recorded = match step {
+            IncidentStep::Open => {
+                let route = self.routes.for_queue(&group.queue);
+                let incident = self
+                    .client
+                    .create_incident(&incident_body(group, route), budget)
+                    .await?;
+                tracing::info!(group = %group.id, incident, letters = group.letter_count, "incident opened");
+                record_opened(
+                    &self.pool,
+                    group.id,
+                    &incident,
+                    group.letter_count,
+                    now,
+                    next_update,
+                )
+                .await
+            }
+            IncidentStep::Update => {
+                let incident = incident_id(group);
+                self.client
+                    .comment(incident, &update_comment(group), budget)
+                    .await?;
+                tracing::info!(group = %group.id, incident, letters = group.letter_count, "incident updated");
+                record_updated(&self.pool, group.id, group.letter_count, now, next_update).await
+            }
+            IncidentStep::Resolve => {
+                let incident = incident_id(group);
+                let by = format!(
+                    "job harness: every letter of group {} was reviewed",
+                    group.id
+                );
+                self.client.resolve(incident, &by, budget).await?;
+                tracing::info!(group = %group.id, incident, "incident resolved");
+                record_resolved(&self.pool, group.id, now).await
+            }
+        };
+        if let Err(e) = recorded {
+            tracing::warn!(group = %group.id, error = %e, "incident step delivered but not recorded");
+        }
+        Ok(())
+    }
+}
+
+fn incident_id(group: &Group) -> &str {
+    group
+        .incident
+        .as_ref()
+        .map(|i| i.id.as_str())
+        .unwrap_or_default()
 }

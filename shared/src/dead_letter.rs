@@ -251,6 +251,10 @@ pub struct DeadLetter {
     pub replay_message_id: Option<String>,
     /// When the queue accepted it.
     pub replay_sent_at: Option<DateTime<Utc>>,
+    /// Why it was replayed, if the operator said.
+    pub replay_reason: Option<String>,
+    /// The failure group it belongs to (none for a letter older than groups).
+    pub group_id: Option<crate::ids::GroupId>,
 }
 
 /// The letters of one job for one consumer, oldest first.

@@ -60,9 +60,10 @@ impl DlqIngester {
             }
         }
         if let Some(alerter) = &self.alerter {
-            alerter
+            let delivery = alerter
                 .deliver_pending(crate::harness::ALERTS_PER_ROUND)
                 .await;
+            self.metrics.count_delivery(&delivery);
         }
         batch_response(failed)
     }

@@ -1,48 +1,63 @@
-//! Escalation of dead letters still `pending_review` after N days (spec open question 2).
+//! Escalation of failure groups nobody reviewed (spec open question 2).
 //!
-//! Invariant: each (letter, step) is escalated once. Step k is reached after k·N days. Letters are
-//! grouped by (queue, error kind, step) into one page; the escalation rows of a group commit only
-//! if its page was sent, so a failed page is retried by the next run and a sent one never repeats.
-//! Concurrent runs serialize on the rows' primary key: the second finds them taken.
+//! Invariants: a group reaches step k when its oldest pending letter is k·N days old, and each
+//! (group, step) pages once. The step is claimed in a committed row before its page is sent and
+//! marked sent after, so nothing is locked while BetterStack answers: a review of the group's
+//! letters never waits on an escalation. A page that fails is retried by a later run; a claim
+//! whose sender died is taken over when its lease ends.
 
-use crate::alerting::BetterStack;
+use crate::alerting::{BetterStack, Route, with_route};
+use crate::ids::GroupId;
 use chrono::{DateTime, Utc};
-use serde_json::json;
+use serde_json::{Value, json};
 use sqlx::PgPool;
 use std::time::Duration;
 
-/// Pending letters of one queue and kind that reached one escalation step.
+/// How long a claimed step is left to its sender before another run may page it.
+const LEASE: Duration = Duration::from_secs(120);
+
+/// An open group past the escalation threshold.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
-pub struct EscalationGroup {
-    /// The queue.
+pub struct DueGroup {
+    /// The group.
+    pub id: GroupId,
+    /// Its queue.
     pub queue: String,
-    /// The error kind.
+    /// Its consumer.
+    pub consumer: String,
+    /// Its error kind.
     pub error_kind: String,
-    /// The step: 1 after N days, 2 after 2N days, ...
-    pub step: i32,
-    /// Letters in the group.
-    pub letters: i64,
-    /// The oldest letter's creation.
+    /// Its masked error.
+    pub pattern: String,
+    /// Letters still pending.
+    pub pending_count: i64,
+    /// The oldest pending letter's creation.
     pub oldest: DateTime<Utc>,
+    /// The step it has reached: 1 after N days, 2 after 2N days, ...
+    pub step: i32,
 }
 
-/// The groups due at `now` with threshold `after`.
+/// The open groups that have reached a step not yet paged, at `now` with threshold `after`.
 pub async fn due_groups(
     pool: &PgPool,
     now: DateTime<Utc>,
     after: Duration,
-) -> sqlx::Result<Vec<EscalationGroup>> {
+) -> sqlx::Result<Vec<DueGroup>> {
     sqlx::query_as(
-        "WITH due AS (
-             SELECT d.id, d.queue, d.error_kind, d.created_at,
-                    floor(extract(epoch FROM ($1 - d.created_at)) / $2)::int AS step
-             FROM core.dead_letters d
-             WHERE d.status = 'pending_review' AND d.created_at <= $1 - make_interval(secs => $2))
-         SELECT queue, error_kind, step, count(*) AS letters, min(created_at) AS oldest
-         FROM due
-         WHERE NOT EXISTS (SELECT 1 FROM core.dead_letter_escalations e WHERE e.letter_id = due.id AND e.step = due.step)
-         GROUP BY queue, error_kind, step
-         ORDER BY min(created_at)",
+        "WITH open AS (
+             SELECT g.id, g.queue, g.consumer, g.error_kind, g.pattern, g.pending_count,
+                    (SELECT min(d.created_at) FROM core.dead_letters d
+                     WHERE d.group_id = g.id AND d.status = 'pending_review') AS oldest
+             FROM core.dead_letter_groups g WHERE g.resolved_at IS NULL)
+         SELECT id, queue, consumer, error_kind, pattern, pending_count, oldest,
+                floor(extract(epoch FROM ($1 - oldest)) / $2)::int AS step
+         FROM open
+         WHERE oldest <= $1 - make_interval(secs => $2)
+           AND NOT EXISTS (SELECT 1 FROM core.dead_letter_group_escalations e
+                           WHERE e.group_id = open.id
+                             AND e.step = floor(extract(epoch FROM ($1 - open.oldest)) / $2)::int
+                             AND e.paged_at IS NOT NULL)
+         ORDER BY oldest",
     )
     .bind(now)
     .bind(after.as_secs_f64())
@@ -55,50 +70,71 @@ pub async fn due_groups(
 pub struct EscalationReport {
     /// Pages sent.
     pub pages: usize,
-    /// Letters escalated.
+    /// Letters still pending in the groups paged.
     pub letters: u64,
-    /// Groups whose page failed (left for the next run).
+    /// Pages that failed (left for a later run).
     pub failed: usize,
 }
 
-/// Escalates every due group: records its (letter, step) rows and pages, committing the rows
-/// only when the page went out.
+/// Pages every due (group, step) once: claims it, pages, marks it paged.
 pub async fn escalate(
     pool: &PgPool,
     client: &BetterStack,
+    route: &Route,
     now: DateTime<Utc>,
     after: Duration,
     budget: Duration,
 ) -> sqlx::Result<EscalationReport> {
     let mut report = EscalationReport::default();
+    let until = now + chrono::Duration::from_std(LEASE).unwrap_or_default();
     for group in due_groups(pool, now, after).await? {
-        let mut tx = pool.begin().await?;
-        let claimed = sqlx::query(
-            "INSERT INTO core.dead_letter_escalations (letter_id, step, escalated_at)
-             SELECT id, $4, $1 FROM core.dead_letters
-             WHERE status = 'pending_review' AND queue = $2 AND error_kind = $3
-               AND floor(extract(epoch FROM ($1 - created_at)) / $5)::int = $4
-             ON CONFLICT DO NOTHING",
+        let claimed: Option<i32> = sqlx::query_scalar(
+            "INSERT INTO core.dead_letter_group_escalations AS e (group_id, step, claimed_until)
+             VALUES ($1, $2, $4)
+             ON CONFLICT (group_id, step) DO UPDATE SET claimed_until = $4
+                 WHERE e.paged_at IS NULL AND (e.claimed_until IS NULL OR e.claimed_until < $3)
+             RETURNING step",
         )
-        .bind(now)
-        .bind(&group.queue)
-        .bind(&group.error_kind)
+        .bind(group.id.0)
         .bind(group.step)
-        .bind(after.as_secs_f64())
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if claimed == 0 {
-            continue; // another run escalated them meanwhile
+        .bind(now)
+        .bind(until)
+        .fetch_optional(pool)
+        .await?;
+        if claimed.is_none() {
+            continue; // paged, or being paged by another run
         }
-        match client.send(&page(&group, claimed, after), budget).await {
-            Ok(_) => {
-                tx.commit().await?;
+        let mut body = page(&group, after);
+        with_route(&mut body, route);
+        match client.create_incident(&body, budget).await {
+            Ok(incident) => {
+                sqlx::query(
+                    "UPDATE core.dead_letter_group_escalations
+                     SET paged_at = $3, incident_id = $4, claimed_until = NULL
+                     WHERE group_id = $1 AND step = $2",
+                )
+                .bind(group.id.0)
+                .bind(group.step)
+                .bind(now)
+                .bind(&incident)
+                .execute(pool)
+                .await?;
                 report.pages += 1;
-                report.letters += claimed;
+                report.letters += group.pending_count.max(0) as u64;
             }
             Err(error) => {
-                tracing::warn!(queue = group.queue, kind = group.error_kind, step = group.step, %error, "escalation not sent; the next run retries it");
+                tracing::warn!(group = %group.id, step = group.step, %error,
+                    "escalation not sent; a later run retries it");
+                sqlx::query(
+                    "UPDATE core.dead_letter_group_escalations
+                     SET claimed_until = NULL, attempts = attempts + 1, last_error = $3
+                     WHERE group_id = $1 AND step = $2",
+                )
+                .bind(group.id.0)
+                .bind(group.step)
+                .bind(error.to_string())
+                .execute(pool)
+                .await?;
                 report.failed += 1;
             }
         }
@@ -106,16 +142,19 @@ pub async fn escalate(
     Ok(report)
 }
 
-fn page(group: &EscalationGroup, letters: u64, after: Duration) -> serde_json::Value {
+fn page(group: &DueGroup, after: Duration) -> Value {
     let days = after.as_secs_f64() / 86_400.0 * f64::from(group.step);
     json!({
-        "name": format!("Unreviewed dead letters: {} / {}", group.queue, group.error_kind),
-        "summary": format!("{letters} {} dead letter(s) on {} pending review for over {days:.0} day(s)", group.error_kind, group.queue),
+        "name": format!("Unreviewed dead letters: {} / {} on {}", group.consumer, group.error_kind, group.queue),
+        "summary": format!("{} {} dead letter(s) of group {} pending review for over {days:.0} day(s)",
+            group.pending_count, group.error_kind, group.id),
         "description": format!(
-            "{letters} dead letter(s) of kind {kind} on queue {queue} are still pending review after {days:.0} day(s) \
-             (escalation step {step}; the oldest since {oldest}).\n\
-             Review them: GET /v1/core/dead-letters?queue={queue}&error_kind={kind}&status=pending_review — \
-             replay what should run, discard the rest with a reason.",
-            kind = group.error_kind, queue = group.queue, step = group.step, oldest = group.oldest.to_rfc3339()),
+            "Group {id} ({consumer}, {kind} on {queue}: {pattern}) still has {pending} letter(s) \
+             pending review, the oldest since {oldest} (escalation step {step}).\n\
+             Review them: dlq group {id}; then dlq replay --group {id} (what should run) or \
+             dlq discard --group {id} --reason '…' (the rest).",
+            id = group.id, consumer = group.consumer, kind = group.error_kind, queue = group.queue,
+            pattern = group.pattern, pending = group.pending_count,
+            oldest = group.oldest.to_rfc3339(), step = group.step),
     })
 }

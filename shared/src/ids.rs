@@ -1,5 +1,5 @@
-//! Newtypes for the identifiers that must never be mixed up: a job, a tenant, a dead letter,
-//! and the consumer name that keys the fence.
+//! Newtypes for the identifiers that must never be mixed up: a job, a tenant, a dead letter, a
+//! failure group, and the consumer name that keys the fence.
 
 use serde::{Deserialize, Serialize};
 
@@ -68,6 +68,20 @@ uuid_id!(
     /// The primary key of a row in `core.dead_letters`.
     DeadLetterId
 );
+
+/// The primary key of a row in `core.dead_letter_groups`: one failure while it lasts.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, sqlx::Type,
+)]
+#[serde(transparent)]
+#[sqlx(transparent)]
+pub struct GroupId(pub i64);
+
+impl fmt::Display for GroupId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
 
 /// The stable name of a consumer: the second half of the fence's key.
 ///

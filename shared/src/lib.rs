@@ -11,7 +11,6 @@
 //! [`run::run_consumer`], and its tests can use the test kit (feature `testkit`).
 #![warn(missing_docs)]
 
-pub mod alert_store;
 pub mod alerting;
 pub mod clock;
 pub mod config;
@@ -23,6 +22,7 @@ pub mod envelope;
 pub mod escalation;
 pub mod execution;
 pub mod fence;
+pub mod groups;
 pub mod harness;
 pub mod ids;
 pub mod metrics;

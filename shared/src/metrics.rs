@@ -29,9 +29,14 @@ pub enum Metric {
     HandedBack,
     /// A message reached the dead-letter queue although its job had committed: no letter.
     RedrivenAlreadyProcessed,
+    /// An incident step (open, update, resolve) could not be delivered to BetterStack; it is
+    /// retried later.
+    AlertDeliveryFailed,
+    /// BetterStack refused the API token (401/403): no page gets through until it is replaced.
+    AlertRejected,
 }
 
-const NAMES: [&str; 11] = [
+const NAMES: [&str; 13] = [
     "Processed",
     "DuplicateSkipped",
     "FenceContended",
@@ -43,6 +48,8 @@ const NAMES: [&str; 11] = [
     "DeadLetterWriteFailed",
     "HandedBack",
     "RedrivenAlreadyProcessed",
+    "AlertDeliveryFailed",
+    "AlertRejected",
 ];
 
 impl Metric {
@@ -59,6 +66,8 @@ impl Metric {
             Metric::DeadLetterWriteFailed => 8,
             Metric::HandedBack => 9,
             Metric::RedrivenAlreadyProcessed => 10,
+            Metric::AlertDeliveryFailed => 11,
+            Metric::AlertRejected => 12,
         }
     }
 
@@ -80,6 +89,17 @@ impl Metrics {
     /// Counts one `metric`.
     pub fn increment(&self, metric: Metric) {
         self.counters[metric.index()].fetch_add(1, Relaxed);
+    }
+
+    /// Counts `n` of `metric`.
+    pub fn add(&self, metric: Metric, n: u64) {
+        self.counters[metric.index()].fetch_add(n, Relaxed);
+    }
+
+    /// Counts what an alert delivery round failed to deliver.
+    pub fn count_delivery(&self, delivery: &crate::alerting::Delivery) {
+        self.add(Metric::AlertDeliveryFailed, delivery.failed as u64);
+        self.add(Metric::AlertRejected, delivery.rejected as u64);
     }
 
     /// The current count of `metric`.

@@ -8,7 +8,7 @@
 //! is ever out while its letter could still be discarded or left pending.
 
 use crate::dead_letter::{DeadLetter, ErrorKind};
-use crate::ids::{ConsumerName, DeadLetterId, JobId};
+use crate::ids::{ConsumerName, DeadLetterId, GroupId, JobId, TenantId};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::{PgConnection, PgExecutor, PgPool, Postgres, QueryBuilder, Transaction};
@@ -77,6 +77,16 @@ pub struct ListFilter {
     pub created_from: Option<DateTime<Utc>>,
     /// Created strictly before.
     pub created_before: Option<DateTime<Utc>>,
+    /// The job (any consumer's).
+    pub job_id: Option<JobId>,
+    /// The correlation id.
+    pub correlation_id: Option<String>,
+    /// The tenant.
+    pub tenant_id: Option<TenantId>,
+    /// The SQS message id.
+    pub message_id: Option<String>,
+    /// The failure group.
+    pub group_id: Option<GroupId>,
 }
 
 /// A place in the newest-first order: the page continues with letters strictly after it.
@@ -96,7 +106,7 @@ pub struct LetterSummary {
     /// The job, if the message carried one.
     pub job_id: Option<JobId>,
     /// The tenant, if readable.
-    pub tenant_id: Option<crate::ids::TenantId>,
+    pub tenant_id: Option<TenantId>,
     /// The consumer.
     pub consumer: ConsumerName,
     /// The source queue.
@@ -127,6 +137,11 @@ pub struct LetterSummary {
     pub created_at: DateTime<Utc>,
     /// For a replayed letter: what the replay did.
     pub replay_outcome: Option<ReplayOutcome>,
+    /// The failure group it belongs to (none for a letter older than groups).
+    pub group_id: Option<GroupId>,
+    /// Whether its job's fence exists (its effect committed, so a replay would send nothing);
+    /// `None` for a letter without a job id.
+    pub fence_exists: Option<bool>,
 }
 
 impl LetterSummary {
@@ -158,8 +173,11 @@ pub async fn list_letters(
         .push_bind(LIST_ERROR_CHARS)
         .push(
             " AS last_error_truncated, correlation_id, replay_of, status, discard_reason,
-                reviewed_by, reviewed_at, created_at, replay_outcome
-             FROM core.dead_letters WHERE true",
+                reviewed_by, reviewed_at, created_at, replay_outcome, group_id,
+                CASE WHEN job_id IS NOT NULL THEN EXISTS (
+                    SELECT 1 FROM core.processed_jobs p
+                    WHERE p.job_id = d.job_id AND p.consumer = d.consumer) END AS fence_exists
+             FROM core.dead_letters d WHERE true",
         );
     if let Some(status) = filter.status {
         q.push(" AND status = ").push_bind(status.as_str());
@@ -178,6 +196,22 @@ pub async fn list_letters(
     }
     if let Some(before) = filter.created_before {
         q.push(" AND created_at < ").push_bind(before);
+    }
+    if let Some(job_id) = filter.job_id {
+        q.push(" AND job_id = ").push_bind(job_id.0);
+    }
+    if let Some(correlation_id) = &filter.correlation_id {
+        q.push(" AND correlation_id = ")
+            .push_bind(correlation_id.clone());
+    }
+    if let Some(tenant_id) = filter.tenant_id {
+        q.push(" AND tenant_id = ").push_bind(tenant_id.0);
+    }
+    if let Some(message_id) = &filter.message_id {
+        q.push(" AND message_id = ").push_bind(message_id.clone());
+    }
+    if let Some(group_id) = filter.group_id {
+        q.push(" AND group_id = ").push_bind(group_id.0);
     }
     if let Some(after) = after {
         q.push(" AND (created_at, id) < (")
@@ -264,7 +298,12 @@ crate::ids::text_column!(
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
     /// Replayed: queued for sending, or found already processed (nothing to send).
-    Replayed(ReplayOutcome),
+    Replayed {
+        /// What the replay does.
+        outcome: ReplayOutcome,
+        /// Why, if the operator said (a bulk replay always does).
+        reason: Option<String>,
+    },
     /// Closed, with the reason the schema requires.
     Discarded {
         /// Why; not blank.
@@ -318,18 +357,7 @@ impl LockedLetter {
         actor: &str,
         now: DateTime<Utc>,
     ) -> sqlx::Result<&DeadLetter> {
-        let (status, reason, outcome) = match verdict {
-            Verdict::Replayed(outcome) => (ReviewStatus::Replayed, None, Some(outcome.as_str())),
-            Verdict::Discarded { reason } => (ReviewStatus::Discarded, Some(reason.as_str()), None),
-        };
-        self.letter = mark_reviewed(
-            &mut self.tx,
-            self.letter.id.0,
-            (status, reason, outcome),
-            actor,
-            now,
-        )
-        .await?;
+        self.letter = mark_reviewed(&mut self.tx, self.letter.id.0, verdict, actor, now).await?;
         Ok(&self.letter)
     }
 
@@ -343,23 +371,35 @@ impl LockedLetter {
 async fn mark_reviewed(
     conn: &mut PgConnection,
     id: Uuid,
-    (status, reason, outcome): (ReviewStatus, Option<&str>, Option<&str>),
+    verdict: &Verdict,
     actor: &str,
     now: DateTime<Utc>,
 ) -> sqlx::Result<DeadLetter> {
+    let (status, discard_reason, outcome, replay_reason) = match verdict {
+        Verdict::Replayed { outcome, reason } => (
+            ReviewStatus::Replayed,
+            None,
+            Some(outcome.as_str()),
+            reason.as_deref(),
+        ),
+        Verdict::Discarded { reason } => {
+            (ReviewStatus::Discarded, Some(reason.as_str()), None, None)
+        }
+    };
     sqlx::query_as(
         "UPDATE core.dead_letters
          SET status = $2, discard_reason = $3, reviewed_by = $4, reviewed_at = $5,
-             replay_outcome = $6
+             replay_outcome = $6, replay_reason = $7
          WHERE id = $1
          RETURNING *",
     )
     .bind(id)
     .bind(status.as_str())
-    .bind(reason)
+    .bind(discard_reason)
     .bind(actor)
     .bind(now)
     .bind(outcome)
+    .bind(replay_reason)
     .fetch_one(conn)
     .await
 }

@@ -1,10 +1,12 @@
-//! The scheduled run (EventBridge): send replays that were recorded but not sent, retry unsent
-//! alerts, escalate unreviewed letters, sweep expired fences. Each step is bounded; a failing
-//! step is reported and does not stop the others.
+//! The scheduled run (EventBridge): send replays that were recorded but not sent, deliver the
+//! incident steps still due, escalate unreviewed groups, sweep expired fences, and measure what
+//! waits (letters pending review, incidents not delivered). Each step is bounded; a failing step
+//! is reported and does not stop the others.
 
-use crate::alerting::{Alerter, BetterStack, Delivery};
+use crate::alerting::{Alerter, Delivery};
 use crate::clock::Clock;
 use crate::escalation::{EscalationReport, escalate};
+use crate::groups::{DeliveryBacklog, delivery_backlog, pending_review};
 use crate::metrics::emf_line;
 use crate::sweeper::{SweepReport, SweepSettings, sweep};
 use serde_json::{Value, json};
@@ -26,10 +28,8 @@ pub struct ScheduledRun {
     pub pool: PgPool,
     /// Time.
     pub clock: Arc<dyn Clock>,
-    /// Alert retries, if alerting is on.
+    /// Incident delivery and escalation pages, if alerting is on.
     pub alerter: Option<Alerter>,
-    /// The client escalations page through, if alerting is on.
-    pub pager: Option<BetterStack>,
     /// Sweep bounds.
     pub sweep: SweepSettings,
     /// Escalation threshold.
@@ -49,10 +49,21 @@ pub struct ReplaySends {
     pub failed: u64,
 }
 
+/// What waits, as the run found it at its end.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Waiting {
+    /// Letters pending review.
+    pub pending_letters: i64,
+    /// How long the oldest of them has waited.
+    pub oldest_pending: Duration,
+    /// Incidents still to be opened or resolved.
+    pub undelivered: DeliveryBacklog,
+}
+
 /// What one scheduled run did.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ScheduledReport {
-    /// Alert groups retried.
+    /// Incident steps delivered and failed.
     pub alerts: Delivery,
     /// Escalations, or why they failed.
     pub escalation: Result<EscalationReport, String>,
@@ -60,6 +71,8 @@ pub struct ScheduledReport {
     pub sweep: Result<SweepReport, String>,
     /// Queued replays sent, or why the step failed.
     pub replays: Result<ReplaySends, String>,
+    /// What waits, or why it could not be read.
+    pub waiting: Result<Waiting, String>,
 }
 
 impl ScheduledRun {
@@ -70,11 +83,13 @@ impl ScheduledRun {
             Some(alerter) => alerter.deliver_pending(ALERT_RETRIES_PER_RUN).await,
             None => Delivery::default(),
         };
-        let escalation = match &self.pager {
-            Some(pager) => {
+        let escalation = match &self.alerter {
+            Some(alerter) => {
+                let routes = alerter.routes();
                 escalate(
                     &self.pool,
-                    pager,
+                    alerter.client(),
+                    routes.escalation.as_ref().unwrap_or(&routes.default),
                     self.clock.now(),
                     self.escalate_after,
                     self.page_budget,
@@ -87,10 +102,12 @@ impl ScheduledRun {
         let sweep = sweep(&self.pool, self.clock.as_ref(), self.sweep, deadline)
             .await
             .map_err(|e| e.to_string());
+        let waiting = self.waiting().await.map_err(|e| e.to_string());
         for (step, error) in [
             ("replays", replays.as_ref().err()),
             ("escalation", escalation.as_ref().err()),
             ("sweep", sweep.as_ref().err()),
+            ("waiting", waiting.as_ref().err()),
         ] {
             if let Some(error) = error {
                 tracing::error!(step, error, "scheduled step failed");
@@ -101,7 +118,18 @@ impl ScheduledRun {
             escalation,
             sweep,
             replays,
+            waiting,
         }
+    }
+
+    async fn waiting(&self) -> sqlx::Result<Waiting> {
+        let now = self.clock.now();
+        let (pending_letters, oldest_pending) = pending_review(&self.pool, now).await?;
+        Ok(Waiting {
+            pending_letters,
+            oldest_pending,
+            undelivered: delivery_backlog(&self.pool, now).await?,
+        })
     }
 
     /// Sends the replays recorded over a minute ago that no queue accepted yet (the replay's own
@@ -144,8 +172,14 @@ impl ScheduledReport {
             json!({"deleted": s.deleted, "batches": s.batches, "stop": format!("{:?}", s.stop),
                    "oldest_age_seconds": s.oldest_age.map(|a| a.as_secs()), "backlog_seconds": s.backlog.as_secs()})
         });
+        let waiting = self.waiting.as_ref().map(|w| {
+            json!({"pending_letters": w.pending_letters, "oldest_pending_seconds": w.oldest_pending.as_secs(),
+                   "undelivered_incidents": w.undelivered.groups, "oldest_undelivered_seconds": w.undelivered.oldest.as_secs()})
+        });
+        let a = &self.alerts;
         json!({
-            "alerts": {"sent": self.alerts.sent, "failed": self.alerts.failed},
+            "alerts": {"opened": a.opened, "updated": a.updated, "resolved": a.resolved, "failed": a.failed, "rejected": a.rejected},
+            "waiting": waiting.unwrap_or_else(|e| json!({"error": e})),
             "escalation": self.escalation.as_ref().map(|e| json!({"pages": e.pages, "letters": e.letters, "failed": e.failed})).unwrap_or_else(|e| json!({"error": e})),
             "sweep": sweep.unwrap_or_else(|e| json!({"error": e})),
             "replays": self.replays.as_ref().map(|r| json!({"sent": r.sent, "failed": r.failed})).unwrap_or_else(|e| json!({"error": e})),
@@ -170,16 +204,47 @@ impl ScheduledReport {
         let failed_steps = f64::from(
             u8::from(self.escalation.is_err())
                 + u8::from(self.sweep.is_err())
-                + u8::from(self.replays.is_err()),
+                + u8::from(self.replays.is_err())
+                + u8::from(self.waiting.is_err()),
         );
         let replays = self.replays.clone().unwrap_or_default();
+        let waiting = self.waiting.clone().unwrap_or_default();
+        let escalation_failed = self
+            .escalation
+            .as_ref()
+            .map(|e| e.failed as f64)
+            .unwrap_or(0.0);
         let values = [
             ("FencesDeleted", deleted, "Count"),
             ("OldestFenceAgeSeconds", age.floor(), "Seconds"),
             ("SweepBacklogSeconds", backlog.floor(), "Seconds"),
             ("LettersEscalated", escalated, "Count"),
-            ("AlertsRetriedSent", self.alerts.sent as f64, "Count"),
-            ("AlertsRetriedFailed", self.alerts.failed as f64, "Count"),
+            (
+                "IncidentStepsDelivered",
+                self.alerts.delivered() as f64,
+                "Count",
+            ),
+            (
+                "AlertDeliveriesFailed",
+                self.alerts.failed as f64 + escalation_failed,
+                "Count",
+            ),
+            ("AlertsRejected", self.alerts.rejected as f64, "Count"),
+            (
+                "OldestUndeliveredAlertSeconds",
+                waiting.undelivered.oldest.as_secs() as f64,
+                "Seconds",
+            ),
+            (
+                "LettersPendingReview",
+                waiting.pending_letters as f64,
+                "Count",
+            ),
+            (
+                "OldestPendingLetterAgeSeconds",
+                waiting.oldest_pending.as_secs() as f64,
+                "Seconds",
+            ),
             ("ScheduledStepsFailed", failed_steps, "Count"),
             ("QueuedReplaysSent", replays.sent as f64, "Count"),
             ("QueuedReplaysFailed", replays.failed as f64, "Count"),

@@ -74,6 +74,7 @@ async fn changing_a_dead_letters_payload_or_history_is_rejected(pool: PgPool) {
         "UPDATE core.dead_letters SET payload = '{}' WHERE id = $1",
         "UPDATE core.dead_letters SET attempts = 1 WHERE id = $1",
         "UPDATE core.dead_letters SET last_error = 'nothing happened' WHERE id = $1",
+        "UPDATE core.dead_letters SET group_id = NULL WHERE id = $1",
     ] {
         let err = refused(&pool, sql, id).await;
         assert!(err.contains("append-only"), "{sql}: {err}");

@@ -1,5 +1,6 @@
-//! A local HTTP server standing in for BetterStack's incidents API: it records every request
-//! and answers `201` with an incident id, or the statuses it was told to answer first.
+//! A local HTTP server standing in for BetterStack's Uptime API: it records every request and
+//! answers as BetterStack does (an incident created with its id, a comment added, an incident
+//! resolved), or with the statuses it was told to answer first.
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -92,9 +93,23 @@ impl AlertReceiver {
 
     /// The requests that created an incident (answered `201`).
     pub fn incidents(&self) -> Vec<Received> {
+        self.answered(|path| path == "/api/v3/incidents")
+    }
+
+    /// The comments added to incidents (`/api/v2/incidents/{id}/comments`, answered).
+    pub fn comments(&self) -> Vec<Received> {
+        self.answered(|path| path.ends_with("/comments"))
+    }
+
+    /// The incidents resolved (`/api/v3/incidents/{id}/resolve`, answered), by path.
+    pub fn resolutions(&self) -> Vec<Received> {
+        self.answered(|path| path.ends_with("/resolve"))
+    }
+
+    fn answered(&self, path: impl Fn(&str) -> bool) -> Vec<Received> {
         self.received()
             .into_iter()
-            .filter(|r| r.status == 201)
+            .filter(|r| r.status < 300 && path(&r.path))
             .collect()
     }
 }
@@ -116,23 +131,29 @@ async fn answer(
     tokio::time::sleep(latency).await;
     let mut state = state.lock().unwrap();
     let refused = state.refuse.pop_front();
+    let ok = if path.ends_with("/resolve") { 200 } else { 201 };
+    let id = state.received.len() + 1;
     state.received.push(Received {
         method,
-        path,
+        path: path.clone(),
         authorization,
         body,
-        status: refused.unwrap_or(201),
+        status: refused.unwrap_or(ok),
     });
-    let id = state.received.len();
+    let kind = if path.ends_with("/comments") {
+        "incident_comment"
+    } else {
+        "incident"
+    };
     let response = match refused {
         Some(code) => Response::builder()
             .status(code)
             .body(Full::new(Bytes::from_static(b"{\"errors\":\"try later\"}"))),
         None => Response::builder()
-            .status(201)
+            .status(ok)
             .header("content-type", "application/json")
             .body(Full::new(Bytes::from(
-                json!({"data": {"id": id.to_string(), "type": "incident"}}).to_string(),
+                json!({"data": {"id": id.to_string(), "type": kind}}).to_string(),
             ))),
     };
     Ok(response.expect("response"))

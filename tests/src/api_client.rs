@@ -101,10 +101,14 @@ pub async fn seed_letter_for(
         .as_str()
         .and_then(|j| j.parse().ok())
         .map(JobId);
+    let tenant_id = envelope["tenant_id"]
+        .as_str()
+        .and_then(|t| t.parse().ok())
+        .map(TenantId);
     let message_id = uuid::Uuid::new_v4().to_string();
     let letter = NewDeadLetter {
         job_id,
-        tenant_id: None,
+        tenant_id,
         consumer: &crate::consumer_name(),
         queue,
         message_id: &message_id,

@@ -336,7 +336,6 @@ async fn hole7_a_replay_is_recorded_before_it_is_sent_and_a_refused_send_is_sent
             chrono::Utc::now() + chrono::Duration::minutes(2),
         )),
         alerter: None,
-        pager: None,
         sweep: shared::sweeper::SweepSettings {
             batch_size: 10,
             budget: Duration::from_secs(10),
@@ -505,4 +504,215 @@ async fn concurrent_replays_and_discards_of_one_letter_let_exactly_one_win(
             "round {round}: one message per replay won"
         );
     }
+}
+
+/// A support ticket names a job, a correlation id, a tenant or a message: each finds its letter.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn any_letter_is_found_by_job_correlation_tenant_or_message(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let (pool, apis) = setup(pool_opts, connect).await;
+    let (target, job) = seed_letter(&pool, &apis.queue.name, ErrorKind::Exhausted).await;
+    for _ in 0..5 {
+        seed_letter(&pool, &apis.queue.name, ErrorKind::Exhausted).await;
+    }
+    let letter = shared::review::letter(&pool, target)
+        .await
+        .unwrap()
+        .unwrap();
+    let found = |query: Vec<(&'static str, String)>| {
+        let apis = &apis;
+        async move {
+            let pairs: Vec<(&str, &str)> = query.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            let response = apis.call(list(&pairs)).await;
+            assert_eq!(response.status, 200, "{:#}", response.body);
+            response.body["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|i| i["id"].as_str().unwrap().to_owned())
+                .collect::<Vec<_>>()
+        }
+    };
+    let id = vec![target.to_string()];
+    assert_eq!(found(vec![("job_id", job.to_string())]).await, id);
+    assert_eq!(
+        found(vec![("message_id", letter.message_id.clone())]).await,
+        id
+    );
+    // The seeded letters share a correlation id; each has a tenant of its own.
+    assert_eq!(
+        found(vec![("correlation_id", "api-test".into())])
+            .await
+            .len(),
+        6
+    );
+    let tenant = letter.tenant_id.expect("the envelope's tenant").to_string();
+    assert_eq!(found(vec![("tenant_id", tenant)]).await, id);
+    for (name, value) in [
+        ("job_id", "nope"),
+        ("tenant_id", "1"),
+        ("group_id", "x"),
+        ("group_id", "0"),
+    ] {
+        assert_error(
+            &apis.call(list(&[(name, value)])).await,
+            400,
+            "invalid_parameter",
+        );
+    }
+    let summary = &apis.call(list(&[("job_id", &job.to_string())])).await.body["items"][0];
+    assert_eq!(summary["fence_exists"], false, "{summary:#}");
+    assert!(summary["group_id"].as_i64().is_some(), "{summary:#}");
+}
+
+/// Failures grouped as they page: the groups resource, letters by group, a group resolved once
+/// its letters are reviewed, and the same error format.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn groups_list_their_counts_and_letters_are_listed_by_group(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let (pool, apis) = setup(pool_opts, connect).await;
+    let mut exhausted = Vec::new();
+    for _ in 0..3 {
+        exhausted.push(
+            seed_letter(&pool, &apis.queue.name, ErrorKind::Exhausted)
+                .await
+                .0,
+        );
+    }
+    seed_letter(&pool, &apis.queue.name, ErrorKind::Permanent).await;
+    let groups = |query: &[(&str, &str)]| {
+        let mut r = request("GET", "/v1/core/dead-letter-groups", ops());
+        r.query = query
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        r
+    };
+    let open = apis.call(groups(&[])).await;
+    assert_eq!(open.status, 200, "{:#}", open.body);
+    let items = open.body["items"].as_array().unwrap();
+    assert_eq!(items.len(), 2);
+    let group = items
+        .iter()
+        .find(|g| g["error_kind"] == "exhausted")
+        .expect("the exhausted group");
+    assert_eq!(
+        (
+            group["letter_count"].as_i64(),
+            group["pending_count"].as_i64()
+        ),
+        (Some(3), Some(3))
+    );
+    assert_eq!(group["status"], "open");
+    assert_eq!(group["consumer"], "award-points");
+    assert_eq!(group["pattern"], "database unavailable on every attempt");
+    let id = group["id"].as_i64().unwrap();
+
+    let letters = apis.call(list(&[("group_id", &id.to_string())])).await;
+    let mut listed: Vec<&str> = letters.body["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["id"].as_str().unwrap())
+        .collect();
+    listed.sort();
+    let mut expected: Vec<String> = exhausted.iter().map(|l| l.to_string()).collect();
+    expected.sort();
+    assert_eq!(listed, expected);
+
+    for letter in &exhausted {
+        let r = apis
+            .call(discard(
+                letter,
+                r#"{"reason": "provider fixed it by hand"}"#,
+            ))
+            .await;
+        assert_eq!(r.status, 200, "{:#}", r.body);
+    }
+    let one = apis
+        .call(request(
+            "GET",
+            &format!("/v1/core/dead-letter-groups/{id}"),
+            ops(),
+        ))
+        .await;
+    assert_eq!(one.status, 200, "{:#}", one.body);
+    assert_eq!(one.body["group"]["status"], "resolved");
+    assert_eq!(one.body["group"]["pending_count"], 0);
+    assert_eq!(
+        apis.call(groups(&[])).await.body["items"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    assert_eq!(
+        apis.call(groups(&[("status", "all")])).await.body["items"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    assert_error(
+        &apis.call(groups(&[("status", "closed")])).await,
+        400,
+        "invalid_parameter",
+    );
+    assert_error(
+        &apis.call(groups(&[("stauts", "open")])).await,
+        400,
+        "invalid_parameter",
+    );
+    assert_error(
+        &apis
+            .call(request("GET", "/v1/core/dead-letter-groups/999999", ops()))
+            .await,
+        404,
+        "not_found",
+    );
+    assert_error(
+        &apis
+            .call(request("GET", "/v1/core/dead-letter-groups/abc", ops()))
+            .await,
+        400,
+        "invalid_parameter",
+    );
+}
+
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn a_replay_keeps_the_reason_it_was_given(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let (pool, apis) = setup(pool_opts, connect).await;
+    let (id, _) = seed_letter(&pool, &apis.queue.name, ErrorKind::Exhausted).await;
+    let before = fingerprint(&pool).await;
+    for bad in [r#"{"reason": "  "}"#, r#"{"why": "x"}"#, "not json"] {
+        let response = apis.call(with_body(replay(id), bad)).await;
+        assert!(
+            matches!(response.status, 400 | 422),
+            "{bad}: {:#}",
+            response.body
+        );
+    }
+    assert_eq!(
+        fingerprint(&pool).await,
+        before,
+        "a refused replay changes nothing"
+    );
+    let response = apis
+        .call(with_body(
+            replay(id),
+            r#"{"reason": "ledger back after INC-42"}"#,
+        ))
+        .await;
+    assert_eq!(response.status, 200, "{:#}", response.body);
+    assert_eq!(
+        response.body["letter"]["replay_reason"],
+        "ledger back after INC-42"
+    );
 }

@@ -28,8 +28,25 @@ fn envelope(payload: Value) -> (JobId, Value) {
     (job_id, body)
 }
 
-fn route_request(method: &str, template: &str, id: Uuid, scopes: Option<&[Scope]>) -> ApiRequest {
-    let path = template.replace("{id}", &id.to_string());
+/// A request to the route `template` about the letter `id` (or, on a group route, its group).
+async fn route_request(
+    pool: &PgPool,
+    method: &str,
+    template: &str,
+    id: Uuid,
+    scopes: Option<&[Scope]>,
+) -> ApiRequest {
+    let id = if template.starts_with("/v1/core/dead-letter-groups") {
+        shared::groups::group_of_letter(pool, shared::ids::DeadLetterId(id))
+            .await
+            .unwrap()
+            .expect("every letter has its group")
+            .id
+            .to_string()
+    } else {
+        id.to_string()
+    };
+    let path = template.replace("{id}", &id);
     let r = request(method, &path, scopes.map(|s| caller("ops-1", s)));
     if path.ends_with("/discard") {
         with_body(r, r#"{"reason": "auth matrix"}"#)
@@ -50,7 +67,7 @@ async fn every_route_needs_a_token_and_its_own_scope(
         let others: Vec<Scope> = ALL.into_iter().filter(|s| *s != route.scope).collect();
         let cases: [(Option<&[Scope]>, u16); 2] = [(None, 401), (Some(&others), 403)];
         for (scopes, status) in cases {
-            let req = route_request(route.method, route.path, id.0, scopes);
+            let req = route_request(&pool, route.method, route.path, id.0, scopes).await;
             let response = stack.api.call(&req).await;
             assert_eq!(
                 response.status, status,
@@ -64,7 +81,8 @@ async fn every_route_needs_a_token_and_its_own_scope(
             );
         }
         if route.scope != Scope::Read {
-            let mut anonymous = route_request(route.method, route.path, id.0, Some(&[route.scope]));
+            let mut anonymous =
+                route_request(&pool, route.method, route.path, id.0, Some(&[route.scope])).await;
             anonymous.caller.as_mut().unwrap().subject = None;
             let response = stack.api.call(&anonymous).await;
             assert_eq!(
@@ -74,7 +92,8 @@ async fn every_route_needs_a_token_and_its_own_scope(
             );
             assert_eq!(fingerprint(&pool).await, before);
         }
-        let allowed = route_request(route.method, route.path, id.0, Some(&[route.scope]));
+        let allowed =
+            route_request(&pool, route.method, route.path, id.0, Some(&[route.scope])).await;
         let response = stack.api.call(&allowed).await;
         assert_eq!(
             response.status, 200,

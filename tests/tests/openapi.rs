@@ -1,7 +1,9 @@
 //! `functions/dead-letter-api/openapi.yaml` against the code: the same routes and scopes, the same
 //! query parameters and bounds, the same enums, and the same fields in the letters the API sends.
 
-use dead_letter_api::api::list_query::{DEFAULT_LIMIT, LIST_PARAMETERS, MAX_LIMIT};
+use dead_letter_api::api::list_query::{
+    DEFAULT_LIMIT, GROUP_PARAMETERS, LIST_PARAMETERS, MAX_LIMIT,
+};
 use dead_letter_api::api::{MAX_REASON_CHARS, ROUTES, Scope};
 use serde_json::Value;
 use shared::dead_letter::{DeadLetter, ErrorKind};
@@ -85,6 +87,23 @@ fn parameters_bounds_and_enums_match_the_validation() {
         .collect();
     let names: Vec<&str> = params.iter().map(|p| p["name"].as_str().unwrap()).collect();
     assert_eq!(names, LIST_PARAMETERS);
+    let groups = &doc["paths"]["/v1/core/dead-letter-groups"]["get"];
+    let names: Vec<&str> = groups["parameters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| resolve(&doc, p)["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, GROUP_PARAMETERS);
+    let group_statuses: Vec<_> = shared::groups::GroupStatus::ALL
+        .iter()
+        .map(|s| s.as_str().to_owned())
+        .chain(["all".to_owned()])
+        .collect();
+    assert_eq!(
+        strings(&groups["parameters"][0]["schema"]["enum"]),
+        group_statuses
+    );
     let limit = params.iter().find(|p| p["name"] == "limit").unwrap();
     assert_eq!(limit["schema"]["maximum"], MAX_LIMIT);
     assert_eq!(limit["schema"]["default"], DEFAULT_LIMIT);
@@ -144,6 +163,8 @@ fn the_letter_schemas_have_exactly_the_fields_the_api_sends() {
         replay_outcome: None,
         replay_message_id: None,
         replay_sent_at: None,
+        replay_reason: None,
+        group_id: None,
     };
     let sent = serde_json::to_value(&letter).unwrap();
     assert_eq!(keys(&schemas["DeadLetter"]["properties"]), keys(&sent));
@@ -166,7 +187,53 @@ fn the_letter_schemas_have_exactly_the_fields_the_api_sends() {
         reviewed_at: None,
         created_at: letter.created_at,
         replay_outcome: None,
+        group_id: None,
+        fence_exists: None,
     };
     let listed = serde_json::to_value(&summary).unwrap();
     assert_eq!(keys(&schemas["LetterSummary"]["properties"]), keys(&listed));
+}
+
+#[test]
+fn the_group_schema_has_exactly_the_fields_the_api_sends() {
+    use shared::groups::{Group, GroupStatus, Incident};
+    let doc = document();
+    let schema = &doc["components"]["schemas"]["Group"];
+    let now = chrono::Utc::now();
+    let group = Group {
+        id: shared::ids::GroupId(7),
+        status: GroupStatus::Open,
+        consumer: shared::ids::ConsumerName::new("c").unwrap(),
+        queue: "q".into(),
+        error_kind: ErrorKind::Exhausted,
+        pattern: "timeout after <n>".into(),
+        sample_error: "timeout after 3 s".into(),
+        last_error: "timeout after 4 s".into(),
+        sample_letter_id: shared::ids::DeadLetterId(uuid::Uuid::nil()),
+        sample_job_id: None,
+        sample_correlation_id: None,
+        letter_count: 2,
+        pending_count: 2,
+        first_letter_at: now,
+        last_letter_at: now,
+        resolved_at: None,
+        incident: Some(Incident {
+            id: "1".into(),
+            opened_at: now,
+            count: 1,
+            updated_at: None,
+            resolved_at: None,
+        }),
+        delivery_failures: 0,
+        last_delivery_error: None,
+    };
+    let sent = serde_json::to_value(&group).unwrap();
+    assert_eq!(keys(&schema["properties"]), keys(&sent));
+    let incident = &schema["properties"]["incident"]["oneOf"][1];
+    assert_eq!(keys(&incident["properties"]), keys(&sent["incident"]));
+    let statuses: Vec<_> = GroupStatus::ALL
+        .iter()
+        .map(|s| s.as_str().to_owned())
+        .collect();
+    assert_eq!(strings(&schema["properties"]["status"]["enum"]), statuses);
 }

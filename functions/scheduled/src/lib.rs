@@ -1,5 +1,5 @@
-//! The scheduled function (EventBridge): retries unsent alerts, escalates dead letters nobody
-//! reviewed, and sweeps expired fences. Wiring only; the steps are `shared::scheduled`. It
+//! The scheduled function (EventBridge): sends queued replays, delivers incident steps still due,
+//! escalates failure groups nobody reviewed, and sweeps expired fences. Wiring only; the steps are `shared::scheduled`. It
 //! refuses to start when `FENCE_TTL_SECONDS` is below the floor, naming the variable.
 
 use lambda_runtime::{Error, LambdaEvent, service_fn};
@@ -22,7 +22,6 @@ pub async fn run() -> Result<(), Error> {
     let alerts = config.alerts.as_ref();
     let scheduled = ScheduledRun {
         alerter: alerts.map(|a| or_exit(a.alerter(pool.clone(), clock.clone()))),
-        pager: alerts.map(|a| or_exit(a.client())),
         page_budget: alerts.map(|a| a.budget).unwrap_or_default(),
         pool,
         clock,

@@ -13,6 +13,10 @@ pub struct AlertConfig {
     pub requester_email: Option<String>,
     /// Time budget of one delivery round.
     pub budget: Duration,
+    /// Whom each queue's incidents page.
+    pub routes: crate::alerting::Routes,
+    /// How often at most an open incident is updated with its group's count.
+    pub update_every: Duration,
 }
 
 impl fmt::Debug for AlertConfig {
@@ -48,11 +52,23 @@ impl AlertConfig {
             });
         }
         let budget = Duration::from_millis(env.parsed(ALERT_TIMEOUT_MS, 2_000u64)?);
+        let update_every = env.seconds(ALERT_UPDATE_INTERVAL_SECONDS, Duration::from_secs(900))?;
+        if update_every < Duration::from_secs(60) {
+            return Err(ConfigError {
+                variable: ALERT_UPDATE_INTERVAL_SECONDS,
+                problem: format!(
+                    "must be at least 60 seconds (an incident updated more often is noise), got {}",
+                    update_every.as_secs()
+                ),
+            });
+        }
         Ok(Some(Self {
             base_url,
             token,
             requester_email: env.get(BETTERSTACK_REQUESTER_EMAIL),
             budget,
+            routes: routes(env)?,
+            update_every,
         }))
     }
 
@@ -78,8 +94,41 @@ impl AlertConfig {
         Ok(crate::alerting::Alerter::new(
             pool,
             self.client()?,
+            self.routes.clone(),
             clock,
             self.budget,
+            self.update_every,
         ))
     }
+}
+
+/// The routes: [`BETTERSTACK_POLICY_ID`] and [`BETTERSTACK_TEAM_NAME`] for every queue, a queue's
+/// own in [`BETTERSTACK_QUEUE_ROUTES`] (`{"<queue>": {"policy_id": "…", "team_name": "…"}}`),
+/// and escalations to [`BETTERSTACK_ESCALATION_POLICY_ID`] if set.
+fn routes(env: &Env<'_>) -> Result<crate::alerting::Routes, ConfigError> {
+    use crate::alerting::{Route, Routes};
+    let default = Route {
+        policy_id: env.get(BETTERSTACK_POLICY_ID),
+        team_name: env.get(BETTERSTACK_TEAM_NAME),
+    };
+    let by_queue = match env.get(BETTERSTACK_QUEUE_ROUTES) {
+        None => Default::default(),
+        Some(raw) => serde_json::from_str(&raw).map_err(|e| ConfigError {
+            variable: BETTERSTACK_QUEUE_ROUTES,
+            problem: format!(
+                "must be a JSON object of queue name to {{\"policy_id\": \"…\", \"team_name\": \"…\"}}: {e}"
+            ),
+        })?,
+    };
+    let escalation = env
+        .get(BETTERSTACK_ESCALATION_POLICY_ID)
+        .map(|policy_id| Route {
+            policy_id: Some(policy_id),
+            team_name: default.team_name.clone(),
+        });
+    Ok(Routes {
+        default,
+        by_queue,
+        escalation,
+    })
 }

@@ -60,6 +60,16 @@ pub const BETTERSTACK_BASE_URL: &str = "BETTERSTACK_BASE_URL";
 pub const BETTERSTACK_REQUESTER_EMAIL: &str = "BETTERSTACK_REQUESTER_EMAIL";
 /// How long one alert delivery round may take, in ms.
 pub const ALERT_TIMEOUT_MS: &str = "ALERT_TIMEOUT_MS";
+/// How often at most an open incident is updated with its group's count, in seconds.
+pub const ALERT_UPDATE_INTERVAL_SECONDS: &str = "ALERT_UPDATE_INTERVAL_SECONDS";
+/// The BetterStack escalation policy incidents page by default (optional).
+pub const BETTERSTACK_POLICY_ID: &str = "BETTERSTACK_POLICY_ID";
+/// The BetterStack team that owns the incidents (needed with a global API token; optional).
+pub const BETTERSTACK_TEAM_NAME: &str = "BETTERSTACK_TEAM_NAME";
+/// Per-queue routes, JSON: `{"<queue>": {"policy_id": "…", "team_name": "…"}}` (optional).
+pub const BETTERSTACK_QUEUE_ROUTES: &str = "BETTERSTACK_QUEUE_ROUTES";
+/// The escalation policy escalations of unreviewed letters page (optional; else the default).
+pub const BETTERSTACK_ESCALATION_POLICY_ID: &str = "BETTERSTACK_ESCALATION_POLICY_ID";
 
 /// API: how long a review waits for a concurrent review of the same letter, in milliseconds.
 pub const API_LOCK_WAIT_MS: &str = "API_LOCK_WAIT_MS";

@@ -29,7 +29,7 @@ mod attempt;
 mod outcome;
 pub use outcome::{IncomingMessage, RecordOutcome};
 
-/// Alert groups one delivery round sends at most.
+/// Incident steps one delivery round sends at most.
 pub const ALERTS_PER_ROUND: i64 = 10;
 
 /// Harness settings beyond the consumer itself.
@@ -313,7 +313,8 @@ impl<C: Consumer> Harness<C> {
             Ok(Settled::AlreadyProcessed) => RecordOutcome::Duplicate,
             Ok(Settled::Recorded(letter)) => {
                 if let (Recorded::New(_), Some(alerter)) = (letter, &self.alerter) {
-                    alerter.deliver_pending(ALERTS_PER_ROUND).await;
+                    let delivery = alerter.deliver_pending(ALERTS_PER_ROUND).await;
+                    self.metrics.count_delivery(&delivery);
                 }
                 RecordOutcome::DeadLettered {
                     kind,

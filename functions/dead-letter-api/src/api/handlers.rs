@@ -1,4 +1,4 @@
-//! The four operations, after routing and authorization.
+//! The operations, after routing and authorization.
 //!
 //! Invariant: input is validated before the first query; a review changes a row only through
 //! [`shared::review`]'s lock-check-mark-commit. A replay commits its verdict before it sends, so
@@ -6,10 +6,13 @@
 //! `queued` for the scheduled run.
 
 use super::error::ApiError;
-use super::list_query::{encode_cursor, parse_list_query};
+use super::list_query::{
+    a_group_id, encode_cursor, encode_group_cursor, parse_group_query, parse_list_query,
+};
 use super::{Api, ApiRequest, ApiResponse, Operation, Route};
 use serde_json::{Value, json};
-use shared::ids::DeadLetterId;
+use shared::groups;
+use shared::ids::{DeadLetterId, GroupId};
 use shared::review::{self, LockedLetter, ReplayOutcome, ReviewStatus, Verdict};
 
 /// The longest discard reason, in characters.
@@ -26,11 +29,20 @@ pub(super) async fn run(
     match route.operation {
         Operation::List => list(api, route, request).await,
         Operation::Get => get(api, route, parse_id(id)?).await,
-        Operation::Replay => replay(api, route, parse_id(id)?, actor).await,
+        Operation::Replay => {
+            let id = parse_id(id)?;
+            let reason = parse_replay_reason(&request.body)?;
+            replay(api, route, id, actor, reason).await
+        }
         Operation::Discard => {
             let id = parse_id(id)?;
             let reason = parse_reason(&request.body)?;
             discard(api, route, id, actor, reason).await
+        }
+        Operation::ListGroups => list_groups(api, route, request).await,
+        Operation::GetGroup => {
+            let id = a_group_id("id", id.unwrap_or_default())?;
+            get_group(api, route, id).await
         }
     }
 }
@@ -62,6 +74,34 @@ async fn list(api: &Api, route: &Route, request: &ApiRequest) -> Result<ApiRespo
     ok(json!({"items": items, "next_cursor": next_cursor, "limit": query.limit}))
 }
 
+async fn list_groups(
+    api: &Api,
+    route: &Route,
+    request: &ApiRequest,
+) -> Result<ApiResponse, ApiError> {
+    let query = parse_group_query(&request.query)?;
+    let mut items = groups::list_groups(&api.pool, &query.filter, query.after, query.limit + 1)
+        .await
+        .map_err(|e| ApiError::database(route.path, &e))?;
+    let next_cursor = if items.len() > query.limit as usize {
+        items.truncate(query.limit as usize);
+        items
+            .last()
+            .map(|last| encode_group_cursor(last.position()))
+    } else {
+        None
+    };
+    ok(json!({"items": items, "next_cursor": next_cursor, "limit": query.limit}))
+}
+
+async fn get_group(api: &Api, route: &Route, id: GroupId) -> Result<ApiResponse, ApiError> {
+    let group = groups::group(&api.pool, id)
+        .await
+        .map_err(|e| ApiError::database(route.path, &e))?
+        .ok_or_else(|| ApiError::not_found(format!("there is no failure group {id}")))?;
+    ok(json!({"group": group}))
+}
+
 async fn get(api: &Api, route: &Route, id: DeadLetterId) -> Result<ApiResponse, ApiError> {
     let db = |e: sqlx::Error| ApiError::database(route.path, &e);
     let letter = review::letter(&api.pool, id)
@@ -80,6 +120,7 @@ async fn replay(
     route: &Route,
     id: DeadLetterId,
     actor: &str,
+    reason: Option<String>,
 ) -> Result<ApiResponse, ApiError> {
     let db = |e: sqlx::Error| ApiError::database(route.path, &e);
     let Some(replayer) = api.replayer.as_ref() else {
@@ -104,7 +145,11 @@ async fn replay(
         ReplayOutcome::Queued
     };
     locked
-        .mark(&Verdict::Replayed(outcome), actor, api.clock.now())
+        .mark(
+            &Verdict::Replayed { outcome, reason },
+            actor,
+            api.clock.now(),
+        )
         .await
         .map_err(db)?;
     // Recorded before anything is sent: a message is never out while its letter could still be
@@ -226,16 +271,33 @@ fn not_found(id: DeadLetterId) -> ApiError {
     ApiError::not_found(format!("there is no dead letter {}", id.0))
 }
 
+/// The replay body: none, or `{"reason": "..."}` as for a discard (why it is replayed; a bulk
+/// replay always says).
+fn parse_replay_reason(body: &[u8]) -> Result<Option<String>, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    const SHAPE: &str =
+        r#"the body must be empty or a JSON object such as {"reason": "ledger back after INC-42"}"#;
+    checked_reason(body, SHAPE).map(Some)
+}
+
 /// The discard body: `{"reason": "..."}`, a non-blank reason of at most [`MAX_REASON_CHARS`].
 fn parse_reason(body: &[u8]) -> Result<String, ApiError> {
     const SHAPE: &str = r#"the body must be a JSON object such as {"reason": "duplicate of an award already corrected by hand"}"#;
-    let value: Value = serde_json::from_slice(body).map_err(|_| ApiError::invalid_json(SHAPE))?;
+    checked_reason(body, SHAPE)
+}
+
+/// `{"reason": "..."}` with a reason that is there, visible, plain text and at most
+/// [`MAX_REASON_CHARS`]; `shape` says what the body should look like.
+fn checked_reason(body: &[u8], shape: &str) -> Result<String, ApiError> {
+    let value: Value = serde_json::from_slice(body).map_err(|_| ApiError::invalid_json(shape))?;
     let Value::Object(fields) = value else {
-        return Err(ApiError::invalid_body(SHAPE));
+        return Err(ApiError::invalid_body(shape));
     };
     if let Some(unknown) = fields.keys().find(|k| k.as_str() != "reason") {
         return Err(ApiError::invalid_body(format!(
-            "unknown field `{unknown}`; {SHAPE}"
+            "unknown field `{unknown}`; {shape}"
         )));
     }
     let reason = match fields.get("reason") {
@@ -243,14 +305,14 @@ fn parse_reason(body: &[u8]) -> Result<String, ApiError> {
         Some(_) => return Err(ApiError::invalid_body("`reason` must be a string")),
         None => {
             return Err(ApiError::invalid_body(
-                "`reason` is required: say why this letter needs no replay",
+                "`reason` is required: say why, for the next person who reads the letter",
             ));
         }
     };
     if !reason.chars().any(is_visible) {
         return Err(ApiError::invalid_body(
-            "`reason` is blank (only spaces or invisible characters): say why this letter needs \
-             no replay",
+            "`reason` is blank (only spaces or invisible characters): say why, for the next \
+             person who reads the letter",
         ));
     }
     if reason.contains('\0') {

@@ -9,16 +9,33 @@ use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use chrono::{DateTime, Utc};
 use shared::dead_letter::ErrorKind;
+use shared::groups::{GroupFilter, GroupPosition, GroupStatus};
+use shared::ids::{GroupId, JobId, TenantId};
 use shared::review::{ListFilter, Position, ReviewStatus};
 
 /// The query parameters the list endpoint accepts (the OpenAPI document lists the same).
-pub const LIST_PARAMETERS: [&str; 8] = [
+pub const LIST_PARAMETERS: [&str; 13] = [
     "status",
     "queue",
     "consumer",
     "error_kind",
+    "job_id",
+    "correlation_id",
+    "tenant_id",
+    "message_id",
+    "group_id",
     "created_from",
     "created_before",
+    "limit",
+    "cursor",
+];
+
+/// The query parameters the group list accepts (the OpenAPI document lists the same).
+pub const GROUP_PARAMETERS: [&str; 6] = [
+    "status",
+    "queue",
+    "consumer",
+    "error_kind",
     "limit",
     "cursor",
 ];
@@ -41,6 +58,41 @@ pub struct ListQuery {
     pub limit: u32,
 }
 
+/// A validated group list request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupQuery {
+    /// Which groups.
+    pub filter: GroupFilter,
+    /// Continue after this group.
+    pub after: Option<GroupPosition>,
+    /// Page size.
+    pub limit: u32,
+}
+
+/// The pairs of a request, each name at most once, every name one of `accepted`.
+fn each_once<'p>(
+    pairs: &'p [(String, String)],
+    accepted: &[&str],
+    what: &str,
+) -> Result<Vec<(&'p str, &'p str)>, ApiError> {
+    let mut seen: Vec<(&str, &str)> = Vec::new();
+    for (name, value) in pairs {
+        if seen.iter().any(|(n, _)| n == name) {
+            return Err(ApiError::invalid_parameter(format!(
+                "`{name}` is given more than once; give it once"
+            )));
+        }
+        if !accepted.contains(&name.as_str()) {
+            return Err(ApiError::invalid_parameter(format!(
+                "unknown query parameter `{name}`; {what} accepts {}",
+                accepted.join(", ")
+            )));
+        }
+        seen.push((name, value));
+    }
+    Ok(seen)
+}
+
 /// Parses the query pairs of a list request.
 pub fn parse_list_query(pairs: &[(String, String)]) -> Result<ListQuery, ApiError> {
     let mut query = ListQuery {
@@ -48,30 +100,22 @@ pub fn parse_list_query(pairs: &[(String, String)]) -> Result<ListQuery, ApiErro
         after: None,
         limit: DEFAULT_LIMIT,
     };
-    let mut seen = Vec::new();
-    for (name, value) in pairs {
-        if seen.contains(&name.as_str()) {
-            return Err(ApiError::invalid_parameter(format!(
-                "`{name}` is given more than once; give it once"
-            )));
-        }
-        seen.push(name.as_str());
+    for (name, value) in each_once(pairs, &LIST_PARAMETERS, "the list")? {
         let f = &mut query.filter;
-        match name.as_str() {
+        match name {
             "status" => f.status = Some(one_of(name, value, ReviewStatus::parse, &statuses())?),
             "error_kind" => f.error_kind = Some(one_of(name, value, ErrorKind::parse, &kinds())?),
             "queue" => f.queue = Some(a_name(name, value)?),
             "consumer" => f.consumer = Some(a_name(name, value)?),
+            "job_id" => f.job_id = Some(JobId(a_uuid(name, value)?)),
+            "correlation_id" => f.correlation_id = Some(a_name(name, value)?),
+            "tenant_id" => f.tenant_id = Some(TenantId(a_uuid(name, value)?)),
+            "message_id" => f.message_id = Some(a_name(name, value)?),
+            "group_id" => f.group_id = Some(a_group_id(name, value)?),
             "created_from" => f.created_from = Some(a_time(name, value)?),
             "created_before" => f.created_before = Some(a_time(name, value)?),
             "limit" => query.limit = a_limit(value)?,
-            "cursor" => query.after = Some(decode_cursor(value)?),
-            _ => {
-                return Err(ApiError::invalid_parameter(format!(
-                    "unknown query parameter `{name}`; the list accepts {}",
-                    LIST_PARAMETERS.join(", ")
-                )));
-            }
+            _ => query.after = Some(decode_cursor(value)?),
         }
     }
     if let (Some(from), Some(before)) = (query.filter.created_from, query.filter.created_before)
@@ -82,6 +126,54 @@ pub fn parse_list_query(pairs: &[(String, String)]) -> Result<ListQuery, ApiErro
         ));
     }
     Ok(query)
+}
+
+/// Parses the query pairs of a group list request. Without `status`, only open groups are
+/// listed (what an operator needs first); `status=all` lists every group.
+pub fn parse_group_query(pairs: &[(String, String)]) -> Result<GroupQuery, ApiError> {
+    let mut query = GroupQuery {
+        filter: GroupFilter {
+            status: Some(GroupStatus::Open),
+            ..Default::default()
+        },
+        after: None,
+        limit: DEFAULT_LIMIT,
+    };
+    for (name, value) in each_once(pairs, &GROUP_PARAMETERS, "the group list")? {
+        let f = &mut query.filter;
+        match name {
+            "status" if value == "all" => f.status = None,
+            "status" => {
+                let mut allowed: Vec<&str> = GroupStatus::ALL.iter().map(|s| s.as_str()).collect();
+                allowed.push("all");
+                f.status = Some(one_of(name, value, GroupStatus::parse, &allowed)?);
+            }
+            "error_kind" => f.error_kind = Some(one_of(name, value, ErrorKind::parse, &kinds())?),
+            "queue" => f.queue = Some(a_name(name, value)?),
+            "consumer" => f.consumer = Some(a_name(name, value)?),
+            "limit" => query.limit = a_limit(value)?,
+            _ => query.after = Some(decode_group_cursor(value)?),
+        }
+    }
+    Ok(query)
+}
+
+/// A group id as a path or query parameter names it: a positive whole number.
+pub fn a_group_id(name: &str, value: &str) -> Result<GroupId, ApiError> {
+    match value.parse::<i64>() {
+        Ok(n) if n > 0 => Ok(GroupId(n)),
+        _ => Err(ApiError::invalid_parameter(format!(
+            "`{name}` must be a group id, a positive whole number such as 42, got {value:?}"
+        ))),
+    }
+}
+
+fn a_uuid(name: &str, value: &str) -> Result<uuid::Uuid, ApiError> {
+    uuid::Uuid::try_parse(value).map_err(|_| {
+        ApiError::invalid_parameter(format!(
+            "`{name}` must be a UUID such as 0b7e5f6e-2c4d-4f7a-9d1e-3a5b7c9d1e2f, got {value:?}"
+        ))
+    })
 }
 
 fn statuses() -> Vec<&'static str> {
@@ -138,6 +230,54 @@ fn a_limit(value: &str) -> Result<u32, ApiError> {
 }
 
 const CURSOR_VERSION: &str = "v1";
+const GROUP_CURSOR_VERSION: &str = "g1";
+
+/// The opaque cursor for the group page after `position`.
+pub fn encode_group_cursor(position: GroupPosition) -> String {
+    let raw = format!(
+        "{GROUP_CURSOR_VERSION}|{}|{}",
+        position.last_letter_at.timestamp_micros(),
+        position.id
+    );
+    URL_SAFE_NO_PAD.encode(raw)
+}
+
+/// The position a cursor from [`encode_group_cursor`] stands for.
+pub fn decode_group_cursor(cursor: &str) -> Result<GroupPosition, ApiError> {
+    let (micros, id) = cursor_parts(cursor, GROUP_CURSOR_VERSION)?;
+    let id = id.parse().map(GroupId).map_err(|_| bad_cursor())?;
+    Ok(GroupPosition {
+        last_letter_at: micros,
+        id,
+    })
+}
+
+fn bad_cursor() -> ApiError {
+    ApiError::invalid_parameter(
+        "`cursor` is not one this API issued; pass `next_cursor` from a previous page unchanged",
+    )
+}
+
+/// A cursor's time and id, if it is one of `version`.
+fn cursor_parts(cursor: &str, version: &str) -> Result<(DateTime<Utc>, String), ApiError> {
+    let raw = URL_SAFE_NO_PAD.decode(cursor).map_err(|_| bad_cursor())?;
+    let raw = String::from_utf8(raw).map_err(|_| bad_cursor())?;
+    let mut parts = raw.split('|');
+    let (Some(v), Some(micros), Some(id), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(bad_cursor());
+    };
+    if v != version {
+        return Err(bad_cursor());
+    }
+    let at = micros
+        .parse()
+        .ok()
+        .and_then(DateTime::from_timestamp_micros)
+        .ok_or_else(bad_cursor)?;
+    Ok((at, id.to_owned()))
+}
 
 /// The opaque cursor for the page after `position`.
 pub fn encode_cursor(position: Position) -> String {
@@ -151,25 +291,8 @@ pub fn encode_cursor(position: Position) -> String {
 
 /// The position a cursor from [`encode_cursor`] stands for.
 pub fn decode_cursor(cursor: &str) -> Result<Position, ApiError> {
-    let bad = || {
-        ApiError::invalid_parameter(
-            "`cursor` is not one this API issued; pass `next_cursor` from a previous page unchanged",
-        )
-    };
-    let raw = URL_SAFE_NO_PAD.decode(cursor).map_err(|_| bad())?;
-    let raw = String::from_utf8(raw).map_err(|_| bad())?;
-    let mut parts = raw.split('|');
-    let (Some(CURSOR_VERSION), Some(micros), Some(id), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return Err(bad());
-    };
-    let created_at = micros
-        .parse()
-        .ok()
-        .and_then(DateTime::from_timestamp_micros)
-        .ok_or_else(bad)?;
-    let id = id.parse().map_err(|_| bad())?;
+    let (created_at, id) = cursor_parts(cursor, CURSOR_VERSION)?;
+    let id = id.parse().map_err(|_| bad_cursor())?;
     Ok(Position { created_at, id })
 }
 

@@ -1,4 +1,5 @@
-//! The operators' HTTP API over `core.dead_letters`: list, get, replay, discard. It lives in
+//! The operators' HTTP API over `core.dead_letters` and its failure groups: list and get
+//! letters, replay and discard them, list and get groups. It lives in
 //! this crate, not in `shared`, so a consumer links neither it nor `lambda_http`.
 //!
 //! Independent of the transport: [`Api::handle`] takes an [`ApiRequest`] and returns an
@@ -36,6 +37,10 @@ pub enum Operation {
     Replay,
     /// `POST /v1/core/dead-letters/{id}/discard`.
     Discard,
+    /// `GET /v1/core/dead-letter-groups`.
+    ListGroups,
+    /// `GET /v1/core/dead-letter-groups/{id}`.
+    GetGroup,
 }
 
 /// One route: method, path template, required scope and the function (binary) that serves it.
@@ -43,7 +48,8 @@ pub enum Operation {
 pub struct Route {
     /// HTTP method.
     pub method: &'static str,
-    /// Path template, `{id}` for the letter id (as in `template.yaml` and the OpenAPI document).
+    /// Path template, `{id}` for the letter's or group's id (as in `template.yaml` and the
+    /// OpenAPI document).
     pub path: &'static str,
     /// What it does.
     pub operation: Operation,
@@ -54,7 +60,7 @@ pub struct Route {
 }
 
 /// Every route of the API. `template.yaml` and `openapi/dead-letters.yaml` are tested against it.
-pub const ROUTES: [Route; 4] = [
+pub const ROUTES: [Route; 6] = [
     Route {
         method: "GET",
         path: "/v1/core/dead-letters",
@@ -82,6 +88,20 @@ pub const ROUTES: [Route; 4] = [
         operation: Operation::Discard,
         scope: Scope::Discard,
         function: "dead-letters-discard",
+    },
+    Route {
+        method: "GET",
+        path: "/v1/core/dead-letter-groups",
+        operation: Operation::ListGroups,
+        scope: Scope::Read,
+        function: "dead-letters-read",
+    },
+    Route {
+        method: "GET",
+        path: "/v1/core/dead-letter-groups/{id}",
+        operation: Operation::GetGroup,
+        scope: Scope::Read,
+        function: "dead-letters-read",
     },
 ];
 
@@ -262,7 +282,9 @@ mod tests {
     fn every_route_has_one_function_and_the_scope_its_operation_needs() {
         for route in ROUTES {
             let scope = match route.operation {
-                Operation::List | Operation::Get => Scope::Read,
+                Operation::List | Operation::Get | Operation::ListGroups | Operation::GetGroup => {
+                    Scope::Read
+                }
                 Operation::Replay => Scope::Replay,
                 Operation::Discard => Scope::Discard,
             };

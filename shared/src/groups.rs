@@ -1,0 +1,467 @@
+//! Failure groups, `core.dead_letter_groups`: what an operator triages and an incident stands for.
+//!
+//! Invariants: the database puts every letter in exactly one group, in the letter's own insert
+//! (a trigger), whichever code wrote it. A group is one failure (consumer, queue, error kind, the
+//! error with its varying values masked) while any of its letters is pending review; reviewing
+//! its last pending letter resolves it, and a later letter of the same failure opens a new group.
+//! A group's incident is delivered in steps (open, update with the count, resolve), each claimed
+//! by one sender at a time (a lease, `FOR UPDATE SKIP LOCKED`) and recorded after it went out, so
+//! no lock is held while BetterStack answers.
+
+use crate::dead_letter::ErrorKind;
+use crate::ids::{ConsumerName, DeadLetterId, GroupId, JobId};
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::{PgConnection, PgExecutor, Postgres, QueryBuilder};
+use std::fmt;
+use std::time::Duration;
+
+/// Whether a group still has letters pending review.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GroupStatus {
+    /// Some of its letters are pending review.
+    Open,
+    /// Every letter has been reviewed.
+    Resolved,
+}
+
+impl GroupStatus {
+    /// Both, in order.
+    pub const ALL: [GroupStatus; 2] = [Self::Open, Self::Resolved];
+
+    /// As the API spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Open => "open",
+            Self::Resolved => "resolved",
+        }
+    }
+
+    /// The status spelled `s`, if it is one.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+}
+
+impl fmt::Display for GroupStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The incident a group stands for, as far as it has been delivered.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Incident {
+    /// BetterStack's incident id.
+    pub id: String,
+    /// When it was opened.
+    pub opened_at: DateTime<Utc>,
+    /// The letter count it shows (at its opening or its latest update).
+    pub count: i64,
+    /// When it was last updated with a count.
+    pub updated_at: Option<DateTime<Utc>>,
+    /// When it was resolved.
+    pub resolved_at: Option<DateTime<Utc>>,
+}
+
+/// One failure group, read back as the domain's types.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Group {
+    /// Primary key.
+    pub id: GroupId,
+    /// Open or resolved.
+    pub status: GroupStatus,
+    /// The consumer.
+    pub consumer: ConsumerName,
+    /// The queue its letters came from.
+    pub queue: String,
+    /// The error kind.
+    pub error_kind: ErrorKind,
+    /// The error with the values that vary per job masked (`<q>`, `<id>`, `<n>`).
+    pub pattern: String,
+    /// The first letter's error.
+    pub sample_error: String,
+    /// The latest letter's error.
+    pub last_error: String,
+    /// The first letter.
+    pub sample_letter_id: DeadLetterId,
+    /// Its job.
+    pub sample_job_id: Option<JobId>,
+    /// Its correlation id.
+    pub sample_correlation_id: Option<String>,
+    /// Letters in the group.
+    pub letter_count: i64,
+    /// Of those, still pending review.
+    pub pending_count: i64,
+    /// When its first letter was written.
+    pub first_letter_at: DateTime<Utc>,
+    /// When its latest letter was written.
+    pub last_letter_at: DateTime<Utc>,
+    /// When its last pending letter was reviewed.
+    pub resolved_at: Option<DateTime<Utc>>,
+    /// Its incident, once opened.
+    pub incident: Option<Incident>,
+    /// Failed deliveries of its incident's current step.
+    pub delivery_failures: i32,
+    /// The last of those failures.
+    pub last_delivery_error: Option<String>,
+}
+
+#[derive(sqlx::FromRow)]
+struct GroupRow {
+    id: GroupId,
+    consumer: ConsumerName,
+    queue: String,
+    error_kind: ErrorKind,
+    pattern: String,
+    sample_error: String,
+    last_error: String,
+    sample_letter_id: DeadLetterId,
+    sample_job_id: Option<JobId>,
+    sample_correlation_id: Option<String>,
+    letter_count: i64,
+    pending_count: i64,
+    first_letter_at: DateTime<Utc>,
+    last_letter_at: DateTime<Utc>,
+    resolved_at: Option<DateTime<Utc>>,
+    incident_id: Option<String>,
+    incident_opened_at: Option<DateTime<Utc>>,
+    incident_count: Option<i64>,
+    incident_updated_at: Option<DateTime<Utc>>,
+    incident_resolved_at: Option<DateTime<Utc>>,
+    delivery_failures: i32,
+    last_delivery_error: Option<String>,
+}
+
+impl From<GroupRow> for Group {
+    fn from(r: GroupRow) -> Self {
+        let incident = match (r.incident_id, r.incident_opened_at) {
+            (Some(id), Some(opened_at)) => Some(Incident {
+                id,
+                opened_at,
+                count: r.incident_count.unwrap_or(0),
+                updated_at: r.incident_updated_at,
+                resolved_at: r.incident_resolved_at,
+            }),
+            _ => None,
+        };
+        Self {
+            id: r.id,
+            status: if r.resolved_at.is_some() {
+                GroupStatus::Resolved
+            } else {
+                GroupStatus::Open
+            },
+            consumer: r.consumer,
+            queue: r.queue,
+            error_kind: r.error_kind,
+            pattern: r.pattern,
+            sample_error: r.sample_error,
+            last_error: r.last_error,
+            sample_letter_id: r.sample_letter_id,
+            sample_job_id: r.sample_job_id,
+            sample_correlation_id: r.sample_correlation_id,
+            letter_count: r.letter_count,
+            pending_count: r.pending_count,
+            first_letter_at: r.first_letter_at,
+            last_letter_at: r.last_letter_at,
+            resolved_at: r.resolved_at,
+            incident,
+            delivery_failures: r.delivery_failures,
+            last_delivery_error: r.last_delivery_error,
+        }
+    }
+}
+
+const COLUMNS: &str = "id, consumer, queue, error_kind, pattern, sample_error, last_error, \
+    sample_letter_id, sample_job_id, sample_correlation_id, letter_count, pending_count, \
+    first_letter_at, last_letter_at, resolved_at, incident_id, incident_opened_at, incident_count, \
+    incident_updated_at, incident_resolved_at, delivery_failures, last_delivery_error";
+
+/// Which groups to list; every field narrows, `None` does not.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GroupFilter {
+    /// Open or resolved.
+    pub status: Option<GroupStatus>,
+    /// The queue.
+    pub queue: Option<String>,
+    /// The consumer.
+    pub consumer: Option<String>,
+    /// The error kind.
+    pub error_kind: Option<ErrorKind>,
+}
+
+/// A place in the latest-first order of groups: a page continues strictly after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupPosition {
+    /// The last listed group's `last_letter_at`.
+    pub last_letter_at: DateTime<Utc>,
+    /// The last listed group's id.
+    pub id: GroupId,
+}
+
+impl Group {
+    /// The position right after this group.
+    pub fn position(&self) -> GroupPosition {
+        GroupPosition {
+            last_letter_at: self.last_letter_at,
+            id: self.id,
+        }
+    }
+}
+
+/// Up to `limit` groups matching `filter`, the latest letter first, strictly after `after`.
+pub async fn list_groups(
+    db: impl PgExecutor<'_>,
+    filter: &GroupFilter,
+    after: Option<GroupPosition>,
+    limit: u32,
+) -> sqlx::Result<Vec<Group>> {
+    let mut q = QueryBuilder::<Postgres>::new(format!(
+        "SELECT {COLUMNS} FROM core.dead_letter_groups WHERE true"
+    ));
+    match filter.status {
+        Some(GroupStatus::Open) => q.push(" AND resolved_at IS NULL"),
+        Some(GroupStatus::Resolved) => q.push(" AND resolved_at IS NOT NULL"),
+        None => &mut q,
+    };
+    if let Some(queue) = &filter.queue {
+        q.push(" AND queue = ").push_bind(queue.clone());
+    }
+    if let Some(consumer) = &filter.consumer {
+        q.push(" AND consumer = ").push_bind(consumer.clone());
+    }
+    if let Some(kind) = filter.error_kind {
+        q.push(" AND error_kind = ").push_bind(kind.as_str());
+    }
+    if let Some(after) = after {
+        q.push(" AND (last_letter_at, id) < (")
+            .push_bind(after.last_letter_at)
+            .push(", ")
+            .push_bind(after.id.0)
+            .push(")");
+    }
+    q.push(" ORDER BY last_letter_at DESC, id DESC LIMIT ")
+        .push_bind(i64::from(limit));
+    let rows: Vec<GroupRow> = q.build_query_as().fetch_all(db).await?;
+    Ok(rows.into_iter().map(Group::from).collect())
+}
+
+/// One group, if it exists.
+pub async fn group(db: impl PgExecutor<'_>, id: GroupId) -> sqlx::Result<Option<Group>> {
+    let row: Option<GroupRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM core.dead_letter_groups WHERE id = $1"
+    )))
+    .bind(id.0)
+    .fetch_optional(db)
+    .await?;
+    Ok(row.map(Group::from))
+}
+
+/// The group a letter belongs to (none for a letter written before groups existed).
+pub async fn group_of_letter(
+    db: impl PgExecutor<'_>,
+    letter: DeadLetterId,
+) -> sqlx::Result<Option<Group>> {
+    let row: Option<GroupRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM core.dead_letter_groups
+         WHERE id = (SELECT group_id FROM core.dead_letters WHERE id = $1)"
+    )))
+    .bind(letter.0)
+    .fetch_optional(db)
+    .await?;
+    Ok(row.map(Group::from))
+}
+
+/// What a group's incident needs next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IncidentStep {
+    /// The group is open and has no incident: page.
+    Open,
+    /// The incident shows an older count: update it.
+    Update,
+    /// The group is resolved and its incident is not: resolve it.
+    Resolve,
+}
+
+impl Group {
+    /// What the group's incident needs next, if anything.
+    pub fn incident_step(&self) -> Option<IncidentStep> {
+        match (&self.incident, self.status) {
+            (None, GroupStatus::Open) => Some(IncidentStep::Open),
+            (None, GroupStatus::Resolved) => None,
+            (Some(incident), _) if incident.resolved_at.is_some() => None,
+            (Some(_), GroupStatus::Resolved) => Some(IncidentStep::Resolve),
+            (Some(incident), GroupStatus::Open) => {
+                (incident.count != self.letter_count).then_some(IncidentStep::Update)
+            }
+        }
+    }
+}
+
+/// Claims up to `limit` groups whose incident is due a step at `now`, for `lease`; another
+/// sender skips them until the lease ends.
+pub async fn claim_due(
+    conn: &mut PgConnection,
+    now: DateTime<Utc>,
+    lease: Duration,
+    limit: i64,
+) -> sqlx::Result<Vec<Group>> {
+    let until = now + chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::MAX);
+    let rows: Vec<GroupRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "UPDATE core.dead_letter_groups SET claimed_until = $2
+         WHERE id IN (SELECT id FROM core.dead_letter_groups
+                      WHERE needs_delivery AND next_delivery_at <= $1
+                        AND (claimed_until IS NULL OR claimed_until < $1)
+                      ORDER BY next_delivery_at, id LIMIT $3 FOR UPDATE SKIP LOCKED)
+         RETURNING {COLUMNS}"
+    )))
+    .bind(now)
+    .bind(until)
+    .bind(limit)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows.into_iter().map(Group::from).collect())
+}
+
+/// Records that `group`'s incident `incident_id` was opened showing `count` letters; its first
+/// update is due no sooner than `next_update`. A group resolved meanwhile is due at once.
+pub async fn record_opened(
+    db: impl PgExecutor<'_>,
+    group: GroupId,
+    incident_id: &str,
+    count: i64,
+    now: DateTime<Utc>,
+    next_update: DateTime<Utc>,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "UPDATE core.dead_letter_groups
+         SET incident_id = $2, incident_opened_at = $3, incident_count = $4, claimed_until = NULL,
+             delivery_failures = 0, last_delivery_error = NULL,
+             next_delivery_at = CASE WHEN resolved_at IS NULL THEN $5 ELSE '-infinity' END
+         WHERE id = $1",
+    )
+    .bind(group.0)
+    .bind(incident_id)
+    .bind(now)
+    .bind(count)
+    .bind(next_update)
+    .execute(db)
+    .await
+    .map(drop)
+}
+
+/// Records that the incident now shows `count` letters; the next update is due no sooner than
+/// `next_update` (a group resolved meanwhile is due at once).
+pub async fn record_updated(
+    db: impl PgExecutor<'_>,
+    group: GroupId,
+    count: i64,
+    now: DateTime<Utc>,
+    next_update: DateTime<Utc>,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "UPDATE core.dead_letter_groups
+         SET incident_count = $2, incident_updated_at = $3, claimed_until = NULL,
+             delivery_failures = 0, last_delivery_error = NULL,
+             next_delivery_at = CASE WHEN resolved_at IS NULL THEN $4 ELSE '-infinity' END
+         WHERE id = $1",
+    )
+    .bind(group.0)
+    .bind(count)
+    .bind(now)
+    .bind(next_update)
+    .execute(db)
+    .await
+    .map(drop)
+}
+
+/// Records that the group's incident is resolved.
+pub async fn record_resolved(
+    db: impl PgExecutor<'_>,
+    group: GroupId,
+    now: DateTime<Utc>,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "UPDATE core.dead_letter_groups
+         SET incident_resolved_at = $2, claimed_until = NULL, delivery_failures = 0,
+             last_delivery_error = NULL
+         WHERE id = $1",
+    )
+    .bind(group.0)
+    .bind(now)
+    .execute(db)
+    .await
+    .map(drop)
+}
+
+/// Records a failed delivery and when to try again.
+pub async fn record_delivery_failed(
+    db: impl PgExecutor<'_>,
+    group: GroupId,
+    error: &str,
+    retry_at: DateTime<Utc>,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "UPDATE core.dead_letter_groups
+         SET claimed_until = NULL, next_delivery_at = $3, delivery_failures = delivery_failures + 1,
+             last_delivery_error = $2
+         WHERE id = $1",
+    )
+    .bind(group.0)
+    .bind(crate::dead_letter::storable_error(error).as_ref())
+    .bind(retry_at)
+    .execute(db)
+    .await
+    .map(drop)
+}
+
+/// How far behind paging is at `now`: the groups whose incident is still to be opened or
+/// resolved, and how long the oldest of them has waited (since its first letter, or since it
+/// resolved). Updates are left out: they wait on purpose.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeliveryBacklog {
+    /// Groups waiting to be paged or resolved.
+    pub groups: i64,
+    /// How long the oldest has waited.
+    pub oldest: Duration,
+}
+
+/// The [`DeliveryBacklog`] at `now`.
+pub async fn delivery_backlog(
+    db: impl PgExecutor<'_>,
+    now: DateTime<Utc>,
+) -> sqlx::Result<DeliveryBacklog> {
+    let (groups, since): (i64, Option<DateTime<Utc>>) = sqlx::query_as(
+        "SELECT count(*), min(CASE WHEN incident_id IS NULL THEN first_letter_at ELSE resolved_at END)
+         FROM core.dead_letter_groups
+         WHERE needs_delivery AND (incident_id IS NULL OR resolved_at IS NOT NULL)",
+    )
+    .fetch_one(db)
+    .await?;
+    Ok(DeliveryBacklog {
+        groups,
+        oldest: since
+            .and_then(|t| (now - t).to_std().ok())
+            .unwrap_or_default(),
+    })
+}
+
+/// Letters pending review, and how old the oldest is at `now` (for the scheduled run's metrics).
+pub async fn pending_review(
+    db: impl PgExecutor<'_>,
+    now: DateTime<Utc>,
+) -> sqlx::Result<(i64, Duration)> {
+    let (pending, oldest): (i64, Option<DateTime<Utc>>) = sqlx::query_as(
+        "SELECT count(*), min(created_at) FROM core.dead_letters WHERE status = 'pending_review'",
+    )
+    .fetch_one(db)
+    .await?;
+    Ok((
+        pending,
+        oldest
+            .and_then(|t| (now - t).to_std().ok())
+            .unwrap_or_default(),
+    ))
+}
