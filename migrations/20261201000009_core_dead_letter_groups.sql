@@ -26,8 +26,10 @@ BEGIN
         '\1\2#\3', 'gi');
     -- An HTTP status before its reason phrase: "503 Service Unavailable".
     s := regexp_replace(s, '\m([1-5][0-9][0-9])(\s+[A-Z][a-z]+)', '#\1\2', 'g');
-    -- Any other number, with a short unit: "31 s", "31s", "2.5ms", "1,000".
-    s := regexp_replace(s, '(^|[^#0-9a-z_])[0-9]+([.,][0-9]+)*(\s?[a-z]{1,3})?\M', '\1<n>', 'gi');
+    -- Any other number, with its unit if it has one: "31 s", "31s", "2.5ms", "1,000", "3 KB".
+    s := regexp_replace(s,
+        '(^|[^#0-9a-z_])[0-9]+([.,][0-9]+)*(\s?(ns|us|ms|s|sec|secs|seconds?|m|min|mins|minutes?|h|hrs?|hours?|d|days?|b|kb|mb|gb|bytes?|x))?\M',
+        '\1<n>', 'gi');
     RETURN s;
 END
 $$;

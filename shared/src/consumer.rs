@@ -146,7 +146,20 @@ impl From<sqlx::Error> for ProcessError {
     /// retried. Return [`ProcessError::Permanent`] yourself for errors you know are final. The
     /// sqlx error is kept as the cause's source.
     fn from(e: sqlx::Error) -> Self {
-        ProcessError::Transient(Cause::with_source("database", e))
+        // The server's own words and its SQLSTATE, which an operator can look up and the
+        // failure groups keep apart; the sqlx error stays the source.
+        let message = match e.as_database_error() {
+            Some(db) => format!(
+                "database: {} (SQLSTATE {})",
+                db.message(),
+                db.code().as_deref().unwrap_or("?")
+            ),
+            None => format!("database: {e}"),
+        };
+        ProcessError::Transient(Cause {
+            message,
+            source: Some(Arc::new(e)),
+        })
     }
 }
 
