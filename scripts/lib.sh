@@ -112,9 +112,12 @@ urllib.request.urlopen(sys.argv[1] + "/moto-api/", timeout=2)
 PY
 }
 
+# `ensure_sqs_api detached` leaves a server it starts running after the script (for
+# scripts/stack.sh), with its pid in .tools/moto.pid.
 ensure_sqs_api() {
   export AWS_ENDPOINT_URL_SQS=http://127.0.0.1:$SQS_PORT AWS_REGION=us-east-1 AWS_DEFAULT_REGION=us-east-1
   export AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test AWS_EC2_METADATA_DISABLED=true
+  export AWS_ENDPOINT_URL_SECRETS_MANAGER=$AWS_ENDPOINT_URL_SQS
   if sqs_api_up "$AWS_ENDPOINT_URL_SQS"; then
     step "Using the local SQS API already answering on 127.0.0.1:$SQS_PORT"
     return
@@ -126,9 +129,14 @@ ensure_sqs_api() {
     venv_install venv "moto[server]==$MOTO_VERSION"
   fi
   step "Starting the local SQS API (moto) on 127.0.0.1:$SQS_PORT (log: .tools/moto.log)"
-  "$TOOLS/venv/bin/moto_server" -H 127.0.0.1 -p "$SQS_PORT" >"$TOOLS/moto.log" 2>&1 &
-  MOTO_PID=$!
-  on_exit 'kill "$MOTO_PID" 2>/dev/null'
+  if [ "${1:-}" = detached ]; then
+    setsid nohup "$TOOLS/venv/bin/moto_server" -H 127.0.0.1 -p "$SQS_PORT" >"$TOOLS/moto.log" 2>&1 < /dev/null &
+    echo $! > "$TOOLS/moto.pid"
+  else
+    "$TOOLS/venv/bin/moto_server" -H 127.0.0.1 -p "$SQS_PORT" >"$TOOLS/moto.log" 2>&1 &
+    MOTO_PID=$!
+    on_exit 'kill "$MOTO_PID" 2>/dev/null'
+  fi
 
   for _ in $(seq 1 60); do sqs_api_up "$AWS_ENDPOINT_URL_SQS" && return; sleep 0.5; done
   die "the local SQS API did not answer on 127.0.0.1:$SQS_PORT; see .tools/moto.log"

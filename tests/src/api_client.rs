@@ -36,12 +36,9 @@ pub fn with_body(mut request: ApiRequest, body: &str) -> ApiRequest {
 /// `request` as API Gateway would deliver it: the caller's subject and scopes as JWT claims
 /// (`scope` space-separated, as Cognito and most issuers put it), none at all without a caller.
 pub fn api_gateway_event(request: &ApiRequest) -> Value {
-    let query = request
-        .query
-        .iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect::<Vec<_>>()
-        .join("&");
+    let query = form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(&request.query)
+        .finish();
     let authorizer = request.caller.as_ref().map(|c| {
         let mut claims = json!({"scope": c.scopes.join(" "), "iss": "https://issuer.example"});
         if let Some(sub) = &c.subject {

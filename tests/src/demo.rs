@@ -1,6 +1,8 @@
 //! The local demo: the sample workload through the local stack (a local SQS API, the consumer
 //! and DLQ ingester as real Lambda binaries fed like the event source mapping, PostgreSQL),
-//! with progress while it waits and a summary of the functions' own metrics.
+//! with progress while it waits and a summary of the functions' own metrics. Its last phase is
+//! on call: a partner's ledger was offline, and an operator replays the failure group in bulk
+//! with the `dlq` tool over HTTP through the local gateway.
 
 use crate::api_client::{caller, request, with_body};
 use crate::stack::{Binaries, Stack, StackSpec};
@@ -18,6 +20,26 @@ pub const QUEUE: &str = "points-award-jobs";
 /// The second consumer's queue: `<QUEUE>-redeem`.
 pub const REDEEM_SUFFIX: &str = "-redeem";
 
+/// Migrates `database_url` as a deploy does: the core schema first, then each consumer's own,
+/// each in its own tracking table.
+pub async fn migrate(database_url: &str) -> Result<(), String> {
+    let pool = sqlx::PgPool::connect(database_url)
+        .await
+        .map_err(|e| format!("cannot connect to DATABASE_URL: {e}"))?;
+    for (owner, migrator) in [
+        ("core", &*shared::MIGRATOR),
+        ("consumer (reference)", &*consumer::MIGRATOR),
+        ("redeem-reward", &*redeem_reward::MIGRATOR),
+    ] {
+        migrator
+            .run(&pool)
+            .await
+            .map_err(|e| format!("{owner} migrations failed: {e}"))?;
+    }
+    pool.close().await;
+    Ok(())
+}
+
 /// The metric counts the workload must produce (the second consumer's prefixed by its name).
 pub fn expected() -> BTreeMap<&'static str, u64> {
     BTreeMap::from([
@@ -26,15 +48,18 @@ pub fn expected() -> BTreeMap<&'static str, u64> {
         ("redeem-reward/DeadLetteredPoison", 1),
         // Its own metric: 500 + 300 points of the two redemptions that went through.
         ("redeem-reward/PointsRedeemed", 800),
-        ("Processed", 6),
+        // 6 in phase 1, the 4 partner jobs when phase 5 replays them.
+        ("Processed", 6 + 4),
         ("DuplicateSkipped", 1),
-        ("Retried", 2 + 4),
-        ("DeadLetteredExhausted", 1),
+        // 2 then success, 4 then a letter; the 4 partner jobs 4 times each during the outage.
+        ("Retried", 2 + 4 + 4 * 4),
+        ("DeadLetteredExhausted", 1 + 4),
         // The second: phase 4 replays the permanent failure, which fails again.
         ("DeadLetteredPermanent", 2),
         ("DeadLetteredPoison", 2),
         ("DeadLetteredCrashed", 1),
-        // After phase 4: the exhausted and crashed letters, and the failed replay.
+        // After phase 5: the exhausted and crashed letters, and the failed replay (the partner
+        // group is replayed).
         ("LettersPendingReview", 3),
     ])
 }
@@ -44,6 +69,24 @@ fn envelope(payload: Value) -> String {
     json!({"job_id": job_id, "tenant_id": Uuid::from_u128(1), "correlation_id": format!("demo-{job_id}"), "payload": payload})
         .to_string()
 }
+
+/// Jobs for partner accounts, failing while the partner's ledger is offline (phase 1) and
+/// replayed in bulk once it is back (phase 5).
+const PARTNER_JOBS: usize = 4;
+
+/// The partner ledger's outage: every award to a `partner-` account fails, as a provider that
+/// is down makes a job fail, each with its account in the error (one failure group all the same).
+const PARTNER_OUTAGE: &str =
+    "CREATE OR REPLACE FUNCTION reference.demo_partner_ledger() RETURNS trigger
+    LANGUAGE plpgsql AS $$
+    BEGIN
+        IF NEW.account_id LIKE 'partner-%' THEN
+            RAISE EXCEPTION 'partner ledger offline: account \"%\" not credited', NEW.account_id;
+        END IF;
+        RETURN NEW;
+    END $$;
+    CREATE OR REPLACE TRIGGER demo_partner_ledger BEFORE INSERT ON reference.point_awards
+        FOR EACH ROW EXECUTE FUNCTION reference.demo_partner_ledger();";
 
 /// The messages of the workload, each with what it shows.
 fn workload() -> Vec<(&'static str, String)> {
@@ -68,6 +111,12 @@ fn workload() -> Vec<(&'static str, String)> {
         samples.push((
             label,
             envelope(json!({"account_id": "acct-x", "points": 1, "demo_fault": fault})),
+        ));
+    }
+    for i in 1..=PARTNER_JOBS {
+        samples.push((
+            "a partner account, while the partner ledger is offline",
+            envelope(json!({"account_id": format!("partner-{i}"), "points": 5 * i})),
         ));
     }
     samples.push(("poison: not JSON", "this is not an envelope".into()));
@@ -101,9 +150,16 @@ pub async fn run(database_url: &str, queue: &str, log_dir: PathBuf) -> BTreeMap<
     println!(
         "retry policy: 5 attempts, backoff base 1 s (the platform default's shape, time-scaled)"
     );
+    let db = sqlx::PgPool::connect(database_url)
+        .await
+        .expect("the demo database");
+    sqlx::raw_sql(PARTNER_OUTAGE)
+        .execute(&db)
+        .await
+        .expect("the partner ledger's outage");
     let start = Instant::now();
     let mut sent = 0;
-    println!("\nphase 1: the workload");
+    println!("\nphase 1: the workload (the partner ledger is offline)");
     sent += send_all(&stack, workload()).await;
     settle(&stack, sent, start).await;
     println!(
@@ -140,6 +196,16 @@ pub async fn run(database_url: &str, queue: &str, log_dir: PathBuf) -> BTreeMap<
     }
     println!("\nphase 4: an operator reviews the dead letters through the API functions");
     review(&stack, &mut sent, start).await;
+    println!(
+        "\nphase 5: the partner ledger is back; on call replays its failure group in bulk with dlq, \
+         over HTTP through the local gateway"
+    );
+    sqlx::raw_sql("DROP TRIGGER demo_partner_ledger ON reference.point_awards")
+        .execute(&db)
+        .await
+        .expect("the partner ledger back");
+    sent += bulk_replay(&stack).await;
+    settle(&stack, sent, start).await;
     let mut totals = totals(&stack);
     for (metric, n) in self::totals(&redeem) {
         totals.insert(format!("redeem-reward/{metric}"), n);
@@ -227,6 +293,70 @@ async fn review(stack: &Stack, sent: &mut u64, start: Instant) {
     );
     *sent += 1;
     settle(stack, *sent, start).await;
+}
+
+/// Runs the `dlq` tool against a local gateway in front of the stack's API functions: the
+/// groups, a dry run of the partner group's replay, then the replay. Returns how many messages
+/// it sent.
+async fn bulk_replay(stack: &Stack) -> u64 {
+    let (operator, _) = crate::gateway::DevToken::local_pair();
+    let gateway = crate::gateway::Gateway::start(
+        stack.api.clone(),
+        std::slice::from_ref(&operator),
+        "127.0.0.1:0".parse().expect("an address"),
+    )
+    .await
+    .expect("the local gateway");
+    let exe = std::env::current_exe().expect("the demo's path");
+    let tool = exe.with_file_name("local-dlq");
+    let dlq = |args: &[&str]| {
+        let output = std::process::Command::new(&tool)
+            .args(args)
+            .env("DLQ_API_URL", &gateway.url)
+            .env("DLQ_TOKEN", &operator.token)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("the dlq tool runs");
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+        )
+    };
+    let (_, listed) = dlq(&["--json", "groups", "--queue", &stack.jobs.name]);
+    let groups: Vec<Value> = serde_json::from_str(listed.trim()).unwrap_or_default();
+    let Some(partner) = groups.iter().find(|g| {
+        g["pattern"]
+            .as_str()
+            .is_some_and(|p| p.contains("partner ledger offline"))
+    }) else {
+        println!("  no partner group found: {listed}");
+        return 0;
+    };
+    let group = partner["id"].to_string();
+    let reason = "partner ledger back after its maintenance (demo)";
+    for args in [
+        vec!["groups"],
+        vec!["replay", "--group", &group, "--dry-run"],
+        vec![
+            "replay", "--group", &group, "--yes", "--reason", reason, "--rate", "20",
+        ],
+    ] {
+        println!(
+            "  $ dlq {}",
+            args.iter()
+                .map(|a| crate::shell_word(a))
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+        let (status, out) = dlq(&args);
+        for line in out.lines() {
+            println!("    {line}");
+        }
+        if status != Some(0) {
+            println!("    (exit status {status:?})");
+        }
+    }
+    partner["pending_count"].as_u64().unwrap_or(0)
 }
 
 async fn send_all(stack: &Stack, samples: Vec<(&'static str, String)>) -> u64 {

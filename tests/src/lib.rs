@@ -6,7 +6,9 @@ pub mod api_client;
 pub mod bench;
 pub mod demo;
 pub mod event_source;
+pub mod gateway;
 pub mod lambda_host;
+pub mod local_stack;
 pub mod soak;
 pub mod stack;
 pub mod throwaway_pg;
@@ -24,6 +26,11 @@ use std::time::Duration;
 
 /// What [`AfterWork::Hang`] prints once its work is written but not committed.
 pub const WORK_WRITTEN: &str = "WORK_WRITTEN_NOT_COMMITTED";
+
+/// `s` quoted for a POSIX shell when it needs it (to print commands as they would be typed).
+pub fn shell_word(s: &str) -> String {
+    dlq::args::shell_word(s)
+}
 
 /// The consumer name every test here fences under.
 pub fn consumer_name() -> ConsumerName {

@@ -195,8 +195,9 @@ pub struct Stack {
     pub ingester: LambdaHost,
     /// The scheduled function (EventBridge invokes it on AWS; [`Stack::tick`] here).
     pub scheduled: LambdaHost,
-    /// The dead-letter API: `dead-letters-read`, `-replay` and `-discard`.
-    pub api: ApiFunctions,
+    /// The dead-letter API: `dead-letters-read`, `-replay` and `-discard` (shared with a local
+    /// [`crate::gateway::Gateway`]).
+    pub api: std::sync::Arc<ApiFunctions>,
 }
 
 /// The dead-letter API's functions, as API Gateway would invoke them.
@@ -279,11 +280,11 @@ impl Stack {
                 deadline_as_duration: false,
             })
         };
-        let api = ApiFunctions {
+        let api = std::sync::Arc::new(ApiFunctions {
             read: api_function("dead-letters-read"),
             replay: api_function("dead-letters-replay"),
             discard: api_function("dead-letters-discard"),
-        };
+        });
         Self {
             sqs,
             jobs,

@@ -168,6 +168,46 @@ async fn main() {
         ),
     ];
 
+    // What a support ticket names, taken from one letter; a big group, whole and pending only.
+    let (job, correlation, tenant, message): (uuid::Uuid, String, uuid::Uuid, String) =
+        sqlx::query_as(
+            "SELECT job_id, correlation_id, tenant_id, message_id FROM core.dead_letters
+             ORDER BY random() LIMIT 1",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let group: i64 = sqlx::query_scalar(
+        "SELECT id FROM core.dead_letter_groups ORDER BY letter_count DESC LIMIT 1",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let mut list_cases = list_cases;
+    list_cases.extend([
+        ("list: by job_id", vec![("job_id", job.to_string())]),
+        (
+            "list: by correlation_id",
+            vec![("correlation_id", correlation)],
+        ),
+        (
+            "list: by tenant_id",
+            vec![("tenant_id", tenant.to_string())],
+        ),
+        ("list: by message_id", vec![("message_id", message)]),
+        (
+            "list: first page of a group (~10,000 letters)",
+            vec![("group_id", group.to_string())],
+        ),
+        (
+            "list: its letters pending review",
+            vec![
+                ("group_id", group.to_string()),
+                ("status", "pending_review".into()),
+            ],
+        ),
+    ]);
+
     let mut figures = Vec::new();
     let mut record = |name: &str, (took, items): (Vec<Duration>, usize)| {
         let (p50, p95) = (percentile(&took, 0.5), percentile(&took, 0.95));
@@ -185,6 +225,12 @@ async fn main() {
         time(&read, vec![request.clone(); WARMUP]).await;
         record(name, time(&read, vec![request; CALLS]).await);
     }
+    let groups = get("/v1/core/dead-letter-groups", &[("status", "all".into())]);
+    time(&read, vec![groups.clone(); WARMUP]).await;
+    record(
+        "groups: first page of 100",
+        time(&read, vec![groups; CALLS]).await,
+    );
     let ids = sample(&pool, "true", CALLS).await;
     let gets = ids
         .iter()

@@ -9,21 +9,9 @@ use shared::config::{DatabaseConfig, Env};
 async fn main() {
     let check = std::env::args().any(|a| a == "--check");
     let db = DatabaseConfig::from_env(&Env::process()).unwrap_or_else(|e| fail(&e.to_string()));
-    let pool = sqlx::PgPool::connect(&db.url)
+    e2e::demo::migrate(&db.url)
         .await
-        .unwrap_or_else(|e| fail(&format!("cannot connect to DATABASE_URL: {e}")));
-    // As a deploy does: the core schema first, then each consumer's own, each in its own
-    // tracking table.
-    for (owner, migrator) in [
-        ("core", &*shared::MIGRATOR),
-        ("consumer (reference)", &*consumer::MIGRATOR),
-        ("redeem-reward", &*redeem_reward::MIGRATOR),
-    ] {
-        migrator
-            .run(&pool)
-            .await
-            .unwrap_or_else(|e| fail(&format!("{owner} migrations failed: {e}")));
-    }
+        .unwrap_or_else(|e| fail(&e));
     let queue = std::env::var("DEMO_QUEUE_NAME").unwrap_or_else(|_| e2e::demo::QUEUE.into());
     let logs = std::env::temp_dir().join("job-harness-demo");
     std::fs::create_dir_all(&logs)

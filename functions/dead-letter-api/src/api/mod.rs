@@ -228,12 +228,16 @@ impl Api {
     }
 }
 
-/// The function (binary) that serves `method path`, by [`ROUTES`]; `None` for no route.
-pub fn function_for(method: &str, path: &str) -> Option<&'static str> {
+/// The route of `method path`, by [`ROUTES`]; `None` for no route.
+pub fn route_for(method: &str, path: &str) -> Option<&'static Route> {
     ROUTES
         .iter()
         .find(|r| r.method.eq_ignore_ascii_case(method) && match_path(r.path, path).is_some())
-        .map(|r| r.function)
+}
+
+/// The function (binary) that serves `method path`, by [`ROUTES`]; `None` for no route.
+pub fn function_for(method: &str, path: &str) -> Option<&'static str> {
+    route_for(method, path).map(|r| r.function)
 }
 
 /// Matches `path` against a template with at most one `{id}` segment; returns the id if any.

@@ -1,0 +1,548 @@
+//! The operators' tool `dlq` end to end, as on-call uses it: the real binary, over HTTP, through
+//! the local gateway (development tokens, API Gateway's route and scope checks) to the real API
+//! functions, next to the real consumer on the local SQS API. A partner's ledger goes offline,
+//! a group of jobs fails; the tool finds the group, dry-runs a replay (nothing changes), replays
+//! it in bulk (each job applied once, the summary and the letters' final state checked), and an
+//! interrupted run resumed finishes the rest without touching what was done.
+
+use consumer::count_awards;
+use e2e::gateway::{DevToken, Gateway};
+use e2e::stack::Stack;
+use serde_json::{Value, json};
+use shared::groups::{GroupFilter, list_groups};
+use shared::ids::{GroupId, JobId, TenantId};
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use std::sync::Arc;
+use std::time::Duration;
+use uuid::Uuid;
+
+const SETTLE: Duration = Duration::from_secs(90);
+const REASON: &str = "partner ledger back after INC-7";
+
+struct Setup {
+    pool: PgPool,
+    stack: Stack,
+    gateway: Gateway,
+    operator: DevToken,
+    reader: DevToken,
+}
+
+/// A stack whose consumer gives up after 2 executions (a letter in seconds), behind a gateway.
+async fn setup(pool_opts: PgPoolOptions, connect: PgConnectOptions) -> Setup {
+    let (pool, stack) =
+        e2e::stack::start_for_test(e2e::test_binaries!(), pool_opts, connect, |spec| {
+            spec.max_receive_count = 4;
+            spec.consumer_env = vec![
+                ("RETRY_MAX_ATTEMPTS".into(), "2".into()),
+                ("RETRY_BASE_SECONDS".into(), "1".into()),
+                ("RETRY_CAP_SECONDS".into(), "60".into()),
+                (
+                    "RETRY_OVERRIDE_RATIONALE".into(),
+                    "operator tool test: a letter in seconds".into(),
+                ),
+                ("DEADLINE_MARGIN_MS".into(), "1000".into()),
+            ];
+        })
+        .await;
+    let (operator, reader) = DevToken::local_pair();
+    let gateway = Gateway::start(
+        stack.api.clone(),
+        &[operator.clone(), reader.clone()],
+        "127.0.0.1:0".parse().unwrap(),
+    )
+    .await
+    .unwrap();
+    Setup {
+        pool,
+        stack,
+        gateway,
+        operator,
+        reader,
+    }
+}
+
+/// The partner's ledger refuses every award to a `partner-` account, as an outage would.
+async fn partner_ledger(pool: &PgPool, online: bool) {
+    let sql = if online {
+        "DROP TRIGGER partner_ledger_offline ON reference.point_awards"
+    } else {
+        "CREATE OR REPLACE FUNCTION reference.partner_ledger_offline() RETURNS trigger
+         LANGUAGE plpgsql AS $$
+         BEGIN
+             IF NEW.account_id LIKE 'partner-%' THEN
+                 RAISE EXCEPTION 'partner ledger offline: account \"%\" not credited', NEW.account_id;
+             END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER partner_ledger_offline BEFORE INSERT ON reference.point_awards
+             FOR EACH ROW EXECUTE FUNCTION reference.partner_ledger_offline();"
+    };
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
+/// `n` partner jobs fail during the outage (next to two that go through); returns their jobs
+/// and their group, once every one has its letter.
+async fn an_outage(s: &Setup, n: usize) -> (Vec<JobId>, GroupId) {
+    partner_ledger(&s.pool, false).await;
+    let mut jobs = Vec::new();
+    for i in 0..n {
+        let job = JobId(Uuid::new_v4());
+        let body = json!({"job_id": job, "tenant_id": TenantId(Uuid::new_v4()), "correlation_id": format!("partner-{i}"),
+            "payload": {"account_id": format!("partner-{i}"), "points": 10}});
+        s.stack.send(&body.to_string()).await;
+        jobs.push(job);
+    }
+    for i in 0..2 {
+        let body = json!({"job_id": Uuid::new_v4(), "tenant_id": Uuid::new_v4(), "correlation_id": "ok",
+            "payload": {"account_id": format!("acct-{i}"), "points": 1}});
+        s.stack.send(&body.to_string()).await;
+    }
+    let pool = &s.pool;
+    s.stack
+        .run_until(SETTLE, || async move {
+            let pending: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM core.dead_letters WHERE status = 'pending_review'",
+            )
+            .fetch_one(pool)
+            .await
+            .unwrap();
+            pending as usize >= n
+        })
+        .await;
+    let groups = list_groups(&s.pool, &GroupFilter::default(), None, 10)
+        .await
+        .unwrap();
+    assert_eq!(groups.len(), 1, "one failure, one group: {groups:#?}");
+    assert_eq!(groups[0].letter_count as usize, n);
+    (jobs, groups[0].id)
+}
+
+struct Run {
+    status: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    fn last_json(&self) -> Value {
+        let line = self.stdout.lines().last().unwrap_or_default();
+        serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {}", self.stdout))
+    }
+}
+
+fn dlq(s: &Setup, token: &str, args: &[&str]) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_local-dlq"));
+    cmd.args(args)
+        .env("DLQ_API_URL", &s.gateway.url)
+        .env("DLQ_TOKEN", token)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    cmd
+}
+
+async fn run(s: &Setup, token: &str, args: &[&str]) -> Run {
+    let out = dlq(s, token, args).output().await.expect("dlq runs");
+    Run {
+        status: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+async fn replayed(pool: &PgPool) -> Vec<(Uuid, chrono::DateTime<chrono::Utc>)> {
+    sqlx::query_as(
+        "SELECT id, reviewed_at FROM core.dead_letters WHERE status = 'replayed' ORDER BY id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+/// Waits until every job of `jobs` is applied and the queues are empty, then checks each was
+/// applied exactly once.
+async fn each_applied_once(s: &Setup, jobs: &[JobId]) {
+    let pool = &s.pool;
+    s.stack
+        .run_until(SETTLE, || async move {
+            for job in jobs {
+                if count_awards(pool, *job).await.unwrap() == 0 {
+                    return false;
+                }
+            }
+            true
+        })
+        .await;
+    for job in jobs {
+        assert_eq!(count_awards(pool, *job).await.unwrap(), 1, "job {job}");
+    }
+}
+
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn a_dry_run_changes_nothing_and_a_bulk_replay_applies_each_job_of_the_group_once(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let s = setup(pool_opts, connect).await;
+    let (jobs, group) = an_outage(&s, 5).await;
+    // One job of the group committed meanwhile through an older harness that left its letter
+    // pending: a replay of it must send nothing.
+    sqlx::query(
+        "INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, processed_at, expires_at)
+         VALUES ($1, 'award-points', gen_random_uuid(), now(), now() + interval '7 days')",
+    )
+    .bind(jobs[4].0)
+    .execute(&s.pool)
+    .await
+    .unwrap();
+    let token = s.operator.token.clone();
+    let g = group.to_string();
+
+    let groups = run(&s, &token, &["groups"]).await;
+    assert_eq!(groups.status, 0, "{}", groups.stderr);
+    assert!(groups.stdout.contains("1 group(s)"), "{}", groups.stdout);
+    let listed = run(&s, &token, &["--json", "groups"]).await.last_json();
+    assert_eq!(listed[0]["id"], group.0);
+    assert_eq!(listed[0]["pending_count"], 5);
+    assert!(
+        listed[0]["pattern"]
+            .as_str()
+            .unwrap()
+            .contains("partner ledger offline: account <q> not credited"),
+        "{listed:#}"
+    );
+
+    let before = e2e::api_client::fingerprint(&s.pool).await;
+    let plan = run(
+        &s,
+        &token,
+        &["--json", "replay", "--group", &g, "--dry-run"],
+    )
+    .await;
+    assert_eq!(plan.status, 0, "{}", plan.stderr);
+    let plan = plan.last_json();
+    assert_eq!(plan["letters"], 5, "{plan:#}");
+    assert_eq!(
+        plan["would"],
+        json!({"run": 4, "already_processed": 1, "not_replayable": 0})
+    );
+    assert_eq!(plan["groups"][0]["group_id"], group.0);
+    let human = run(&s, &token, &["replay", "--group", &g, "--dry-run"]).await;
+    assert!(
+        human
+            .stdout
+            .contains("Plan: replay 5 letter(s) pending review")
+            && human.stdout.contains("Dry run: nothing was changed."),
+        "{}",
+        human.stdout
+    );
+    println!("{}", human.stdout);
+    assert_eq!(
+        e2e::api_client::fingerprint(&s.pool).await,
+        before,
+        "a dry run changes nothing"
+    );
+
+    // A token without the replay scope: refused by the gateway at the first letter, nothing done.
+    let refused = run(
+        &s,
+        &s.reader.token,
+        &["replay", "--group", &g, "--yes", "--reason", REASON],
+    )
+    .await;
+    assert_eq!(refused.status, 2, "{}\n{}", refused.stdout, refused.stderr);
+    assert!(refused.stderr.contains("403"), "{}", refused.stderr);
+    assert_eq!(e2e::api_client::fingerprint(&s.pool).await, before);
+    // A real run needs a reason, and a non-terminal needs --yes: both refused before anything.
+    assert_eq!(
+        run(&s, &token, &["replay", "--group", &g, "--yes"])
+            .await
+            .status,
+        2
+    );
+    assert_eq!(
+        run(&s, &token, &["replay", "--group", &g, "--reason", REASON])
+            .await
+            .status,
+        2
+    );
+    assert_eq!(e2e::api_client::fingerprint(&s.pool).await, before);
+
+    partner_ledger(&s.pool, true).await; // the cause is fixed
+    let bulk = run(
+        &s,
+        &token,
+        &[
+            "--json", "replay", "--group", &g, "--yes", "--reason", REASON, "--rate", "20",
+        ],
+    )
+    .await;
+    assert_eq!(bulk.status, 0, "{}\n{}", bulk.stdout, bulk.stderr);
+    let summary = &bulk.last_json()["summary"];
+    assert_eq!(
+        (
+            &summary["selected"],
+            &summary["replayed"],
+            &summary["already_processed"],
+            &summary["failed"],
+            &summary["not_done"]
+        ),
+        (&json!(5), &json!(4), &json!(1), &json!(0), &json!(0)),
+        "{summary:#}"
+    );
+    for out in [&bulk.stdout, &bulk.stderr, &groups.stdout, &refused.stderr] {
+        assert!(
+            !out.contains(&token) && !out.contains(&s.reader.token),
+            "the token never shows"
+        );
+    }
+
+    each_applied_once(&s, &jobs[..4]).await;
+    assert_eq!(
+        count_awards(&s.pool, jobs[4]).await.unwrap(),
+        0,
+        "already processed: nothing was sent"
+    );
+    type Review = (String, Option<String>, Option<String>, Option<String>);
+    let letters: Vec<Review> = sqlx::query_as(
+        "SELECT status, reviewed_by, replay_reason, replay_outcome FROM core.dead_letters
+         WHERE group_id = $1",
+    )
+    .bind(group.0)
+    .fetch_all(&s.pool)
+    .await
+    .unwrap();
+    assert_eq!(letters.len(), 5);
+    for (status, by, reason, _) in &letters {
+        assert_eq!(
+            (status.as_str(), by.as_deref(), reason.as_deref()),
+            ("replayed", Some("dev-operator"), Some(REASON))
+        );
+    }
+    let outcomes = letters
+        .iter()
+        .filter(|l| l.3.as_deref() == Some("already_processed"))
+        .count();
+    assert_eq!(outcomes, 1);
+    let group_now = shared::groups::group(&s.pool, group)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (group_now.status, group_now.pending_count),
+        (shared::groups::GroupStatus::Resolved, 0)
+    );
+    assert_eq!(
+        run(
+            &s,
+            &token,
+            &["replay", "--group", &g, "--yes", "--reason", REASON]
+        )
+        .await
+        .status,
+        0,
+        "a second run finds nothing left to do"
+    );
+}
+
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn an_interrupted_bulk_replay_resumed_finishes_the_rest_without_touching_the_done_ones(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let s = setup(pool_opts, connect).await;
+    let (jobs, group) = an_outage(&s, 6).await;
+    partner_ledger(&s.pool, true).await;
+    let g = group.to_string();
+    let token = s.operator.token.clone();
+    let args = [
+        "replay",
+        "--group",
+        &g,
+        "--yes",
+        "--reason",
+        REASON,
+        "--rate",
+        "2",
+        "--progress",
+        "lines",
+    ];
+    let child = dlq(&s, &token, &args).spawn().unwrap();
+    let pid = child.id().unwrap();
+    let pool = Arc::new(s.pool.clone());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while replayed(&pool).await.len() < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "no progress");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let killed = std::process::Command::new("kill")
+        .args(["-INT", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let out = child.wait_with_output().await.unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(130), "{stdout}");
+    let done = replayed(&s.pool).await;
+    assert!(
+        (2..6).contains(&done.len()),
+        "interrupted part-way: {}",
+        done.len()
+    );
+    assert!(stdout.contains("Interrupted after"), "{stdout}");
+    let before = stdout
+        .split("--before ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("the rerun command names the pin: {stdout}"))
+        .to_owned();
+
+    // A letter of the same failure written after the pin: the resumed run must leave it alone.
+    let sample = shared::groups::group(&s.pool, group)
+        .await
+        .unwrap()
+        .unwrap()
+        .sample_error;
+    let late_job = JobId(Uuid::new_v4());
+    let payload = json!({"job_id": late_job, "tenant_id": Uuid::new_v4(), "correlation_id": "late",
+        "payload": {"account_id": "partner-late", "points": 1}});
+    let message_id = Uuid::new_v4().to_string();
+    let late = shared::dead_letter::record_dead_letter(
+        &mut s.pool.acquire().await.unwrap(),
+        &shared::dead_letter::NewDeadLetter {
+            job_id: Some(late_job),
+            tenant_id: None,
+            consumer: &e2e::consumer_name(),
+            queue: &s.stack.jobs.name,
+            message_id: &message_id,
+            payload: &payload,
+            attempts: 2,
+            kind: shared::dead_letter::ErrorKind::Exhausted,
+            last_error: &sample.replace("partner-0", "partner-late"),
+            correlation_id: Some("late"),
+            replay_of: None,
+        },
+        chrono::Utc::now(),
+    )
+    .await
+    .unwrap()
+    .id();
+    assert_eq!(
+        shared::groups::group_of_letter(&s.pool, late)
+            .await
+            .unwrap()
+            .unwrap()
+            .id,
+        group,
+        "the late letter is of the same group"
+    );
+
+    let resumed = run(
+        &s,
+        &token,
+        &[
+            "--json", "replay", "--group", &g, "--before", &before, "--yes", "--reason", REASON,
+        ],
+    )
+    .await;
+    assert_eq!(resumed.status, 0, "{}\n{}", resumed.stdout, resumed.stderr);
+    let summary = &resumed.last_json()["summary"];
+    assert_eq!(summary["selected"], json!(6 - done.len()), "{summary:#}");
+    assert_eq!(summary["replayed"], json!(6 - done.len()));
+    let after = replayed(&s.pool).await;
+    assert_eq!(after.len(), 6);
+    for (id, reviewed_at) in &done {
+        assert!(
+            after.contains(&(*id, *reviewed_at)),
+            "a letter done before the interruption was touched again: {id}"
+        );
+    }
+    let late_status: String =
+        sqlx::query_scalar("SELECT status FROM core.dead_letters WHERE id = $1")
+            .bind(late.0)
+            .fetch_one(&s.pool)
+            .await
+            .unwrap();
+    assert_eq!(late_status, "pending_review", "outside the pinned set");
+    each_applied_once(&s, &jobs).await;
+}
+
+/// `bash scripts/stack.sh up`'s process: it migrates, serves the API over HTTP with its
+/// development tokens (written to stack.env), feeds the consumers, and stops on SIGTERM.
+#[sqlx::test(migrations = false)]
+async fn the_local_stack_serves_the_api_over_http_with_its_development_tokens(
+    _: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let dir = std::env::temp_dir().join(format!("local-stack-{}", Uuid::new_v4().simple()));
+    let queue = format!("local-{}", &Uuid::new_v4().simple().to_string()[..12]);
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_local-stack"))
+        .env("DATABASE_URL", e2e::test_database_url(&connect))
+        .env("LOCAL_STACK_DIR", &dir)
+        .env("GATEWAY_ADDR", "127.0.0.1:0")
+        .env("LOCAL_QUEUE_NAME", &queue)
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let env_file = dir.join("stack.env");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !env_file.exists() {
+        assert!(tokio::time::Instant::now() < deadline, "no stack.env");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let vars: std::collections::HashMap<String, String> = std::fs::read_to_string(&env_file)
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.strip_prefix("export ")?.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.trim_matches('\'').to_owned()))
+        .collect();
+    let sqs = e2e::event_source::sqs_client().await;
+    sqs.send_message()
+        .queue_url(&vars["AWARD_POINTS_QUEUE_URL"])
+        .message_body("not an envelope")
+        .send()
+        .await
+        .unwrap();
+    let list = |token: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_local-dlq"))
+            .args(["--json", "list", "--queue", &queue])
+            .env("DLQ_API_URL", &vars["DLQ_API_URL"])
+            .env("DLQ_TOKEN", token)
+            .output()
+            .unwrap()
+    };
+    loop {
+        let out = list(&vars["DLQ_READ_TOKEN"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let letters: Value = serde_json::from_slice(&out.stdout).unwrap();
+        if letters.as_array().unwrap().len() == 1 {
+            assert_eq!(letters[0]["error_kind"], "poison");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no letter: {letters}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let stranger = list("not-a-token");
+    assert_eq!(stranger.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&stranger.stderr).contains("401"));
+    let pid = child.id().unwrap().to_string();
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(child.wait().await.unwrap().success());
+    assert!(!env_file.exists(), "stack.env goes with the stack");
+    let _ = std::fs::remove_dir_all(&dir);
+}
