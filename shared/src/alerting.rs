@@ -11,6 +11,7 @@ use crate::groups::{
     Group, IncidentStep, claim_due, record_delivery_failed, record_opened, record_resolved,
     record_updated,
 };
+use crate::secrets::Secret;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -56,7 +57,7 @@ impl Routes {
 pub struct BetterStack {
     http: reqwest::Client,
     base_url: String,
-    token: String,
+    token: Secret,
     requester_email: Option<String>,
 }
 
@@ -94,6 +95,9 @@ pub enum AlertError {
     /// The time budget ran out.
     #[error("gave up after {0:?}")]
     OutOfTime(Duration),
+    /// The token's secret could not be read.
+    #[error("the BetterStack token could not be read: {0}")]
+    Token(String),
 }
 
 impl AlertError {
@@ -107,10 +111,11 @@ impl AlertError {
 }
 
 impl BetterStack {
-    /// A client for `base_url` (for example `https://uptime.betterstack.com`).
+    /// A client for `base_url` (for example `https://uptime.betterstack.com`). Every request is
+    /// bounded by its caller's budget; connecting by 2 s.
     pub fn new(
         base_url: &str,
-        token: String,
+        token: impl Into<Secret>,
         requester_email: Option<String>,
     ) -> Result<Self, reqwest::Error> {
         let http = reqwest::Client::builder()
@@ -119,7 +124,7 @@ impl BetterStack {
         Ok(Self {
             http,
             base_url: base_url.trim_end_matches('/').to_owned(),
-            token,
+            token: token.into(),
             requester_email,
         })
     }
@@ -173,11 +178,18 @@ impl BetterStack {
     }
 
     /// POSTs `body` to `path`, retrying 429 and 5xx with backoff (or `Retry-After`) while
-    /// `budget` lasts. Returns the answer's JSON (`null` if it has none).
+    /// `budget` lasts. A refused token read from Secrets Manager is read again and tried once
+    /// more (it may have been rotated). Returns the answer's JSON (`null` if it has none).
     async fn send(&self, path: &str, body: &Value, budget: Duration) -> Result<Value, AlertError> {
         let deadline = Instant::now() + budget;
         let url = format!("{}{path}", self.base_url);
         let mut delay = Duration::from_millis(100);
+        let mut token = self
+            .token
+            .value()
+            .await
+            .map_err(|e| AlertError::Token(e.to_string()))?;
+        let mut token_reread = !self.token.is_managed();
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -186,7 +198,7 @@ impl BetterStack {
             let sent = self
                 .http
                 .post(&url)
-                .bearer_auth(&self.token)
+                .bearer_auth(&token)
                 .timeout(left)
                 .json(body)
                 .send()
@@ -209,6 +221,27 @@ impl BetterStack {
                         "BetterStack refused the request; retrying"
                     );
                     wait.unwrap_or(delay)
+                }
+                Ok(response)
+                    if matches!(response.status().as_u16(), 401 | 403) && !token_reread =>
+                {
+                    token_reread = true;
+                    let fresh = self
+                        .token
+                        .refreshed()
+                        .await
+                        .map_err(|e| AlertError::Token(e.to_string()))?;
+                    if fresh == token {
+                        let status = response.status().as_u16();
+                        let text = response.text().await.unwrap_or_default();
+                        let body = text.chars().take(300).collect();
+                        return Err(AlertError::Rejected { status, body });
+                    }
+                    tracing::warn!(
+                        "BetterStack refused the token; trying the one just read from its secret"
+                    );
+                    token = fresh;
+                    continue;
                 }
                 Ok(response) => {
                     let status = response.status().as_u16();

@@ -12,9 +12,11 @@
 #![warn(missing_docs)]
 
 pub mod alerting;
+pub mod aws;
 pub mod clock;
 pub mod config;
 pub mod consumer;
+pub mod db;
 pub mod dead_letter;
 pub mod decision;
 pub mod dlq_ingester;
@@ -31,6 +33,7 @@ pub mod retry;
 pub mod review;
 pub mod run;
 pub mod scheduled;
+pub mod secrets;
 pub mod sqs;
 pub mod sweeper;
 pub mod telemetry;

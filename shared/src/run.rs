@@ -3,11 +3,14 @@
 //! SQS client, time, alerts, telemetry, the SQS batch and the metrics are the library's.
 //!
 //! Invariant: everything is built once, before the first invocation; a configuration error
-//! stops the process at start, naming the variable (exit status 78).
+//! stops the process at start, naming the variable (exit status 78). Secrets are read at run
+//! time (the first invocation, and again when the database rejects them), and every AWS call
+//! has its timeout ([`crate::aws`]).
 
 use crate::clock::{Clock, SystemClock};
 use crate::config::{ConsumerConfig, Env, or_exit};
 use crate::consumer::Consumer;
+use crate::db::Database;
 use crate::harness::Harness;
 use crate::ids::ConsumerName;
 use crate::sqs::{SqsVisibility, invocation_deadline, process_batch};
@@ -38,29 +41,35 @@ where
 {
     crate::telemetry::init();
     let config = or_exit(ConsumerConfig::from_env(&Env::process()));
-    let pool = or_exit(config.database.lazy_pool());
-    let visibility = SqsVisibility(aws_sdk_sqs::Client::new(&aws_config::load_from_env().await));
+    let sdk = crate::aws::sdk_config().await;
+    let secrets = aws_sdk_secretsmanager::Client::new(&sdk);
+    let database = or_exit(Database::new(&config.database, &secrets));
+    let visibility = SqsVisibility(aws_sdk_sqs::Client::new(&sdk));
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let alerter = config
         .alerts
         .as_ref()
-        .map(|a| or_exit(a.alerter(pool.clone(), clock.clone())));
+        .map(|a| or_exit(a.alerter(database.pool().clone(), clock.clone(), &secrets)));
     let consumer = make(config.consumer_name.clone());
     let harness = Harness::new(
         consumer,
-        pool,
+        database.pool().clone(),
         config.harness_settings(),
         clock,
         rand::make_rng(),
     )
     .with_alerter(alerter);
-    let (harness, visibility, config) = (&harness, &visibility, &config);
+    let (harness, visibility, config, database) = (&harness, &visibility, &config, &database);
 
     // Boxed: the service future is deep enough to overflow the compiler's layout query depth in
     // optimized builds of the consumer crates (seen with the perf and release profiles).
     Box::pin(lambda_runtime::run(service_fn(
         move |event: LambdaEvent<SqsEvent>| async move {
             let deadline = invocation_deadline(event.context.deadline, harness.now());
+            if let Err(e) = database.ready().await {
+                // The records fail or hand themselves back as with the database down.
+                tracing::error!(error = %e, "the database is not ready");
+            }
             let response: SqsBatchResponse = process_batch(
                 harness,
                 visibility,

@@ -38,6 +38,46 @@ pub struct ScheduledRun {
     pub page_budget: Duration,
     /// Sends replays that were recorded but not sent; `None` leaves them queued.
     pub replayer: Option<crate::replay::Replayer>,
+    /// Pinged at the end of every run, so a scheduler that stopped pages someone.
+    pub heartbeat: Option<Heartbeat>,
+}
+
+/// A BetterStack heartbeat: a URL that expects a request every period, else it pages.
+#[derive(Debug, Clone)]
+pub struct Heartbeat {
+    http: reqwest::Client,
+    url: String,
+}
+
+/// How long a heartbeat ping may take.
+pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(3);
+
+impl Heartbeat {
+    /// A heartbeat at `url`.
+    pub fn new(url: String) -> Self {
+        Self {
+            http: reqwest::Client::builder()
+                .timeout(HEARTBEAT_TIMEOUT)
+                .build()
+                .unwrap_or_default(),
+            url: url.trim_end_matches('/').to_owned(),
+        }
+    }
+
+    /// Pings it: `url` after a good run, `url/fail` when a step failed (BetterStack then pages
+    /// at once instead of waiting for the period). The error is for the report.
+    pub async fn ping(&self, failed: bool) -> Result<(), String> {
+        let url = if failed {
+            format!("{}/fail", self.url)
+        } else {
+            self.url.clone()
+        };
+        match self.http.get(&url).send().await {
+            Ok(r) if r.status().is_success() => Ok(()),
+            Ok(r) => Err(format!("the heartbeat answered {}", r.status().as_u16())),
+            Err(e) => Err(format!("the heartbeat is unreachable: {}", e.without_url())),
+        }
+    }
 }
 
 /// Queued replays this run sent, and those the queue still refused.
@@ -73,6 +113,8 @@ pub struct ScheduledReport {
     pub replays: Result<ReplaySends, String>,
     /// What waits, or why it could not be read.
     pub waiting: Result<Waiting, String>,
+    /// The heartbeat's ping: `None` without a heartbeat.
+    pub heartbeat: Option<Result<(), String>>,
 }
 
 impl ScheduledRun {
@@ -113,12 +155,27 @@ impl ScheduledRun {
                 tracing::error!(step, error, "scheduled step failed");
             }
         }
+        let failed = [
+            replays.is_err(),
+            escalation.is_err(),
+            sweep.is_err(),
+            waiting.is_err(),
+        ]
+        .contains(&true);
+        let heartbeat = match &self.heartbeat {
+            Some(heartbeat) => Some(heartbeat.ping(failed).await),
+            None => None,
+        };
+        if let Some(Err(error)) = &heartbeat {
+            tracing::warn!(error, "heartbeat not sent");
+        }
         ScheduledReport {
             alerts,
             escalation,
             sweep,
             replays,
             waiting,
+            heartbeat,
         }
     }
 
@@ -180,6 +237,11 @@ impl ScheduledReport {
         json!({
             "alerts": {"opened": a.opened, "updated": a.updated, "resolved": a.resolved, "failed": a.failed, "rejected": a.rejected},
             "waiting": waiting.unwrap_or_else(|e| json!({"error": e})),
+            "heartbeat": match &self.heartbeat {
+                None => Value::Null,
+                Some(Ok(())) => json!("sent"),
+                Some(Err(e)) => json!({"error": e}),
+            },
             "escalation": self.escalation.as_ref().map(|e| json!({"pages": e.pages, "letters": e.letters, "failed": e.failed})).unwrap_or_else(|e| json!({"error": e})),
             "sweep": sweep.unwrap_or_else(|e| json!({"error": e})),
             "replays": self.replays.as_ref().map(|r| json!({"sent": r.sent, "failed": r.failed})).unwrap_or_else(|e| json!({"error": e})),

@@ -34,6 +34,7 @@ struct State {
     received: Vec<Received>,
     refuse: VecDeque<u16>,
     latency: std::time::Duration,
+    token: Option<String>,
 }
 
 /// The running receiver; stops when dropped.
@@ -79,6 +80,12 @@ impl AlertReceiver {
     /// Answers every request after `latency`, as a remote API does.
     pub fn set_latency(&self, latency: std::time::Duration) {
         self.state.lock().unwrap().latency = latency;
+    }
+
+    /// Answers 401 to any request without `Authorization: Bearer <token>`, as BetterStack does
+    /// once a token is revoked.
+    pub fn require_token(&self, token: &str) {
+        self.state.lock().unwrap().token = Some(format!("Bearer {token}"));
     }
 
     /// Stops refusing: every request from now on creates an incident.
@@ -130,7 +137,15 @@ async fn answer(
     let latency = state.lock().unwrap().latency;
     tokio::time::sleep(latency).await;
     let mut state = state.lock().unwrap();
-    let refused = state.refuse.pop_front();
+    let unauthorized = state
+        .token
+        .as_ref()
+        .is_some_and(|t| authorization.as_ref() != Some(t));
+    let refused = if unauthorized {
+        Some(401)
+    } else {
+        state.refuse.pop_front()
+    };
     let ok = if path.ends_with("/resolve") { 200 } else { 201 };
     let id = state.received.len() + 1;
     state.received.push(Received {

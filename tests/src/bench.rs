@@ -66,13 +66,9 @@ pub fn median(mut xs: Vec<f64>) -> f64 {
 /// A pool built as the functions build theirs (`DatabaseConfig::lazy_pool`), with all `size`
 /// connections opened before any clock starts, as pgbench does.
 pub async fn warm_pool(url: &str, size: usize) -> PgPool {
-    let pool = shared::config::DatabaseConfig {
-        url: url.to_owned(),
-        pool_size: size as u32,
-        acquire_timeout: Duration::from_secs(30),
-    }
-    .lazy_pool()
-    .expect("a valid URL");
+    let mut config = shared::config::DatabaseConfig::for_url(url, size as u32);
+    config.acquire_timeout = Duration::from_secs(30);
+    let pool = config.lazy_pool().expect("a valid URL");
     let open: Vec<_> = futures_util::future::join_all((0..size).map(|_| pool.acquire()))
         .await
         .into_iter()

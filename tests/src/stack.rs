@@ -93,7 +93,7 @@ impl StackSpec {
                     "RETRY_OVERRIDE_RATIONALE".into(),
                     "local stack: the default policy's shape at base 1 s".into(),
                 ),
-                ("DEADLINE_MARGIN_MS".into(), "1000".into()),
+                ("DEADLINE_MARGIN_MS".into(), "4000".into()),
             ],
             consumer_timeout: Duration::from_secs(20),
             log_dir: None,
@@ -118,7 +118,7 @@ impl StackSpec {
                 "RETRY_OVERRIDE_RATIONALE".into(),
                 "local stack: redeem-reward's policy, time-scaled".into(),
             ),
-            ("DEADLINE_MARGIN_MS".into(), "1000".into()),
+            ("DEADLINE_MARGIN_MS".into(), "4000".into()),
         ];
         spec
     }

@@ -21,6 +21,16 @@ pub struct ThrowawayCluster {
 impl ThrowawayCluster {
     /// Initializes and starts a cluster; panics with the reason if it cannot.
     pub fn start() -> Self {
+        Self::start_with(None)
+    }
+
+    /// A cluster whose TCP connections need a password (`scram-sha-256`): the superuser
+    /// `postgres` has `password`. For the tests of credentials that are rejected and rotated.
+    pub fn start_with_password(password: &str) -> Self {
+        Self::start_with(Some(password))
+    }
+
+    fn start_with(password: Option<&str>) -> Self {
         let bindir = server_bindir();
         let dir = std::env::temp_dir().join(format!("pg-throwaway-{}", uuid::Uuid::new_v4()));
         std::fs::create_dir_all(&dir).expect("cluster directory");
@@ -30,14 +40,27 @@ impl ThrowawayCluster {
         let port = free_port();
         let cluster = Self { bindir, dir, port };
         let data = cluster.data_dir();
-        run(cluster.server_command("initdb").arg("-D").arg(&data).args([
-            "-U",
-            "postgres",
-            "--auth=trust",
-            "-E",
-            "UTF8",
-            "--no-instructions",
-        ]));
+        let mut initdb = cluster.server_command("initdb");
+        initdb
+            .arg("-D")
+            .arg(&data)
+            .args(["-U", "postgres", "-E", "UTF8", "--no-instructions"]);
+        match password {
+            None => {
+                initdb.arg("--auth=trust");
+            }
+            Some(password) => {
+                let file = cluster.dir.join("pwfile");
+                std::fs::write(&file, password).expect("the password file");
+                if is_root() {
+                    run(Command::new("chown").arg("postgres:postgres").arg(&file));
+                }
+                initdb
+                    .args(["--auth-local=trust", "--auth-host=scram-sha-256"])
+                    .arg(format!("--pwfile={}", file.display()));
+            }
+        }
+        run(&mut initdb);
         let options = format!(
             "-p {port} -c listen_addresses=127.0.0.1 -k {} -c max_connections=200",
             cluster.dir.display()

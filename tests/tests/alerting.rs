@@ -26,7 +26,7 @@ const TOKEN: &str = "test-token-123";
 const QUEUE: &str = "points-award-jobs";
 
 fn alerter_with(pool: &PgPool, url: &str, clock: Arc<dyn Clock>, routes: Routes) -> Alerter {
-    let client = BetterStack::new(url, TOKEN.into(), Some("oncall@example.com".into())).unwrap();
+    let client = BetterStack::new(url, TOKEN, Some("oncall@example.com".into())).unwrap();
     Alerter::new(
         pool.clone(),
         client,

@@ -345,6 +345,7 @@ async fn hole7_a_replay_is_recorded_before_it_is_sent_and_a_refused_send_is_sent
         escalate_after: Duration::from_secs(3 * 86_400),
         page_budget: Duration::from_secs(1),
         replayer: Some(Replayer::new(apis.sqs.clone())),
+        heartbeat: None,
     };
     let report = scheduled.run(None).await;
     assert_eq!(

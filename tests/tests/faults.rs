@@ -122,13 +122,9 @@ async fn with_the_database_unreachable_nothing_is_acked_and_nothing_lost(pool: P
             .unwrap();
     }
     // A pool aimed at a port where no database listens, as during an outage.
-    let down = DatabaseConfig {
-        url: "postgres://postgres@127.0.0.1:1/nowhere".into(),
-        pool_size: 2,
-        acquire_timeout: Duration::from_millis(500),
-    }
-    .lazy_pool()
-    .unwrap();
+    let mut down = DatabaseConfig::for_url("postgres://postgres@127.0.0.1:1/nowhere", 2);
+    down.acquire_timeout = Duration::from_millis(500);
+    let down = down.lazy_pool().unwrap();
     let visibility = SqsVisibility(sqs.clone());
     let outage = e2e::harness(down, AwardPoints::new(e2e::consumer_name()));
     let records = receive(&sqs, &queue).await;

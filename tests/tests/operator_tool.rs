@@ -41,7 +41,7 @@ async fn setup(pool_opts: PgPoolOptions, connect: PgConnectOptions) -> Setup {
                     "RETRY_OVERRIDE_RATIONALE".into(),
                     "operator tool test: a letter in seconds".into(),
                 ),
-                ("DEADLINE_MARGIN_MS".into(), "1000".into()),
+                ("DEADLINE_MARGIN_MS".into(), "4000".into()),
             ];
         })
         .await;

@@ -50,7 +50,7 @@ async fn letter(
 }
 
 fn scheduled(pool: &PgPool, receiver: &AlertReceiver, clock: Arc<ManualClock>) -> ScheduledRun {
-    let client = BetterStack::new(&receiver.url, "tok".into(), None).unwrap();
+    let client = BetterStack::new(&receiver.url, "tok", None).unwrap();
     let clock: Arc<dyn Clock> = clock;
     ScheduledRun {
         pool: pool.clone(),
@@ -72,6 +72,7 @@ fn scheduled(pool: &PgPool, receiver: &AlertReceiver, clock: Arc<ManualClock>) -
         escalate_after: Duration::from_secs(3 * 86_400),
         page_budget: Duration::from_secs(5),
         replayer: None,
+        heartbeat: None,
     }
 }
 

@@ -5,6 +5,7 @@ use aws_lambda_events::event::sqs::SqsEvent;
 use lambda_runtime::{Error, LambdaEvent, service_fn};
 use shared::clock::SystemClock;
 use shared::config::{DlqIngesterConfig, Env, or_exit};
+use shared::db::Database;
 use shared::dlq_ingester::DlqIngester;
 use std::sync::Arc;
 
@@ -13,14 +14,16 @@ use std::sync::Arc;
 pub async fn run() -> Result<(), Error> {
     shared::telemetry::init();
     let config = or_exit(DlqIngesterConfig::from_env(&Env::process()));
-    let pool = or_exit(config.database.lazy_pool());
+    let sdk = shared::aws::sdk_config().await;
+    let secrets = aws_sdk_secretsmanager::Client::new(&sdk);
+    let database = or_exit(Database::new(&config.database, &secrets));
     let clock: Arc<dyn shared::clock::Clock> = Arc::new(SystemClock);
     let alerter = config
         .alerts
         .as_ref()
-        .map(|a| or_exit(a.alerter(pool.clone(), clock.clone())));
+        .map(|a| or_exit(a.alerter(database.pool().clone(), clock.clone(), &secrets)));
     let ingester = DlqIngester {
-        pool,
+        pool: database.pool().clone(),
         consumer: config.consumer_name.clone(),
         job_queue: config.job_queue.clone(),
         max_receive_count: config.fence.max_receive_count,
@@ -30,9 +33,12 @@ pub async fn run() -> Result<(), Error> {
         metrics: Default::default(),
         alerter,
     };
-    let (ingester, config) = (&ingester, &config);
+    let (ingester, config, database) = (&ingester, &config, &database);
 
     lambda_runtime::run(service_fn(move |event: LambdaEvent<SqsEvent>| async move {
+        if let Err(e) = database.ready().await {
+            tracing::error!(error = %e, "the database is not ready");
+        }
         let response = ingester.ingest(event.payload.records).await;
         let (namespace, consumer) = (&config.metrics_namespace, config.consumer_name.as_str());
         ingester.metrics.flush_emf(

@@ -2,13 +2,22 @@
 
 use super::*;
 
+/// Where the BetterStack token comes from.
+#[derive(Clone, PartialEq, Eq)]
+enum TokenSource {
+    /// [`BETTERSTACK_API_TOKEN`], as given (locally).
+    Plain(String),
+    /// [`BETTERSTACK_TOKEN_SECRET_ARN`], read at run time.
+    Secret(String),
+}
+
 /// BetterStack alerting settings.
 #[derive(Clone)]
 pub struct AlertConfig {
     /// The API base URL.
     pub base_url: String,
-    /// The API token; never logged.
-    token: String,
+    /// The API token or its secret; never logged.
+    token: TokenSource,
     /// The requester e-mail, if any.
     pub requester_email: Option<String>,
     /// Time budget of one delivery round.
@@ -30,17 +39,36 @@ impl fmt::Debug for AlertConfig {
 
 impl AlertConfig {
     /// Alerting settings, or `None` when [`ALERTING_DISABLED`] is `true`. Without that, a
-    /// missing [`BETTERSTACK_API_TOKEN`] is an error: silence must be chosen, never defaulted.
+    /// missing token ([`BETTERSTACK_TOKEN_SECRET_ARN`], or [`BETTERSTACK_API_TOKEN`] locally) is
+    /// an error: silence must be chosen, never defaulted.
     pub fn from_env(env: &Env<'_>) -> Result<Option<Self>, ConfigError> {
         if env.parsed(ALERTING_DISABLED, false)? {
             return Ok(None);
         }
-        let token = env.get(BETTERSTACK_API_TOKEN).ok_or_else(|| ConfigError {
-            variable: BETTERSTACK_API_TOKEN,
-            problem: format!(
-                "is not set; set {ALERTING_DISABLED}=true to run without alerts (locally only)"
-            ),
-        })?;
+        let token = match (
+            env.get(BETTERSTACK_API_TOKEN),
+            env.get(BETTERSTACK_TOKEN_SECRET_ARN),
+        ) {
+            (Some(_), Some(_)) => {
+                return Err(ConfigError {
+                    variable: BETTERSTACK_TOKEN_SECRET_ARN,
+                    problem: format!(
+                        "is set together with {BETTERSTACK_API_TOKEN}: set one (the secret when deployed)"
+                    ),
+                });
+            }
+            (Some(token), None) => TokenSource::Plain(token),
+            (None, Some(arn)) => TokenSource::Secret(arn),
+            (None, None) => {
+                return Err(ConfigError {
+                    variable: BETTERSTACK_API_TOKEN,
+                    problem: format!(
+                        "is not set (nor {BETTERSTACK_TOKEN_SECRET_ARN}); set {ALERTING_DISABLED}=true \
+                         to run without alerts (locally only)"
+                    ),
+                });
+            }
+        };
         let base_url = env.parsed(
             BETTERSTACK_BASE_URL,
             "https://uptime.betterstack.com".to_owned(),
@@ -72,17 +100,23 @@ impl AlertConfig {
         }))
     }
 
-    /// The BetterStack client these settings describe.
-    pub fn client(&self) -> Result<crate::alerting::BetterStack, ConfigError> {
-        crate::alerting::BetterStack::new(
-            &self.base_url,
-            self.token.clone(),
-            self.requester_email.clone(),
-        )
-        .map_err(|e| ConfigError {
-            variable: BETTERSTACK_BASE_URL,
-            problem: format!("cannot build an HTTP client: {e}"),
-        })
+    /// The BetterStack client these settings describe; a token in Secrets Manager is read
+    /// through `secrets` when first needed.
+    pub fn client(
+        &self,
+        secrets: &aws_sdk_secretsmanager::Client,
+    ) -> Result<crate::alerting::BetterStack, ConfigError> {
+        let token = match &self.token {
+            TokenSource::Plain(token) => crate::secrets::Secret::Plain(token.clone()),
+            TokenSource::Secret(arn) => crate::secrets::Secret::Managed(std::sync::Arc::new(
+                crate::secrets::ManagedSecret::new(secrets.clone(), arn.clone()),
+            )),
+        };
+        crate::alerting::BetterStack::new(&self.base_url, token, self.requester_email.clone())
+            .map_err(|e| ConfigError {
+                variable: BETTERSTACK_BASE_URL,
+                problem: format!("cannot build an HTTP client: {e}"),
+            })
     }
 
     /// The alerter these settings describe, over `pool`.
@@ -90,10 +124,11 @@ impl AlertConfig {
         &self,
         pool: sqlx::PgPool,
         clock: std::sync::Arc<dyn crate::clock::Clock>,
+        secrets: &aws_sdk_secretsmanager::Client,
     ) -> Result<crate::alerting::Alerter, ConfigError> {
         Ok(crate::alerting::Alerter::new(
             pool,
-            self.client()?,
+            self.client(secrets)?,
             self.routes.clone(),
             clock,
             self.budget,

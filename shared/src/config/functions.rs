@@ -17,6 +17,8 @@ pub struct ScheduledConfig {
     pub alerts: Option<AlertConfig>,
     /// The EMF namespace.
     pub metrics_namespace: String,
+    /// The heartbeat each run pings, if any.
+    pub heartbeat_url: Option<String>,
 }
 
 impl ScheduledConfig {
@@ -38,8 +40,18 @@ impl ScheduledConfig {
         }
         let database = DatabaseConfig::from_env(env)?;
         let fence = FenceConfig::from_env(env)?;
+        let heartbeat_url = env.get(BETTERSTACK_HEARTBEAT_URL);
+        if let Some(url) = &heartbeat_url
+            && !(url.starts_with("https://") || url.starts_with("http://"))
+        {
+            return Err(ConfigError {
+                variable: BETTERSTACK_HEARTBEAT_URL,
+                problem: "must be an http(s) URL (BetterStack's heartbeat URL)".into(),
+            });
+        }
         Ok(Self {
             database,
+            heartbeat_url,
             sweep: crate::sweeper::SweepSettings {
                 batch_size,
                 budget: env.seconds(SWEEP_TIME_BUDGET_SECONDS, Duration::from_secs(240))?,
@@ -74,12 +86,28 @@ pub struct ConsumerConfig {
 impl ConsumerConfig {
     /// Reads and validates every variable a consumer needs; the first problem is returned.
     pub fn from_env(env: &Env<'_>) -> Result<Self, ConfigError> {
+        let deadline_margin = Duration::from_millis(env.parsed(DEADLINE_MARGIN_MS, 5_000u64)?);
+        // A record started just inside the margin may still make its SQS call (the visibility
+        // of a retry) after its work: the call's own timeout must fit in what is left.
+        let needed = crate::aws::SDK_OPERATION_TIMEOUT + Duration::from_millis(500);
+        if deadline_margin < needed {
+            return Err(ConfigError {
+                variable: DEADLINE_MARGIN_MS,
+                problem: format!(
+                    "{} ms leaves no room for the SQS call after a record's work ({} ms at most, \
+                     its timeout, plus 500 ms); use at least {}",
+                    deadline_margin.as_millis(),
+                    crate::aws::SDK_OPERATION_TIMEOUT.as_millis(),
+                    needed.as_millis()
+                ),
+            });
+        }
         Ok(Self {
             consumer_name: consumer_name(env)?,
             database: DatabaseConfig::from_env(env)?,
             fence: FenceConfig::from_env(env)?,
             metrics_namespace: env.parsed(METRICS_NAMESPACE, "JobHarness".to_owned())?,
-            deadline_margin: Duration::from_millis(env.parsed(DEADLINE_MARGIN_MS, 5_000u64)?),
+            deadline_margin,
             alerts: AlertConfig::from_env(env)?,
         })
     }

@@ -10,7 +10,7 @@ mod fence;
 mod functions;
 
 pub use alerts::AlertConfig;
-pub use database::DatabaseConfig;
+pub use database::{DatabaseConfig, DatabaseSource};
 pub use fence::FenceConfig;
 pub use functions::{ApiConfig, ConsumerConfig, DlqIngesterConfig, ScheduledConfig};
 
@@ -19,8 +19,10 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-/// The PostgreSQL connection URL.
+/// The PostgreSQL connection URL (locally; deployed functions read [`DATABASE_SECRET_ARN`]).
 pub const DATABASE_URL: &str = "DATABASE_URL";
+/// The Secrets Manager secret holding the database credentials, read at run time.
+pub const DATABASE_SECRET_ARN: &str = "DATABASE_SECRET_ARN";
 /// Connections the function's pool may open (and so records processed at once).
 pub const DATABASE_POOL_SIZE: &str = "DATABASE_POOL_SIZE";
 /// How long a record waits for a database connection before failing transiently, in ms.
@@ -52,8 +54,13 @@ pub const REDRIVE_MAX_RECEIVE_COUNT: &str = "REDRIVE_MAX_RECEIVE_COUNT";
 
 /// `true` runs without BetterStack alerts (the local stack); anything else requires the token.
 pub const ALERTING_DISABLED: &str = "ALERTING_DISABLED";
-/// The BetterStack Uptime API token (team-scoped), from Secrets Manager in production.
+/// The BetterStack Uptime API token (team-scoped), locally; deployed functions read
+/// [`BETTERSTACK_TOKEN_SECRET_ARN`].
 pub const BETTERSTACK_API_TOKEN: &str = "BETTERSTACK_API_TOKEN";
+/// The Secrets Manager secret holding the BetterStack token, read at run time.
+pub const BETTERSTACK_TOKEN_SECRET_ARN: &str = "BETTERSTACK_TOKEN_SECRET_ARN";
+/// Scheduled: the BetterStack heartbeat URL each run pings (optional; a stopped scheduler pages).
+pub const BETTERSTACK_HEARTBEAT_URL: &str = "BETTERSTACK_HEARTBEAT_URL";
 /// The BetterStack Uptime API base URL.
 pub const BETTERSTACK_BASE_URL: &str = "BETTERSTACK_BASE_URL";
 /// The e-mail incidents are requested as (optional).

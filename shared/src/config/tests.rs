@@ -141,7 +141,22 @@ fn the_redrive_count_must_exceed_the_attempts() {
 #[test]
 fn missing_and_malformed_variables_name_themselves() {
     let err = ConsumerConfig::from_env(&Env::from_pairs(&[(CONSUMER_NAME, "x")])).unwrap_err();
-    assert_eq!(err.to_string(), "DATABASE_URL: is not set");
+    assert!(
+        err.to_string().starts_with("DATABASE_URL: is not set"),
+        "{err}"
+    );
+    assert_eq!(
+        load(&[(DEADLINE_MARGIN_MS, "1000")]).unwrap_err().variable,
+        DEADLINE_MARGIN_MS,
+        "a margin the SQS call's own timeout does not fit in"
+    );
+    assert_eq!(
+        load(&[(BETTERSTACK_TOKEN_SECRET_ARN, "arn:aws:secretsmanager:x")])
+            .unwrap_err()
+            .variable,
+        BETTERSTACK_TOKEN_SECRET_ARN,
+        "a token given twice"
+    );
     let err = ConsumerConfig::from_env(&Env::from_pairs(&[(DATABASE_URL, "postgres://h/d")]))
         .unwrap_err();
     assert_eq!(err.variable, CONSUMER_NAME);

@@ -313,7 +313,9 @@ impl<C: Consumer> Harness<C> {
             Ok(Settled::AlreadyProcessed) => RecordOutcome::Duplicate,
             Ok(Settled::Recorded(letter)) => {
                 if let (Recorded::New(_), Some(alerter)) = (letter, &self.alerter) {
-                    let delivery = alerter.deliver_pending(ALERTS_PER_ROUND).await;
+                    // Boxed: the delivery's future is deep, and every caller of `process` would
+                    // carry it inline (the compiler's layout depth overflows in consumers' tests).
+                    let delivery = Box::pin(alerter.deliver_pending(ALERTS_PER_ROUND)).await;
                     self.metrics.count_delivery(&delivery);
                 }
                 RecordOutcome::DeadLettered {

@@ -3,20 +3,21 @@
 //! differs from the expected one. The job queue is `DEMO_QUEUE_NAME` (default
 //! `points-award-jobs`).
 
-use shared::config::{DatabaseConfig, Env};
+use shared::config::{DatabaseConfig, DatabaseSource, Env};
 
 #[tokio::main]
 async fn main() {
     let check = std::env::args().any(|a| a == "--check");
     let db = DatabaseConfig::from_env(&Env::process()).unwrap_or_else(|e| fail(&e.to_string()));
-    e2e::demo::migrate(&db.url)
-        .await
-        .unwrap_or_else(|e| fail(&e));
+    let DatabaseSource::Url(url) = db.source else {
+        fail("the demo runs on DATABASE_URL, a local database");
+    };
+    e2e::demo::migrate(&url).await.unwrap_or_else(|e| fail(&e));
     let queue = std::env::var("DEMO_QUEUE_NAME").unwrap_or_else(|_| e2e::demo::QUEUE.into());
     let logs = std::env::temp_dir().join("job-harness-demo");
     std::fs::create_dir_all(&logs)
         .unwrap_or_else(|e| fail(&format!("cannot create {}: {e}", logs.display())));
-    let counts = e2e::demo::run(&db.url, &queue, logs).await;
+    let counts = e2e::demo::run(&url, &queue, logs).await;
 
     let expected = e2e::demo::expected();
     println!("\n{:<34} {:>6} {:>9}", "outcome", "count", "expected");
@@ -40,7 +41,7 @@ async fn main() {
     println!("\nList the dead letters waiting for review:");
     println!(
         "  psql \"{}\" -c \"SELECT created_at, error_kind, attempts, job_id, left(last_error, 60) FROM core.dead_letters WHERE status = 'pending_review' ORDER BY created_at DESC LIMIT 20\"",
-        db.url
+        url
     );
     if check && mismatches > 0 {
         fail(&format!(

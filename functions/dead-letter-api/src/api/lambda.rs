@@ -49,11 +49,22 @@ pub fn lambda_response(response: ApiResponse) -> Response<Body> {
         .expect("a status from ApiError or 200 and static headers are valid")
 }
 
-/// Serves `api` until the runtime stops.
-pub async fn serve(api: Api) -> Result<(), Error> {
-    let api = &api;
+/// Serves `api` on `database` until the runtime stops. Each request first checks the database
+/// (its credentials read again if it rejects them); a database that is not ready is a 503.
+pub async fn serve(api: Api, database: shared::db::Database) -> Result<(), Error> {
+    let (api, database) = (&api, &database);
     lambda_http::run(service_fn(move |request: Request| async move {
-        let response = api.handle(&api_request(&request)).await;
+        let response = match database.ready().await {
+            Ok(()) => api.handle(&api_request(&request)).await,
+            Err(e) => {
+                tracing::error!(error = %e, "the database is not ready");
+                super::ApiError::unavailable(
+                    "database_unavailable",
+                    "the database is unavailable; nothing was changed, retry later",
+                )
+                .into()
+            }
+        };
         Ok::<_, Error>(lambda_response(response))
     }))
     .await
