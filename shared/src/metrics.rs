@@ -53,6 +53,23 @@ const NAMES: [&str; 13] = [
 ];
 
 impl Metric {
+    /// Every metric, in the order of their names.
+    pub const ALL: [Metric; NAMES.len()] = [
+        Metric::Processed,
+        Metric::DuplicateSkipped,
+        Metric::FenceContended,
+        Metric::Retried,
+        Metric::DeadLettered(ErrorKind::Poison),
+        Metric::DeadLettered(ErrorKind::Permanent),
+        Metric::DeadLettered(ErrorKind::Exhausted),
+        Metric::DeadLettered(ErrorKind::Crashed),
+        Metric::DeadLetterWriteFailed,
+        Metric::HandedBack,
+        Metric::RedrivenAlreadyProcessed,
+        Metric::AlertDeliveryFailed,
+        Metric::AlertRejected,
+    ];
+
     fn index(self) -> usize {
         match self {
             Metric::Processed => 0,
@@ -227,6 +244,13 @@ mod tests {
         )
         .unwrap();
         assert!(again.is_empty(), "nothing happened, nothing written");
+    }
+
+    #[test]
+    fn every_metric_is_listed_once_in_the_order_of_its_name() {
+        for (i, metric) in Metric::ALL.iter().enumerate() {
+            assert_eq!(metric.index(), i, "{metric:?}");
+        }
     }
 
     #[test]

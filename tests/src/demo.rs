@@ -20,22 +20,17 @@ pub const QUEUE: &str = "points-award-jobs";
 /// The second consumer's queue: `<QUEUE>-redeem`.
 pub const REDEEM_SUFFIX: &str = "-redeem";
 
-/// Migrates `database_url` as a deploy does: the core schema first, then each consumer's own,
-/// each in its own tracking table.
+/// Migrates `database_url` as a deploy does: the migrate function's own code (the core schema
+/// first, then each consumer's own, each in its own tracking table).
 pub async fn migrate(database_url: &str) -> Result<(), String> {
     let pool = sqlx::PgPool::connect(database_url)
         .await
         .map_err(|e| format!("cannot connect to DATABASE_URL: {e}"))?;
-    for (owner, migrator) in [
-        ("core", &*shared::MIGRATOR),
-        ("consumer (reference)", &*consumer::MIGRATOR),
-        ("redeem-reward", &*redeem_reward::MIGRATOR),
-    ] {
-        migrator
-            .run(&pool)
-            .await
-            .map_err(|e| format!("{owner} migrations failed: {e}"))?;
-    }
+    let mut conn = pool.acquire().await.map_err(|e| e.to_string())?;
+    migrate::schema::apply(&mut conn)
+        .await
+        .map_err(|e| e.to_string())?;
+    drop(conn);
     pool.close().await;
     Ok(())
 }

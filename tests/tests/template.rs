@@ -1,12 +1,17 @@
 //! `template.yaml` checked for what cfn-lint cannot know: that it matches this code. Each
-//! function's environment (Globals + its own, parameters at their defaults, deploy-time secrets
-//! as placeholders) must pass that function's real configuration loader, and the queue, redrive,
-//! timeouts and permissions must fit the harness's rules.
+//! function's environment (Globals + its own, parameters at their defaults, required ones as
+//! placeholders) must pass that function's real configuration loader; the queues, redrive and
+//! timeouts must fit the harness's rules; the schema migrates before any function serves; every
+//! alarm reaches a person and the alarms cover what `docs/deploy.md` lists, on metrics the code
+//! emits; `samconfig.toml` holds whole environments. (IAM is checked on the translated template:
+//! `least_privilege.rs`.)
 
 use dead_letter_api::api::ROUTES;
 use serde_json::{Map, Value};
-use shared::config::{ApiConfig, ConsumerConfig, DlqIngesterConfig, Env, ScheduledConfig};
-use std::collections::BTreeMap;
+use shared::config::{
+    ApiConfig, ConsumerConfig, DatabaseConfig, DlqIngesterConfig, Env, ScheduledConfig,
+};
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 fn template() -> Value {
@@ -39,24 +44,30 @@ fn resolve(t: &Value, name: &str, v: &Value) -> String {
         Value::Number(n) => n.to_string(),
         Value::Object(o) if o.contains_key("Ref") => {
             let param = o["Ref"].as_str().unwrap();
-            let default = &t["Parameters"][param]["Default"];
+            let declared = &t["Parameters"][param];
             assert!(
-                !default.is_null(),
-                "{name} refers to parameter {param}, which has no default"
+                declared.is_object(),
+                "{name} refers to {param}, no parameter"
             );
-            resolve(t, name, default)
+            match &declared["Default"] {
+                // A required parameter (an ARN, the issuer): a value of its pattern's shape.
+                Value::Null => {
+                    format!("arn:aws:secretsmanager:eu-west-1:123456789012:secret:{param}")
+                }
+                default => resolve(t, name, default),
+            }
         }
         Value::Object(o)
             if o.get("Fn::Sub")
                 .and_then(Value::as_str)
-                .is_some_and(|s| s.contains("{{resolve:secretsmanager")) =>
+                .is_some_and(|s| s.contains("{{resolve:")) =>
         {
-            if name == "DATABASE_URL" {
-                "postgres://resolved-at-deploy/db".into()
-            } else {
-                "resolved-at-deploy".into()
-            }
+            panic!("{name} is resolved at deploy time: secrets are read at run time")
         }
+        Value::Object(o) if o.contains_key("Fn::Sub") => o["Fn::Sub"]
+            .as_str()
+            .unwrap()
+            .replace("${AWS::StackName}", "jobs-staging"),
         Value::Object(o) if o.contains_key("Fn::GetAtt") => "attribute".into(),
         Value::Object(o) if o.contains_key("Fn::If") => panic!("{name}: conditional value"),
         other => panic!("{name}: unexpected value {other}"),
@@ -127,8 +138,14 @@ fn is_consumer_binary(binary: &str) -> bool {
         "dead-letters-read",
         "dead-letters-replay",
         "dead-letters-discard",
+        "migrate",
     ]
     .contains(&binary)
+}
+
+/// The binaries whose functions page BetterStack (and so read its token).
+fn pages(binary: &str) -> bool {
+    is_consumer_binary(binary) || ["dlq-ingester", "scheduled"].contains(&binary)
 }
 
 /// Every consumer stanza: (consumer function, its ingester, its job queue, its DLQ), by the
@@ -205,16 +222,22 @@ fn each_functions_environment_passes_its_own_configuration() {
     for (name, f) in functions(&t) {
         let env = environment(&t, f);
         let lookup = Env::from_fn(|k| env.get(k).cloned());
+        assert_eq!(
+            env.contains_key("BETTERSTACK_TOKEN_SECRET_ARN"),
+            pages(binary(f)),
+            "{name}: the BetterStack token only where something pages"
+        );
+        assert!(
+            !env.contains_key("DATABASE_URL") && !env.contains_key("BETTERSTACK_API_TOKEN"),
+            "{name}: deployed functions read their secrets at run time, never from the environment"
+        );
         let checked = match binary(f) {
             "dlq-ingester" => DlqIngesterConfig::from_env(&lookup).map(drop),
             "scheduled" => ScheduledConfig::from_env(&lookup).map(drop),
             "dead-letters-read" | "dead-letters-replay" | "dead-letters-discard" => {
-                assert!(
-                    !env.contains_key("BETTERSTACK_API_TOKEN"),
-                    "{name} has no use for the BetterStack token"
-                );
                 ApiConfig::from_env(&lookup).map(drop)
             }
+            "migrate" => DatabaseConfig::from_env(&lookup).map(drop),
             _ => ConsumerConfig::from_env(&lookup).map(drop),
         };
         checked.unwrap_or_else(|e| panic!("{name} would not start: {e}"));
@@ -288,62 +311,13 @@ fn each_consumer_stanza_wires_its_queue_redrive_ingester_and_timeouts() {
     names.dedup();
     assert_eq!(before, names.len(), "consumer names are unique: {names:?}");
     for (name, f) in functions(&t) {
-        for (event, e) in f["Properties"]["Events"].as_object().unwrap() {
+        for (event, e) in f["Properties"]["Events"].as_object().into_iter().flatten() {
             if e["Type"] == "SQS" {
                 assert_eq!(
                     e["Properties"]["FunctionResponseTypes"],
                     serde_json::json!(["ReportBatchItemFailures"]),
                     "{name}.{event}"
                 );
-            }
-        }
-    }
-}
-
-#[test]
-fn each_function_touches_only_its_own_queues_and_only_the_replay_path_sends() {
-    let t = template();
-    let job_queues =
-        "arn:${AWS::Partition}:sqs:${AWS::Region}:${AWS::AccountId}:${AWS::StackName}-*-jobs";
-    let grants = |f: &Value| -> Vec<(String, String)> {
-        let mut out = Vec::new();
-        for policy in f["Properties"]["Policies"].as_array().into_iter().flatten() {
-            for st in policy["Statement"].as_array().into_iter().flatten() {
-                let target = st["Resource"]["Fn::GetAtt"][0]
-                    .as_str()
-                    .or_else(|| st["Resource"]["Fn::Sub"].as_str())
-                    .unwrap_or("*")
-                    .to_owned();
-                for action in st["Action"].as_array().into_iter().flatten() {
-                    out.push((action.as_str().unwrap().to_owned(), target.clone()));
-                }
-            }
-        }
-        out
-    };
-    let stanzas = consumers(&t);
-    for (name, f) in functions(&t) {
-        let own = stanzas.iter().find(|(c, i, _, _)| *c == name || *i == name);
-        for (action, target) in grants(f) {
-            assert!(
-                action.starts_with("sqs:"),
-                "{name} holds {action}: nothing but SQS is granted at runtime"
-            );
-            match (binary(f), own) {
-                ("dlq-ingester", Some((_, _, _, dlq))) => assert!(
-                    target == *dlq && action != "sqs:ChangeMessageVisibility",
-                    "{name}: {action} on {target}"
-                ),
-                ("dead-letters-replay" | "scheduled", _) => assert!(
-                    target == job_queues
-                        && ["sqs:SendMessage", "sqs:GetQueueUrl"].contains(&action.as_str()),
-                    "{name}: {action} on {target}"
-                ),
-                (_, Some((_, _, queue, _))) => {
-                    assert_eq!(target, *queue, "{name}: {action}");
-                    assert_ne!(action, "sqs:SendMessage", "{name} may not send");
-                }
-                _ => panic!("{name} should hold no SQS permission, holds {action} on {target}"),
             }
         }
     }
@@ -362,7 +336,7 @@ fn every_route_is_on_its_function_behind_the_jwt_authorizer_with_its_scope() {
     );
     let mut deployed = Vec::new();
     for (name, f) in functions(&t) {
-        for (event, e) in f["Properties"]["Events"].as_object().unwrap() {
+        for (event, e) in f["Properties"]["Events"].as_object().into_iter().flatten() {
             if e["Type"] != "HttpApi" {
                 continue;
             }
@@ -410,4 +384,259 @@ fn the_functions_join_a_vpc_only_when_subnets_are_given() {
     assert_eq!(vpc[1]["SubnetIds"]["Ref"], "VpcSubnetIds");
     assert_eq!(vpc[2]["Ref"], "AWS::NoValue");
     assert_eq!(t["Parameters"]["VpcSubnetIds"]["Default"], "");
+}
+
+#[test]
+fn the_schema_migrates_on_every_deploy_before_any_function_serves() {
+    let t = template();
+    let migration = resource(&t, "SchemaMigration");
+    assert_eq!(migration["Type"], "Custom::SchemaMigration");
+    let p = &migration["Properties"];
+    assert_eq!(p["ServiceToken"]["Fn::GetAtt"][0], "MigrateFunction");
+    assert_eq!(
+        p["MigrateVersion"]["Ref"], "MigrateFunction.Version",
+        "it runs again whenever the migrate function (which embeds the migrations) changes"
+    );
+    let migrate = resource(&t, "MigrateFunction");
+    assert_eq!(binary(migrate), "migrate");
+    assert!(migrate["Properties"]["AutoPublishAlias"].is_string());
+    let timeout = migrate["Properties"]["Timeout"].as_u64().unwrap();
+    assert!(
+        timeout > migrate::ANSWER_MARGIN.as_secs() + 60,
+        "time to migrate and still answer CloudFormation"
+    );
+    for (name, f) in functions(&t) {
+        if name != "MigrateFunction" {
+            assert_eq!(
+                f["DependsOn"], "SchemaMigration",
+                "{name} is updated only after the schema is migrated"
+            );
+        }
+    }
+}
+
+#[test]
+fn every_function_has_a_role_and_a_log_group_of_its_own() {
+    let t = template();
+    let mut roles = Vec::new();
+    for (name, f) in functions(&t) {
+        let role = f["Properties"]["Role"]["Fn::GetAtt"][0]
+            .as_str()
+            .unwrap_or_else(|| panic!("{name} has a role of this stack"));
+        assert_eq!(resource(&t, role)["Type"], "AWS::IAM::Role");
+        roles.push(role.to_owned());
+        let logs = f["Properties"]["LoggingConfig"]["LogGroup"]["Ref"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{name} logs to a log group of this stack"));
+        let group = &resource(&t, logs)["Properties"];
+        assert_eq!(
+            group["RetentionInDays"]["Ref"], "LogRetentionDays",
+            "{name}"
+        );
+        assert!(
+            group["LogGroupName"]["Fn::Sub"]
+                .as_str()
+                .unwrap()
+                .starts_with("/aws/lambda/${AWS::StackName}/"),
+            "{name}: named after the stack"
+        );
+    }
+    let unique: BTreeSet<_> = roles.iter().collect();
+    assert_eq!(unique.len(), roles.len(), "no two functions share a role");
+}
+
+fn alarms(t: &Value) -> Vec<(String, &Value)> {
+    t["Resources"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(_, r)| r["Type"] == "AWS::CloudWatch::Alarm")
+        .map(|(n, r)| (n.clone(), &r["Properties"]))
+        .collect()
+}
+
+/// The metric names the code emits as EMF: every consumer's and the scheduled run's.
+fn emitted_metrics() -> BTreeSet<String> {
+    let mut names: BTreeSet<String> = shared::metrics::Metric::ALL
+        .iter()
+        .map(|m| m.name().to_owned())
+        .collect();
+    let report = shared::scheduled::ScheduledReport {
+        alerts: Default::default(),
+        escalation: Ok(Default::default()),
+        sweep: Err("none".into()),
+        replays: Ok(Default::default()),
+        waiting: Ok(Default::default()),
+        heartbeat: None,
+    };
+    let emf = report.emf("JobHarness", chrono::Utc::now());
+    for metric in emf["_aws"]["CloudWatchMetrics"][0]["Metrics"]
+        .as_array()
+        .unwrap()
+    {
+        names.insert(metric["Name"].as_str().unwrap().to_owned());
+    }
+    names
+}
+
+#[test]
+fn every_alarm_reaches_a_person_and_the_alarms_cover_the_flow() {
+    let t = template();
+    let topic = resource(&t, "AlarmTopic");
+    assert_eq!(topic["Type"], "AWS::SNS::Topic");
+    let subscription = resource(&t, "AlarmEmailSubscription");
+    assert_eq!(subscription["Properties"]["Endpoint"]["Ref"], "AlarmEmail");
+    assert_eq!(subscription["Condition"], "HasAlarmEmail");
+    let namespace =
+        t["Globals"]["Function"]["Environment"]["Variables"]["METRICS_NAMESPACE"]["Fn::Sub"]
+            .as_str()
+            .unwrap();
+    assert_eq!(
+        namespace, "JobHarness/${AWS::StackName}",
+        "one namespace per stack"
+    );
+    let emitted = emitted_metrics();
+    let mut watched: BTreeSet<(String, String)> = BTreeSet::new();
+    for (name, alarm) in alarms(&t) {
+        for key in ["AlarmActions", "OKActions"] {
+            assert_eq!(
+                alarm[key],
+                serde_json::json!([{"Ref": "AlarmTopic"}]),
+                "{name}: {key}"
+            );
+        }
+        assert!(
+            alarm["AlarmDescription"].as_str().unwrap().len() > 40,
+            "{name} says what to do"
+        );
+        let metric = alarm["MetricName"].as_str().unwrap().to_owned();
+        let dimension = alarm["Dimensions"][0]["Value"].clone();
+        let on = dimension["Ref"]
+            .as_str()
+            .or_else(|| dimension["Fn::GetAtt"][0].as_str())
+            .or_else(|| dimension.as_str())
+            .unwrap()
+            .to_owned();
+        if alarm["Namespace"]["Fn::Sub"].as_str() == Some(namespace) {
+            assert!(
+                emitted.contains(&metric),
+                "{name}: {metric} is emitted by the code"
+            );
+        }
+        watched.insert((metric, on));
+    }
+    let has = |metric: &str, on: &str| watched.contains(&(metric.to_owned(), on.to_owned()));
+    for (name, _) in functions(&t) {
+        if name != "MigrateFunction" {
+            assert!(has("Errors", &name), "{name} has an errors alarm");
+        }
+    }
+    for (consumer, _, queue, dlq) in consumers(&t) {
+        assert!(has("ApproximateAgeOfOldestMessage", &queue), "{queue}");
+        assert!(has("ApproximateNumberOfMessagesVisible", &dlq), "{dlq}");
+        let env = environment(&t, resource(&t, &consumer));
+        assert!(
+            has("DeadLetterWriteFailed", &env["CONSUMER_NAME"]),
+            "{consumer}"
+        );
+    }
+    for metric in [
+        "LettersPendingReview",
+        "OldestPendingLetterAgeSeconds",
+        "AlertsRejected",
+        "OldestUndeliveredAlertSeconds",
+        "AlertDeliveriesFailed",
+        "SweepBacklogSeconds",
+        "ScheduledStepsFailed",
+    ] {
+        assert!(has(metric, "scheduled"), "an alarm on {metric}");
+    }
+    let stopped = alarms(&t)
+        .into_iter()
+        .find(|(_, a)| a["MetricName"] == "Invocations")
+        .expect("an alarm for a scheduler that stopped");
+    assert_eq!(stopped.1["TreatMissingData"], "breaching");
+    let scheduled = environment(&t, resource(&t, "ScheduledFunction"));
+    assert!(scheduled.contains_key("BETTERSTACK_HEARTBEAT_URL"));
+    assert_eq!(
+        t["Parameters"]["BetterStackHeartbeatUrl"]["NoEcho"], true,
+        "the heartbeat URL is a secret of sorts"
+    );
+}
+
+#[test]
+fn the_dashboard_is_valid_json_and_shows_the_flow() {
+    let t = template();
+    let body = resource(&t, "Dashboard")["Properties"]["DashboardBody"]["Fn::Sub"]
+        .as_str()
+        .unwrap();
+    let substituted = body
+        .replace("${AWS::Region}", "eu-west-1")
+        .replace("${AWS::StackName}", "jobs-staging")
+        .replace("${AwardPointsJobQueue.QueueName}", "q1")
+        .replace("${RedeemRewardJobQueue.QueueName}", "q2");
+    let dashboard: Value = serde_json::from_str(&substituted).expect("JSON once substituted");
+    let shown: BTreeSet<String> = dashboard["widgets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|w| w["properties"]["metrics"].as_array().unwrap().clone())
+        .map(|m| m[1].as_str().unwrap().to_owned())
+        .collect();
+    for metric in [
+        "NumberOfMessagesReceived",
+        "Processed",
+        "DuplicateSkipped",
+        "Retried",
+        "DeadLetteredExhausted",
+        "LettersPendingReview",
+        "FencesDeleted",
+        "SweepBacklogSeconds",
+    ] {
+        assert!(shown.contains(metric), "the dashboard shows {metric}");
+    }
+    let emitted = emitted_metrics();
+    for metric in &shown {
+        assert!(
+            emitted.contains(metric) || metric == "NumberOfMessagesReceived",
+            "{metric} is emitted"
+        );
+    }
+}
+
+#[test]
+fn samconfig_holds_a_staging_and_a_production_environment_each_whole() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../samconfig.toml");
+    let config: toml::Table = std::fs::read_to_string(path)
+        .expect("samconfig.toml at the repository root")
+        .parse()
+        .expect("TOML");
+    let t = template();
+    let required: Vec<&String> = t["Parameters"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(_, p)| p["Default"].is_null())
+        .map(|(name, _)| name)
+        .collect();
+    let mut stacks = BTreeSet::new();
+    for env in ["staging", "production"] {
+        let deploy = &config[env]["deploy"]["parameters"];
+        let stack = deploy["stack_name"].as_str().unwrap();
+        stacks.insert(stack.to_owned());
+        assert!(
+            deploy["capabilities"]
+                .as_str()
+                .unwrap()
+                .contains("CAPABILITY_IAM")
+        );
+        let overrides = deploy["parameter_overrides"].as_str().unwrap();
+        for name in &required {
+            assert!(
+                overrides.contains(&format!("{name}=")),
+                "{env} gives the required parameter {name}"
+            );
+        }
+    }
+    assert_eq!(stacks.len(), 2, "one stack per environment");
 }
