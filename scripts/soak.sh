@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The chaos soak's long form: `bash scripts/soak.sh [jobs] [seed]` (default 10,000 jobs) through
+# The chaos soak's long form: `bash scripts/soak.sh [jobs] [seed] [per-job|batch|both]` (default
+# 10,000 jobs, both commit modes one after the other) through
 # the local SQS API and the real consumer binaries, with SIGKILLs, a restart of a throwaway
 # PostgreSQL cluster of its own (initdb in a temporary directory; never the machine's) and lost
 # SQS deletes; then the invariant checker. Exits non-zero if the promise broke. (The test
@@ -11,5 +12,9 @@ ensure_pg_server_binaries
 ensure_sqs_api
 step "Building the soak and the functions (cargo build --profile perf -p e2e)"
 cargo build --quiet --profile perf -p e2e --bin soak --bin local-consumer --bin local-dlq-ingester || die "the build failed"
-step "Soaking (function logs in \$TMPDIR/job-harness-soak/)"
-target/perf/soak "${1:-10000}" "${2:-1}" || die "the soak found a broken invariant (see above)"
+modes=${3:-both}
+[ "$modes" = both ] && modes="per-job batch"
+for mode in $modes; do
+  step "Soaking, $mode commits (function logs in \$TMPDIR/job-harness-soak/)"
+  target/perf/soak "${1:-10000}" "${2:-1}" "$mode" || die "the soak ($mode) found a broken invariant (see above)"
+done

@@ -178,6 +178,28 @@ pub trait Consumer: Send + Sync {
         job: &Job<Self::Payload>,
         tx: &mut PgConnection,
     ) -> impl Future<Output = Result<(), ProcessError>> + Send;
+
+    /// Batch mode (`COMMIT_MODE=batch`): does the work of a batch's new jobs together on `tx`,
+    /// which already holds all their fences, committed once for all of them. Write it
+    /// set-based (one statement for the batch's rows) where that helps; the default runs
+    /// [`Consumer::handle`] for each job on the one transaction.
+    ///
+    /// Any error (of any class) or panic rolls the whole batch back, and the harness then runs
+    /// each job on its own through [`Consumer::handle`]: one bad job costs only itself, and its
+    /// classification, retries and letter are exactly as without batch mode. So validate what
+    /// would make a job poison or permanent the same way in both.
+    fn handle_batch(
+        &self,
+        jobs: &[Job<Self::Payload>],
+        tx: &mut PgConnection,
+    ) -> impl Future<Output = Result<(), ProcessError>> + Send {
+        async move {
+            for job in jobs {
+                self.handle(job, tx).await?;
+            }
+            Ok(())
+        }
+    }
 }
 
 #[cfg(test)]

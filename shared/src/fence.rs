@@ -126,6 +126,79 @@ pub async fn settle_committed(
     Ok(claim == FenceClaim::Duplicate)
 }
 
+/// Claims, in the caller's transaction and in job id order, the fences of a batch's jobs
+/// (`(job, tenant)` pairs), expiring at `now + ttl`; returns the jobs whose fence this
+/// transaction inserted. A job left out was already processed. Waits at most `wait` for a
+/// concurrent copy holding one of the fences ([`FenceError::Contended`] after that: the
+/// transaction is aborted). Two batches that share jobs claim them in the same order, so they
+/// wait on each other and never deadlock.
+pub async fn claim_fences(
+    tx: &mut PgConnection,
+    consumer: &ConsumerName,
+    jobs: &[(JobId, TenantId)],
+    now: DateTime<Utc>,
+    ttl: Duration,
+    wait: Duration,
+) -> Result<std::collections::HashSet<JobId>, FenceError> {
+    let expires_at = now + chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::MAX);
+    let (ids, tenants): (Vec<uuid::Uuid>, Vec<uuid::Uuid>) =
+        jobs.iter().map(|(j, t)| (j.0, t.0)).unzip();
+    let claimed: Vec<uuid::Uuid> =
+        sqlx::query_scalar("SELECT core.claim_fences($1, $2, $3, $4, $5, $6)")
+            .bind(&ids)
+            .bind(consumer.as_str())
+            .bind(&tenants)
+            .bind(now)
+            .bind(expires_at)
+            .bind(format!("{}ms", wait.as_millis().max(1)))
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(|e| match e.as_database_error().and_then(|d| d.code()) {
+                Some(code) if code == LOCK_NOT_AVAILABLE => FenceError::Contended,
+                _ => FenceError::Database(e),
+            })?;
+    Ok(claimed.into_iter().map(JobId).collect())
+}
+
+/// [`finish_job`] for a batch: the last statement before its `COMMIT`. True when every fence of
+/// `jobs` (with the message each came in) is this transaction's own and the transaction is
+/// alive; then their ledger rows go and letters pending for them are closed, in the batch's
+/// transaction. An aborted transaction fails here (`25P02`).
+pub async fn finish_jobs(
+    tx: &mut PgConnection,
+    consumer: &ConsumerName,
+    jobs: &[(JobId, &str)],
+    now: DateTime<Utc>,
+) -> sqlx::Result<bool> {
+    let (ids, messages): (Vec<uuid::Uuid>, Vec<&str>) = jobs.iter().map(|(j, m)| (j.0, *m)).unzip();
+    let owned: i32 = sqlx::query_scalar("SELECT core.finish_jobs($1, $2, $3, $4)")
+        .bind(&ids)
+        .bind(consumer.as_str())
+        .bind(&messages)
+        .bind(now)
+        .fetch_one(tx)
+        .await?;
+    Ok(owned as usize == jobs.len())
+}
+
+/// Which of `jobs` already have a committed fence for `consumer`: one statement for a whole
+/// batch. A committed fence is final, so such a job is a duplicate however it is delivered.
+pub async fn processed_among(
+    db: impl PgExecutor<'_>,
+    consumer: &ConsumerName,
+    jobs: &[JobId],
+) -> sqlx::Result<std::collections::HashSet<JobId>> {
+    let ids: Vec<uuid::Uuid> = jobs.iter().map(|j| j.0).collect();
+    let found: Vec<uuid::Uuid> = sqlx::query_scalar(
+        "SELECT job_id FROM core.processed_jobs WHERE consumer = $1 AND job_id = ANY($2)",
+    )
+    .bind(consumer.as_str())
+    .bind(&ids)
+    .fetch_all(db)
+    .await?;
+    Ok(found.into_iter().map(JobId).collect())
+}
+
 /// Whether a committed fence exists for (`job_id`, `consumer`): if so, a replay will be a no-op.
 pub async fn fence_exists(
     db: impl PgExecutor<'_>,

@@ -34,9 +34,13 @@ pub enum Metric {
     AlertDeliveryFailed,
     /// BetterStack refused the API token (401/403): no page gets through until it is replaced.
     AlertRejected,
+    /// A batch's new jobs committed in one transaction (batch mode).
+    BatchCommitted,
+    /// A batch's transaction did not commit; its jobs went one by one (batch mode).
+    BatchFellBack,
 }
 
-const NAMES: [&str; 13] = [
+const NAMES: [&str; 15] = [
     "Processed",
     "DuplicateSkipped",
     "FenceContended",
@@ -50,6 +54,8 @@ const NAMES: [&str; 13] = [
     "RedrivenAlreadyProcessed",
     "AlertDeliveryFailed",
     "AlertRejected",
+    "BatchCommitted",
+    "BatchFellBack",
 ];
 
 impl Metric {
@@ -68,6 +74,8 @@ impl Metric {
         Metric::RedrivenAlreadyProcessed,
         Metric::AlertDeliveryFailed,
         Metric::AlertRejected,
+        Metric::BatchCommitted,
+        Metric::BatchFellBack,
     ];
 
     fn index(self) -> usize {
@@ -85,6 +93,8 @@ impl Metric {
             Metric::RedrivenAlreadyProcessed => 10,
             Metric::AlertDeliveryFailed => 11,
             Metric::AlertRejected => 12,
+            Metric::BatchCommitted => 13,
+            Metric::BatchFellBack => 14,
         }
     }
 

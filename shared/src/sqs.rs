@@ -14,13 +14,10 @@
 //! have committed before it runs, and a crash is charged to it alone (see [`crate::execution`]).
 
 use crate::consumer::Consumer;
-use crate::envelope::read_ids;
-use crate::execution::executions_of;
 use crate::harness::{Harness, IncomingMessage};
 use crate::ids::DeadLetterId;
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsMessage};
 use chrono::{DateTime, Utc};
-use futures_util::StreamExt;
 use std::future::Future;
 use std::time::Duration;
 
@@ -158,9 +155,11 @@ pub fn invocation_deadline(deadline_ms: u64, now: DateTime<Utc>) -> Option<DateT
     None
 }
 
-/// Processes an SQS batch and returns the records to leave on the queue: first deliveries
-/// concurrently (up to `settings.concurrency`), then repeat deliveries one at a time. With a
-/// `deadline`, a record is started only while `settings.deadline_margin` is left before it.
+/// Processes an SQS batch and returns the records to leave on the queue (see
+/// [`Harness::process_batch`]: duplicates in one statement, new jobs together in batch mode or
+/// concurrently, repeat deliveries one at a time). With a `deadline`, a record is started only
+/// while `settings.deadline_margin` is left before it. A record to retry gets its visibility set
+/// to its backoff.
 pub async fn process_batch<C: Consumer>(
     harness: &Harness<C>,
     visibility: &impl Visibility,
@@ -170,14 +169,16 @@ pub async fn process_batch<C: Consumer>(
 ) -> SqsBatchResponse {
     let margin =
         chrono::Duration::from_std(settings.deadline_margin).unwrap_or(chrono::Duration::MAX);
-    let run = |record: SqsMessage| async move {
-        let msg = incoming(&record);
-        if deadline.is_some_and(|deadline| harness.now() + margin >= deadline) {
-            tracing::warn!(message_id = %msg.message_id, "deadline near: handing the record back unstarted");
-            return Some(msg.message_id);
-        }
-        let outcome = harness.process(&msg).await;
-        let after = outcome.redeliver_after()?;
+    let may_start = || deadline.is_none_or(|deadline| harness.now() + margin < deadline);
+    let msgs: Vec<IncomingMessage> = records.iter().map(incoming).collect();
+    let outcomes = harness
+        .process_batch(&msgs, &may_start, settings.concurrency)
+        .await;
+    let delays = records.iter().zip(&msgs).zip(&outcomes).map(|((record, msg), outcome)| async move {
+        let after = match outcome {
+            None => return Some(msg.message_id.clone()), // not started: back as it came
+            Some(outcome) => outcome.redeliver_after()?,
+        };
         let queue = record
             .event_source_arn
             .as_deref()
@@ -187,52 +188,14 @@ pub async fn process_batch<C: Consumer>(
         {
             tracing::warn!(message_id = %msg.message_id, error, "ChangeMessageVisibility failed; the message returns after the queue's visibility timeout");
         }
-        Some(msg.message_id)
-    };
-    let (fresh, seen_before): (Vec<_>, Vec<_>) =
-        records.into_iter().partition(|r| receive_count(r) == 1);
-    let seen_before = least_run_first(harness, seen_before).await;
-    let mut failures: Vec<String> = futures_util::stream::iter(fresh)
-        .map(run)
-        .buffer_unordered(settings.concurrency.max(1))
-        .filter_map(|failed| async move { failed })
-        .collect()
-        .await;
-    for record in seen_before {
-        failures.extend(run(record).await);
-    }
-    batch_response(failures)
-}
-
-/// Repeat deliveries ordered so that jobs with fewer executions charged go first: a job that
-/// crashed its batch has been charged for it, so its batch-mates, which never ran, commit
-/// before it runs again. Ties keep the order of fewer receives. If the ledger cannot be read,
-/// receives alone order them (each record then reports its own database failure).
-async fn least_run_first<C: Consumer>(
-    harness: &Harness<C>,
-    records: Vec<SqsMessage>,
-) -> Vec<SqsMessage> {
-    if records.len() < 2 {
-        return records;
-    }
-    // Each body is parsed once, here; the sort reads the job ids it kept.
-    let keyed: Vec<_> = records
-        .into_iter()
-        .map(|r| (read_ids(r.body.as_deref().unwrap_or_default()).job_id, r))
-        .collect();
-    let jobs: Vec<_> = keyed.iter().filter_map(|(job, _)| *job).collect();
-    let executions = executions_of(harness.pool(), harness.consumer().name(), &jobs)
+        Some(msg.message_id.clone())
+    });
+    let failures: Vec<String> = futures_util::future::join_all(delays)
         .await
-        .unwrap_or_default();
-    let mut keyed: Vec<_> = keyed
         .into_iter()
-        .map(|(job, r)| {
-            let ran = job.and_then(|j| executions.get(&j).copied()).unwrap_or(0);
-            ((ran, receive_count(&r)), r)
-        })
+        .flatten()
         .collect();
-    keyed.sort_by_key(|(key, _)| *key);
-    keyed.into_iter().map(|(_, r)| r).collect()
+    batch_response(failures)
 }
 
 /// A partial batch response reporting `message_ids` as failed.

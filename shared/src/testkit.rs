@@ -79,6 +79,7 @@ impl<C: Consumer> TestKit<C> {
             fence_ttl: Duration::from_secs(7 * 86_400),
             lock_timeout: Duration::from_secs(2),
             contended_retry_after: Duration::from_secs(3),
+            commit: Default::default(),
         };
         let dyn_clock: Arc<dyn Clock> = clock.clone();
         let harness = Harness::new(

@@ -6,7 +6,7 @@ mod support;
 use consumer::count_awards;
 use shared::dead_letter::{ErrorKind, Recorded, letter_for_message, letters_for_job};
 use shared::fence::{count_fences, fence_exists};
-use shared::harness::{HarnessSettings, RecordOutcome};
+use shared::harness::{CommitMode, HarnessSettings, RecordOutcome};
 use shared::retry::RetryPolicy;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -24,13 +24,27 @@ async fn ac1_same_job_processed_concurrently_has_exactly_one_effect(
     _: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
+    ac1(connect, CommitMode::PerJob).await;
+}
+
+/// AC1 in batch mode: each copy arrives in an SQS batch with a new job of its own, so the copies
+/// contend inside batch transactions.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn ac1_same_job_processed_concurrently_has_exactly_one_effect_in_batch_mode(
+    _: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    ac1(connect, CommitMode::Batch).await;
+}
+
+async fn ac1(connect: PgConnectOptions, mode: CommitMode) {
     // One connection per copy, so every copy runs its own transaction at the same time.
     let pool = PgPoolOptions::new()
         .max_connections(COPIES as u32)
         .connect_with(connect)
         .await
         .unwrap();
-    let harness = Arc::new(harness(&pool, award_points()));
+    let harness = Arc::new(harness_in(&pool, award_points(), mode));
     for round in 0..ROUNDS {
         let (job_id, body) = job(award(10));
         let start = Arc::new(Barrier::new(COPIES));
@@ -39,7 +53,7 @@ async fn ac1_same_job_processed_concurrently_has_exactly_one_effect(
                 let (harness, start, msg) = (harness.clone(), start.clone(), message(&body, 1));
                 tokio::spawn(async move {
                     start.wait().await;
-                    harness.process(&msg).await
+                    deliver(&harness, &msg).await
                 })
             })
             .collect();
@@ -72,9 +86,14 @@ async fn ac1_same_job_processed_concurrently_has_exactly_one_effect(
         );
     }
     let metrics = harness.metrics();
+    // In batch mode every copy brought a companion job of its own, processed with it.
+    let companions = match mode {
+        CommitMode::PerJob => 0,
+        CommitMode::Batch => ROUNDS * COPIES,
+    };
     assert_eq!(
         metrics.get(shared::metrics::Metric::Processed),
-        ROUNDS as u64
+        (ROUNDS + companions) as u64
     );
     assert_eq!(
         metrics.get(shared::metrics::Metric::DuplicateSkipped),
@@ -278,14 +297,26 @@ async fn ac4_a_handler_reporting_poison_is_not_retried(pool: PgPool) {
 /// AC8 (negative): a successful job writes its fence and its own effect, and nothing else.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn ac8_a_successful_job_writes_only_its_fence_and_its_effect(pool: PgPool) {
-    let harness = harness(&pool, award_points());
+    ac8(pool, CommitMode::PerJob, 1).await;
+}
+
+/// AC8 in batch mode: a batch of five new jobs writes their five fences and five effects.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn ac8_a_successful_job_writes_only_its_fence_and_its_effect_in_batch_mode(pool: PgPool) {
+    ac8(pool, CommitMode::Batch, 5).await;
+}
+
+async fn ac8(pool: PgPool, mode: CommitMode, jobs: usize) {
+    let harness = harness_in(&pool, award_points(), mode);
     let before = table_counts(&pool).await;
     assert!(before.contains_key("core.dead_letters") && before.contains_key("core.processed_jobs"));
-    let (_, body) = job(award(1));
-    assert_eq!(
-        harness.process(&message(&body, 1)).await,
-        RecordOutcome::Processed
-    );
+    let batch: Vec<_> = (0..jobs).map(|_| message(&job(award(1)).1, 1)).collect();
+    let outcomes = harness.process_batch(&batch, &|| true, 10).await;
+    assert_eq!(outcomes, vec![Some(RecordOutcome::Processed); jobs]);
+    let batches = harness
+        .metrics()
+        .get(shared::metrics::Metric::BatchCommitted);
+    assert_eq!(batches, u64::from(mode == CommitMode::Batch), "{mode:?}");
     let after = table_counts(&pool).await;
     let changed: Vec<_> = after
         .iter()
@@ -294,7 +325,10 @@ async fn ac8_a_successful_job_writes_only_its_fence_and_its_effect(pool: PgPool)
         .collect();
     assert_eq!(
         changed,
-        [("core.processed_jobs", 1), ("reference.point_awards", 1)]
+        [
+            ("core.processed_jobs", jobs as i64),
+            ("reference.point_awards", jobs as i64)
+        ]
     );
 }
 

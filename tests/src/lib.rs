@@ -49,6 +49,20 @@ pub enum AfterWork {
 /// Does the reference consumer's real work, then fails as told before the harness can commit.
 pub struct FailAfterWork(pub AwardPoints, pub AfterWork);
 
+impl FailAfterWork {
+    async fn fail(&self, jobs: &[&Job<PointsAward>]) -> Result<(), ProcessError> {
+        match self.1 {
+            AfterWork::Panic => panic!("failpoint: between the work and the commit"),
+            AfterWork::Hang => {
+                let ids: Vec<String> = jobs.iter().map(|j| j.envelope.job_id.to_string()).collect();
+                println!("{WORK_WRITTEN} {}", ids.join(" "));
+                std::future::pending::<()>().await;
+                unreachable!("killed while waiting")
+            }
+        }
+    }
+}
+
 impl Consumer for FailAfterWork {
     type Payload = PointsAward;
 
@@ -62,14 +76,17 @@ impl Consumer for FailAfterWork {
         tx: &mut PgConnection,
     ) -> Result<(), ProcessError> {
         self.0.handle(job, tx).await?;
-        match self.1 {
-            AfterWork::Panic => panic!("failpoint: between the work and the commit"),
-            AfterWork::Hang => {
-                println!("{WORK_WRITTEN} {}", job.envelope.job_id);
-                std::future::pending::<()>().await;
-                unreachable!("killed while waiting")
-            }
-        }
+        self.fail(&[job]).await
+    }
+
+    /// The reference consumer's batch work (all its awards), then the failure.
+    async fn handle_batch(
+        &self,
+        jobs: &[Job<PointsAward>],
+        tx: &mut PgConnection,
+    ) -> Result<(), ProcessError> {
+        self.0.handle_batch(jobs, tx).await?;
+        self.fail(&jobs.iter().collect::<Vec<_>>()).await
     }
 }
 
@@ -89,11 +106,21 @@ pub fn test_database_url(opts: &sqlx::postgres::PgConnectOptions) -> String {
 
 /// A harness with the platform's retry policy, the wall clock and a seeded RNG.
 pub fn harness<C: Consumer>(pool: PgPool, consumer: C) -> Harness<C> {
+    harness_in(pool, consumer, Default::default())
+}
+
+/// [`harness`] committing one transaction per job, or per batch.
+pub fn harness_in<C: Consumer>(
+    pool: PgPool,
+    consumer: C,
+    commit: shared::harness::CommitMode,
+) -> Harness<C> {
     let settings = HarnessSettings {
         policy: Default::default(),
         fence_ttl: Duration::from_secs(7 * 86_400),
         lock_timeout: Duration::from_secs(30),
         contended_retry_after: Duration::from_secs(2),
+        commit,
     };
     Harness::new(
         consumer,

@@ -3,24 +3,37 @@
 //! deletes lost. The PostgreSQL it restarts is a throwaway cluster this test starts itself
 //! (`initdb` in a temporary directory, a free port) and removes afterwards: never the machine's.
 //! The long form (10,000 jobs) is `bash scripts/soak.sh`. See `e2e::soak` for the workload and
-//! the checks.
+//! the checks. It runs twice: one transaction per job, and one per batch (`COMMIT_MODE=batch`).
 
 use e2e::soak::{Restart, SoakSpec, run};
 use e2e::stack::StackSpec;
 use e2e::throwaway_pg::ThrowawayCluster;
+use shared::harness::CommitMode;
 use std::time::Duration;
 use uuid::Uuid;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn chaos_soak_no_job_doubled_and_none_lost() {
+    soak(CommitMode::PerJob).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn chaos_soak_no_job_doubled_and_none_lost_in_batch_mode() {
+    soak(CommitMode::Batch).await;
+}
+
+async fn soak(mode: CommitMode) {
     let cluster = ThrowawayCluster::start();
     let admin = sqlx::PgPool::connect(&cluster.url()).await.unwrap();
     consumer::MIGRATOR_WITH_CORE.run(&admin).await.unwrap();
-    let stack = StackSpec::time_scaled(
+    let mut stack = StackSpec::time_scaled(
         e2e::test_binaries!(),
         &cluster.url(),
         &format!("soak-{}", &Uuid::new_v4().simple().to_string()[..12]),
     );
+    stack
+        .consumer_env
+        .push(("COMMIT_MODE".into(), mode.as_str().into()));
     let spec = SoakSpec {
         jobs: 2_000,
         seed: 20261130,
@@ -31,7 +44,7 @@ async fn chaos_soak_no_job_doubled_and_none_lost() {
         timeout: Duration::from_secs(300),
     };
     let report = run(&spec, stack, &admin).await;
-    println!("{report}");
+    println!("{} mode: {report}", mode.as_str());
     assert!(report.holds(), "the promise broke:\n{report}");
     assert!(report.kills > 0, "the soak killed nothing:\n{report}");
     assert!(

@@ -202,6 +202,11 @@ fn every_function_builds_a_binary_of_this_workspace_with_cargo_lambda() {
         "every function binary deployed, and nothing else"
     );
     assert_eq!(consumers(&t).len(), 2, "award-points and redeem-reward");
+    let award = environment(&t, resource(&t, "AwardPointsFunction"));
+    assert_eq!(
+        award["COMMIT_MODE"], "batch",
+        "the reference consumer commits per batch"
+    );
     let globals = &t["Globals"]["Function"];
     assert_eq!(
         (globals["Runtime"].as_str(), globals["Handler"].as_str()),

@@ -71,15 +71,7 @@ impl Consumer for AwardPoints {
         tx: &mut PgConnection,
     ) -> Result<(), ProcessError> {
         let award = &job.envelope.payload;
-        if award.points <= 0 {
-            return Err(ProcessError::poison(format!(
-                "points must be positive, got {}",
-                award.points
-            )));
-        }
-        if award.account_id.trim().is_empty() {
-            return Err(ProcessError::poison("account_id is blank"));
-        }
+        validate(award)?;
         insert_award(
             tx,
             job.envelope.job_id,
@@ -94,6 +86,66 @@ impl Consumer for AwardPoints {
         #[cfg(not(feature = "demo-faults"))]
         Ok(())
     }
+
+    /// Batch mode: the batch's awards in one statement. A job that is not valid fails the
+    /// batch, which then runs one job at a time, where that job alone becomes its letter.
+    async fn handle_batch(
+        &self,
+        jobs: &[Job<PointsAward>],
+        tx: &mut PgConnection,
+    ) -> Result<(), ProcessError> {
+        for job in jobs {
+            validate(&job.envelope.payload)?;
+        }
+        insert_awards(tx, jobs).await?;
+        #[cfg(feature = "demo-faults")]
+        for job in jobs {
+            simulate(job.envelope.payload.demo_fault, job)?;
+        }
+        Ok(())
+    }
+}
+
+/// What makes an award meaningless (poison): the same checks job by job and in a batch.
+fn validate(award: &PointsAward) -> Result<(), ProcessError> {
+    if award.points <= 0 {
+        return Err(ProcessError::poison(format!(
+            "points must be positive, got {}",
+            award.points
+        )));
+    }
+    if award.account_id.trim().is_empty() {
+        return Err(ProcessError::poison("account_id is blank"));
+    }
+    Ok(())
+}
+
+/// Writes the awards of `jobs` on the caller's transaction, in one statement.
+pub async fn insert_awards(tx: &mut PgConnection, jobs: &[Job<PointsAward>]) -> sqlx::Result<()> {
+    let mut job_ids = Vec::with_capacity(jobs.len());
+    let mut tenants = Vec::with_capacity(jobs.len());
+    let mut accounts = Vec::with_capacity(jobs.len());
+    let mut points = Vec::with_capacity(jobs.len());
+    let mut at = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        job_ids.push(job.envelope.job_id.0);
+        tenants.push(job.envelope.tenant_id.0);
+        accounts.push(job.envelope.payload.account_id.as_str());
+        points.push(job.envelope.payload.points);
+        at.push(job.started_at);
+    }
+    sqlx::query(
+        "INSERT INTO reference.point_awards (job_id, tenant_id, account_id, points, awarded_at)
+         SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bigint[], $5::timestamptz[])",
+    )
+    .bind(&job_ids)
+    .bind(&tenants)
+    .bind(&accounts)
+    .bind(&points)
+    .bind(&at)
+    .execute(tx)
+    .await
+    .map(drop)
 }
 
 #[cfg(feature = "demo-faults")]

@@ -81,6 +81,8 @@ pub struct ConsumerConfig {
     pub deadline_margin: Duration,
     /// BetterStack alerting, unless disabled.
     pub alerts: Option<AlertConfig>,
+    /// One transaction per job, or per batch ([`COMMIT_MODE`]).
+    pub commit: crate::harness::CommitMode,
 }
 
 impl ConsumerConfig {
@@ -109,6 +111,7 @@ impl ConsumerConfig {
             metrics_namespace: env.parsed(METRICS_NAMESPACE, "JobHarness".to_owned())?,
             deadline_margin,
             alerts: AlertConfig::from_env(env)?,
+            commit: commit_mode(env)?,
         })
     }
 
@@ -120,6 +123,7 @@ impl ConsumerConfig {
             fence_ttl: self.fence.ttl,
             lock_timeout: self.fence.lock_timeout,
             contended_retry_after: self.fence.lock_timeout + Duration::from_secs(1),
+            commit: self.commit,
         }
     }
 
@@ -129,6 +133,18 @@ impl ConsumerConfig {
             concurrency: self.database.pool_size as usize,
             deadline_margin: self.deadline_margin,
         }
+    }
+}
+
+/// [`COMMIT_MODE`]: `per-job` (the default) or `batch`.
+fn commit_mode(env: &Env<'_>) -> Result<crate::harness::CommitMode, ConfigError> {
+    use crate::harness::CommitMode;
+    match env.get(COMMIT_MODE) {
+        None => Ok(CommitMode::PerJob),
+        Some(raw) => CommitMode::parse(raw.trim()).ok_or_else(|| ConfigError {
+            variable: COMMIT_MODE,
+            problem: format!("must be per-job or batch, got {raw:?}"),
+        }),
     }
 }
 

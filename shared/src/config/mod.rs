@@ -47,6 +47,8 @@ pub const FENCE_LOCK_TIMEOUT_MS: &str = "FENCE_LOCK_TIMEOUT_MS";
 pub const METRICS_NAMESPACE: &str = "METRICS_NAMESPACE";
 /// A record is started only with at least this many milliseconds left before the Lambda deadline.
 pub const DEADLINE_MARGIN_MS: &str = "DEADLINE_MARGIN_MS";
+/// Consumer: `per-job` (one transaction per job) or `batch` (one per SQS batch's new jobs).
+pub const COMMIT_MODE: &str = "COMMIT_MODE";
 /// The job queue a DLQ belongs to (the backstop ingester's letters name it; replay sends there).
 pub const JOB_QUEUE_NAME: &str = "JOB_QUEUE_NAME";
 /// The job queue's redrive `maxReceiveCount`.

@@ -139,6 +139,18 @@ fn the_redrive_count_must_exceed_the_attempts() {
 }
 
 #[test]
+fn the_commit_mode_is_per_job_unless_a_consumer_opts_into_batches() {
+    use crate::harness::CommitMode;
+    assert_eq!(load(&[]).unwrap().commit, CommitMode::PerJob);
+    let batch = load(&[(COMMIT_MODE, "batch")]).unwrap();
+    assert_eq!(batch.harness_settings().commit, CommitMode::Batch);
+    assert_eq!(
+        load(&[(COMMIT_MODE, "batched")]).unwrap_err().variable,
+        COMMIT_MODE
+    );
+}
+
+#[test]
 fn missing_and_malformed_variables_name_themselves() {
     let err = ConsumerConfig::from_env(&Env::from_pairs(&[(CONSUMER_NAME, "x")])).unwrap_err();
     assert!(

@@ -26,7 +26,9 @@ use std::time::Duration;
 use tracing::Instrument;
 
 mod attempt;
+mod batch;
 mod outcome;
+pub use batch::CommitMode;
 pub use outcome::{IncomingMessage, RecordOutcome};
 
 /// Incident steps one delivery round sends at most.
@@ -43,6 +45,8 @@ pub struct HarnessSettings {
     pub lock_timeout: Duration,
     /// Redelivery delay after a contended fence.
     pub contended_retry_after: Duration,
+    /// One transaction per job, or per batch.
+    pub commit: CommitMode,
 }
 
 /// Runs one [`Consumer`] over messages, with its pool, clock, RNG and metrics.

@@ -9,7 +9,7 @@ use rand::rngs::StdRng;
 use serde_json::{Value, json};
 use shared::clock::{Clock, ManualClock};
 use shared::consumer::{Consumer, Job, ProcessError};
-use shared::harness::{Harness, HarnessSettings, IncomingMessage};
+use shared::harness::{CommitMode, Harness, HarnessSettings, IncomingMessage, RecordOutcome};
 use shared::ids::{ConsumerName, JobId, TenantId};
 use shared::retry::RetryPolicy;
 use sqlx::{PgConnection, PgPool};
@@ -34,6 +34,7 @@ pub fn settings(policy: RetryPolicy) -> HarnessSettings {
         fence_ttl: Duration::from_secs(7 * 86_400),
         lock_timeout: Duration::from_secs(10),
         contended_retry_after: Duration::from_secs(2),
+        commit: Default::default(),
     }
 }
 
@@ -58,6 +59,29 @@ pub fn harness_with<C: Consumer>(
 
 pub fn harness<C: Consumer>(pool: &PgPool, consumer: C) -> Harness<C> {
     harness_with(pool, consumer, settings(RetryPolicy::default())).0
+}
+
+/// A harness that commits one transaction per job, or per batch.
+pub fn harness_in<C: Consumer>(pool: &PgPool, consumer: C, mode: CommitMode) -> Harness<C> {
+    let mut settings = settings(RetryPolicy::default());
+    settings.commit = mode;
+    harness_with(pool, consumer, settings).0
+}
+
+/// Delivers `msg` as the harness's mode would see it: alone per job; in batch mode, in an SQS
+/// batch with a new job of its own (so the batch's transaction is the one that runs it), whose
+/// outcome must be `Processed`. Returns `msg`'s outcome.
+pub async fn deliver<C: Consumer>(harness: &Harness<C>, msg: &IncomingMessage) -> RecordOutcome {
+    match harness.settings().commit {
+        CommitMode::PerJob => harness.process(msg).await,
+        CommitMode::Batch => {
+            let (_, companion) = job(award(1));
+            let batch = [msg.clone(), message(&companion, 1)];
+            let outcomes = harness.process_batch(&batch, &|| true, 10).await;
+            assert_eq!(outcomes[1], Some(RecordOutcome::Processed), "{outcomes:?}");
+            outcomes[0].clone().expect("started")
+        }
+    }
 }
 
 pub fn award_points() -> AwardPoints {

@@ -1,6 +1,6 @@
-//! `soak [jobs] [seed]`: the chaos soak's long form (default 10,000 jobs) on a throwaway
-//! PostgreSQL cluster of its own (restarted halfway, removed at the end) and the local SQS API.
-//! Prints the counts and exits non-zero if any invariant broke.
+//! `soak [jobs] [seed] [per-job|batch]`: the chaos soak's long form (default 10,000 jobs,
+//! per-job commits) on a throwaway PostgreSQL cluster of its own (restarted halfway, removed at
+//! the end) and the local SQS API. Prints the counts and exits non-zero if any invariant broke.
 
 use e2e::soak::{Restart, SoakSpec, run};
 use e2e::stack::{Binaries, StackSpec};
@@ -16,6 +16,11 @@ async fn main() {
     let seed = args
         .next()
         .map_or(1, |a| a.parse().expect("seed: a number"));
+    let mode = args
+        .next()
+        .map_or(shared::harness::CommitMode::PerJob, |a| {
+            shared::harness::CommitMode::parse(&a).expect("mode: per-job or batch")
+        });
     let cluster = ThrowawayCluster::start();
     let url = cluster.url();
     let admin = sqlx::PgPool::connect(&url).await.expect("connect");
@@ -28,6 +33,9 @@ async fn main() {
         &url,
         &format!("soak-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]),
     );
+    stack
+        .consumer_env
+        .push(("COMMIT_MODE".into(), mode.as_str().into()));
     stack.log_dir = Some(std::env::temp_dir().join("job-harness-soak"));
     std::fs::create_dir_all(stack.log_dir.as_ref().unwrap()).expect("log dir");
     let spec = SoakSpec {
@@ -40,7 +48,8 @@ async fn main() {
         timeout: Duration::from_secs(1800),
     };
     println!(
-        "soak: {jobs} jobs, seed {seed}, {} consumer sandboxes, a SIGKILL every ~{:?}, {:.0}% of deletes lost, PostgreSQL: {:?}",
+        "soak ({} commits): {jobs} jobs, seed {seed}, {} consumer sandboxes, a SIGKILL every ~{:?}, {:.0}% of deletes lost, PostgreSQL: {:?}",
+        mode.as_str(),
         spec.consumers,
         spec.kill_every,
         spec.delete_loss * 100.0,

@@ -1,0 +1,302 @@
+//! Batch mode (issue 17): one commit for an SQS batch's new jobs, with every guarantee per job.
+//! Duplicates are found in one statement without a transaction; concurrent batches that share
+//! jobs, in opposite orders, neither double nor deadlock; anything that stops a batch's
+//! transaction rolls it back whole and its jobs go one by one exactly as in per-job mode; a
+//! `COMMIT` whose reply is lost is settled through the fences. (AC1, AC2 and AC8 run in both
+//! modes in `acceptance.rs` and `tests/tests/ac2_crash.rs`; the chaos soak too.)
+
+mod support;
+
+use consumer::count_awards;
+use shared::dead_letter::{ErrorKind, letters_for_job};
+use shared::execution::ledger;
+use shared::fence::count_fences;
+use shared::harness::{CommitMode, IncomingMessage, RecordOutcome};
+use shared::ids::JobId;
+use shared::metrics::Metric;
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
+use std::sync::Arc;
+use support::commit_cutter::{CommitCutter, Cut};
+use support::*;
+use tokio::sync::Barrier;
+
+fn batch_of(bodies: &[String]) -> Vec<IncomingMessage> {
+    bodies.iter().map(|b| message(b, 1)).collect()
+}
+
+async fn run(
+    harness: &shared::harness::Harness<impl shared::consumer::Consumer>,
+    batch: &[IncomingMessage],
+) -> Vec<RecordOutcome> {
+    harness
+        .process_batch(batch, &|| true, 10)
+        .await
+        .into_iter()
+        .map(|o| o.expect("started"))
+        .collect()
+}
+
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn a_batch_commits_its_new_jobs_in_one_transaction(pool: PgPool) {
+    let harness = harness_in(&pool, award_points(), CommitMode::Batch);
+    let jobs: Vec<(JobId, String)> = (0..10).map(|i| job(award(i + 1))).collect();
+    let bodies: Vec<String> = jobs.iter().map(|(_, b)| b.clone()).collect();
+    let outcomes = run(&harness, &batch_of(&bodies)).await;
+    assert_eq!(outcomes, vec![RecordOutcome::Processed; 10]);
+    for (job_id, _) in &jobs {
+        assert_eq!(count_awards(&pool, *job_id).await.unwrap(), 1);
+        assert_eq!(count_fences(&pool, *job_id).await.unwrap(), 1);
+    }
+    let m = harness.metrics();
+    assert_eq!(
+        (m.get(Metric::BatchCommitted), m.get(Metric::Processed)),
+        (1, 10)
+    );
+    // The fences of one transaction: one xmin for all ten.
+    let xmins: i64 = sqlx::query_scalar(
+        "SELECT count(DISTINCT xmin::text) FROM core.processed_jobs WHERE consumer = 'award-points'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(xmins, 1, "one commit for the batch");
+}
+
+/// A batch of duplicates costs one statement and no transaction: with every insert into the
+/// fences blocked by a lock, it still answers at once.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn a_batch_of_duplicates_is_answered_by_one_lookup_without_a_transaction(pool: PgPool) {
+    for mode in [CommitMode::PerJob, CommitMode::Batch] {
+        let harness = harness_in(&pool, Counting::new(), mode);
+        let bodies: Vec<String> = (0..10).map(|_| job(award(1)).1).collect();
+        assert_eq!(
+            run(&harness, &batch_of(&bodies)).await,
+            vec![RecordOutcome::Processed; 10]
+        );
+        let calls = harness.consumer().calls();
+        let mut blocker = pool.begin().await.unwrap();
+        sqlx::query("LOCK TABLE core.processed_jobs IN EXCLUSIVE MODE")
+            .execute(&mut *blocker)
+            .await
+            .unwrap();
+        let again = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            run(&harness, &batch_of(&bodies)),
+        )
+        .await
+        .expect("no insert waited on the lock: the duplicates were found by a lookup");
+        blocker.rollback().await.unwrap();
+        assert_eq!(again, vec![RecordOutcome::Duplicate; 10], "{mode:?}");
+        assert_eq!(harness.consumer().calls(), calls, "the handler never ran");
+        assert_eq!(harness.metrics().get(Metric::DuplicateSkipped), 10);
+    }
+}
+
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn a_duplicate_inside_a_batch_is_skipped(pool: PgPool) {
+    let harness = harness_in(&pool, award_points(), CommitMode::Batch);
+    let (twice, body) = job(award(4));
+    let (other, other_body) = job(award(5));
+    let batch = [
+        message(&body, 1),
+        message(&other_body, 1),
+        message(&body, 1),
+    ];
+    let outcomes = run(&harness, &batch).await;
+    assert_eq!(
+        outcomes,
+        [
+            RecordOutcome::Processed,
+            RecordOutcome::Processed,
+            RecordOutcome::Duplicate
+        ]
+    );
+    assert_eq!(count_awards(&pool, twice).await.unwrap(), 1);
+    assert_eq!(count_awards(&pool, other).await.unwrap(), 1);
+}
+
+/// Two batches sharing ten jobs, one in the reverse order of the other, at the same moment, ten
+/// times: each job applied once, and no batch ever fails (a deadlock would abort one, which
+/// would then fall back to one job at a time). Each fence insert is slowed down (a test trigger
+/// sleeping 10 ms), so the two claims always overlap: claimed in the order they came, they
+/// deadlock every round.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn concurrent_batches_sharing_jobs_in_opposite_orders_neither_double_nor_deadlock(
+    _: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let pool = PgPoolOptions::new()
+        .max_connections(4)
+        .connect_with(connect)
+        .await
+        .unwrap();
+    sqlx::raw_sql(
+        "CREATE FUNCTION core.slow_fence() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN PERFORM pg_sleep(0.01); RETURN NEW; END $$;
+         CREATE TRIGGER slow_fence BEFORE INSERT ON core.processed_jobs
+             FOR EACH ROW EXECUTE FUNCTION core.slow_fence();",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let harness = Arc::new(harness_in(&pool, award_points(), CommitMode::Batch));
+    for round in 0..10 {
+        let jobs: Vec<(JobId, String)> = (0..10).map(|_| job(award(2))).collect();
+        let forward: Vec<String> = jobs.iter().map(|(_, b)| b.clone()).collect();
+        let backward: Vec<String> = forward.iter().rev().cloned().collect();
+        let start = Arc::new(Barrier::new(2));
+        let batches: Vec<_> = [forward, backward]
+            .into_iter()
+            .map(|bodies| {
+                let (harness, start) = (harness.clone(), start.clone());
+                tokio::spawn(async move {
+                    start.wait().await;
+                    run(&harness, &batch_of(&bodies)).await
+                })
+            })
+            .collect();
+        let mut processed = 0;
+        for batch in batches {
+            let outcomes = batch.await.unwrap();
+            assert!(outcomes.iter().all(RecordOutcome::is_ack), "{outcomes:?}");
+            processed += outcomes
+                .iter()
+                .filter(|o| **o == RecordOutcome::Processed)
+                .count();
+        }
+        assert_eq!(processed, 10, "round {round}: each job processed once");
+        for (job_id, _) in &jobs {
+            assert_eq!(
+                count_awards(&pool, *job_id).await.unwrap(),
+                1,
+                "round {round}"
+            );
+        }
+    }
+    assert_eq!(
+        harness.metrics().get(Metric::BatchFellBack),
+        0,
+        "no batch was aborted (a deadlock would have been)"
+    );
+}
+
+/// One poison job in a batch costs only itself: the batch rolls back, its jobs go one by one,
+/// the poison one becomes its letter on its first attempt, the others commit.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn a_poison_job_in_a_batch_costs_only_itself(pool: PgPool) {
+    let harness = harness_in(&pool, award_points(), CommitMode::Batch);
+    let mut jobs: Vec<(JobId, String)> = (0..4).map(|_| job(award(3))).collect();
+    jobs.insert(2, job(award(0))); // points must be positive: poison, as the handler says
+    let bodies: Vec<String> = jobs.iter().map(|(_, b)| b.clone()).collect();
+    let outcomes = run(&harness, &batch_of(&bodies)).await;
+    for (i, outcome) in outcomes.iter().enumerate() {
+        if i == 2 {
+            assert_eq!(
+                outcome.dead_letter_kind(),
+                Some(ErrorKind::Poison),
+                "{outcome:?}"
+            );
+        } else {
+            assert_eq!(*outcome, RecordOutcome::Processed);
+            assert_eq!(count_awards(&pool, jobs[i].0).await.unwrap(), 1);
+        }
+    }
+    let letters = letters_for_job(&pool, jobs[2].0, &consumer_name())
+        .await
+        .unwrap();
+    assert_eq!((letters.len(), letters[0].attempts), (1, 1));
+    let m = harness.metrics();
+    assert_eq!(
+        (m.get(Metric::BatchFellBack), m.get(Metric::BatchCommitted)),
+        (1, 0)
+    );
+}
+
+/// A failure of the batch's statement (a trigger refusing one job's row) falls back: the failing
+/// job is retried on its own with its own attempt count, the others commit, and nobody is
+/// charged for the batch's attempt.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn a_failing_statement_falls_back_and_retries_only_the_job_that_fails(pool: PgPool) {
+    sqlx::raw_sql(
+        "CREATE FUNCTION reference.refuse_boom() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF NEW.account_id = 'boom' THEN RAISE EXCEPTION 'ledger refused account boom'; END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER refuse_boom BEFORE INSERT ON reference.point_awards
+             FOR EACH ROW EXECUTE FUNCTION reference.refuse_boom();",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let harness = harness_in(&pool, award_points(), CommitMode::Batch);
+    let good: Vec<(JobId, String)> = (0..3).map(|_| job(award(1))).collect();
+    let bad = job(serde_json::json!({"account_id": "boom", "points": 1}));
+    let mut bodies: Vec<String> = good.iter().map(|(_, b)| b.clone()).collect();
+    bodies.push(bad.1.clone());
+    let outcomes = run(&harness, &batch_of(&bodies)).await;
+    assert_eq!(&outcomes[..3], vec![RecordOutcome::Processed; 3]);
+    assert!(
+        matches!(&outcomes[3], RecordOutcome::Retry { attempt: 1, error, .. } if error.contains("ledger refused")),
+        "{:?}",
+        outcomes[3]
+    );
+    for (job_id, _) in &good {
+        assert_eq!(count_awards(&pool, *job_id).await.unwrap(), 1);
+        assert_eq!(
+            ledger(&pool, *job_id, &consumer_name())
+                .await
+                .unwrap()
+                .executions,
+            0,
+            "not charged for the batch"
+        );
+    }
+    assert_eq!(
+        ledger(&pool, bad.0, &consumer_name())
+            .await
+            .unwrap()
+            .executions,
+        1
+    );
+}
+
+/// The batch's `COMMIT` reaches the server, but its reply is lost with the connection: the jobs
+/// then go one by one, and each finds its own fence committed, so none is applied twice.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn a_batch_whose_commit_reply_is_lost_settles_through_the_fences(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let pool = pool_opts
+        .clone()
+        .connect_with(connect.clone())
+        .await
+        .unwrap();
+    let cutter = CommitCutter::start(connect.get_port()).await;
+    let through = pool_opts
+        .connect_with(
+            connect
+                .host("127.0.0.1")
+                .port(cutter.port)
+                .ssl_mode(PgSslMode::Disable),
+        )
+        .await
+        .unwrap();
+    let harness = harness_in(&through, award_points(), CommitMode::Batch);
+    let jobs: Vec<(JobId, String)> = (0..5).map(|_| job(award(1))).collect();
+    let bodies: Vec<String> = jobs.iter().map(|(_, b)| b.clone()).collect();
+    cutter.arm(Cut::AfterCommitSent);
+    let outcomes = run(&harness, &batch_of(&bodies)).await;
+    assert!(cutter.fired());
+    assert!(outcomes.iter().all(RecordOutcome::is_ack), "{outcomes:?}");
+    for (job_id, _) in &jobs {
+        assert_eq!(
+            count_awards(&pool, *job_id).await.unwrap(),
+            1,
+            "applied once"
+        );
+    }
+    assert_eq!(harness.metrics().get(Metric::BatchFellBack), 1);
+}
