@@ -35,33 +35,38 @@ $$;
 COMMENT ON FUNCTION core.claim_fences(uuid[], text, uuid[], timestamptz, timestamptz, text) IS
     'Inserts the fences of a batch in job id order, waiting at most p_wait for a concurrent copy; returns the jobs inserted.';
 
--- core.finish_job for a batch: run last in the batch's transaction. Returns how many of the
--- fences of p_job_ids are this transaction's own; it fails (25P02) on an aborted transaction.
--- When all of them are, it ends the jobs' bookkeeping in the same transaction (their ledger rows
--- go, letters still pending for them are closed: their effect now commits).
-CREATE FUNCTION core.finish_jobs(p_job_ids uuid[], p_consumer text, p_message_ids text[], p_now timestamptz)
+-- core.finish_job for a batch: run last in the batch's transaction, in the same round trip as its
+-- COMMIT ("SELECT core.finish_jobs(…); COMMIT"): it raises unless every fence of p_job_ids is this
+-- transaction's own and the transaction is alive (on an aborted one it fails with 25P02), and
+-- PostgreSQL then skips the COMMIT that follows it. When it holds, it ends the jobs'
+-- bookkeeping in the same transaction: their ledger rows go, and letters still pending for them
+-- are closed (their effect now commits).
+CREATE FUNCTION core.finish_jobs(p_job_ids uuid[], p_consumer text, p_now timestamptz)
 RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
     owned integer;
 BEGIN
     SELECT count(*) INTO owned FROM core.processed_jobs
-     WHERE consumer = p_consumer AND job_id = ANY (p_job_ids)
+     WHERE job_id = ANY (p_job_ids) AND consumer = p_consumer
        AND xmin::text::bigint = (txid_current() % 4294967296);
     IF owned <> cardinality(p_job_ids) THEN
-        RETURN owned;
+        RAISE EXCEPTION 'the batch''s transaction is not whole: % of its % fences are its own (its work committed or rolled back the transaction itself)',
+            owned, cardinality(p_job_ids)
+            USING ERRCODE = 'invalid_transaction_state';
     END IF;
-    DELETE FROM core.job_executions WHERE consumer = p_consumer AND job_id = ANY (p_job_ids);
-    UPDATE core.dead_letters d
+    DELETE FROM core.job_executions WHERE job_id = ANY (p_job_ids) AND consumer = p_consumer;
+    -- job_id = ANY, the leading column of the pending-letter index: one probe per job, whatever
+    -- the number of letters pending for the consumer.
+    UPDATE core.dead_letters
        SET status = 'discarded',
-           discard_reason = format('the job committed through another delivery (message %s) after this letter was written; nothing to replay', m.message_id),
+           discard_reason = 'the job committed through another delivery (in a batch) after this letter was written; nothing to replay',
            reviewed_by = 'harness',
            reviewed_at = p_now
-      FROM unnest(p_job_ids, p_message_ids) AS m (job_id, message_id)
-     WHERE d.job_id = m.job_id AND d.consumer = p_consumer AND d.status = 'pending_review';
+     WHERE job_id = ANY (p_job_ids) AND consumer = p_consumer AND status = 'pending_review';
     RETURN owned;
 END
 $$;
 
-COMMENT ON FUNCTION core.finish_jobs(uuid[], text, text[], timestamptz) IS
-    'Run last in a batch''s transaction: how many of its fences are this transaction''s own; when all are, clears their ledger and closes letters pending for them.';
+COMMENT ON FUNCTION core.finish_jobs(uuid[], text, timestamptz) IS
+    'Run last in a batch''s transaction, with its COMMIT: raises unless every fence is this transaction''s own; clears their ledger and closes letters pending for them.';

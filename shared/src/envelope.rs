@@ -143,6 +143,18 @@ pub fn read_ids(body: &str) -> PartialIds {
         .unwrap_or_default()
 }
 
+/// Just the `job_id` of a body, if it has a readable one, as [`read_ids`] reads it, but without
+/// building the JSON (the rest is skipped, not kept): what a batch needs to look its fences up.
+pub fn read_job_id(body: &str) -> Option<JobId> {
+    #[derive(Deserialize)]
+    struct JobIdOnly<'a> {
+        #[serde(borrow)]
+        job_id: Option<std::borrow::Cow<'a, str>>,
+    }
+    let only: JobIdOnly<'_> = serde_json::from_str(body).ok()?;
+    only.job_id?.parse::<Uuid>().ok().map(JobId)
+}
+
 /// The message body as it is stored in a dead letter's `payload`: the JSON itself, or, for a
 /// body that is not JSON, a JSON string holding it verbatim.
 ///
@@ -173,6 +185,28 @@ mod tests {
     fn body(payload: Value) -> String {
         json!({"job_id": JOB, "tenant_id": TENANT, "correlation_id": "c-1", "payload": payload})
             .to_string()
+    }
+
+    #[test]
+    fn the_job_id_alone_reads_as_read_ids_reads_it() {
+        let body = body(json!({"points": 5, "nested": {"job_id": "not this one"}}));
+        assert_eq!(read_job_id(&body), read_ids(&body).job_id);
+        assert_eq!(read_job_id(&body).unwrap().to_string(), JOB);
+        for bad in [
+            "",
+            "not json",
+            "[1]",
+            r#"{"job_id": 7}"#,
+            r#"{"job_id": "nope"}"#,
+            "{}",
+        ] {
+            assert_eq!(read_job_id(bad), read_ids(bad).job_id, "{bad}");
+        }
+        assert_eq!(
+            read_job_id(r#"{"job_id": "6f1f2b1c-5a3e-4d55-9f0a-1a2b3c4d5e6f", "job_id": "x"}"#),
+            None,
+            "a duplicate key is no readable id"
+        );
     }
 
     #[test]

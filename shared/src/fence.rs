@@ -160,25 +160,24 @@ pub async fn claim_fences(
     Ok(claimed.into_iter().map(JobId).collect())
 }
 
-/// [`finish_job`] for a batch: the last statement before its `COMMIT`. True when every fence of
-/// `jobs` (with the message each came in) is this transaction's own and the transaction is
-/// alive; then their ledger rows go and letters pending for them are closed, in the batch's
-/// transaction. An aborted transaction fails here (`25P02`).
+/// [`finish_job`] for a batch: the last statement before its `COMMIT`. It fails unless every
+/// fence of `jobs` is this transaction's own and the transaction is alive (`25P02` on an aborted
+/// one, `25000` when the work ended the transaction itself); when it succeeds, their ledger rows
+/// go and letters pending for them are closed, in the batch's transaction.
 pub async fn finish_jobs(
     tx: &mut PgConnection,
     consumer: &ConsumerName,
-    jobs: &[(JobId, &str)],
+    jobs: &[JobId],
     now: DateTime<Utc>,
-) -> sqlx::Result<bool> {
-    let (ids, messages): (Vec<uuid::Uuid>, Vec<&str>) = jobs.iter().map(|(j, m)| (j.0, *m)).unzip();
-    let owned: i32 = sqlx::query_scalar("SELECT core.finish_jobs($1, $2, $3, $4)")
+) -> sqlx::Result<()> {
+    let ids: Vec<uuid::Uuid> = jobs.iter().map(|j| j.0).collect();
+    sqlx::query("SELECT core.finish_jobs($1, $2, $3)")
         .bind(&ids)
         .bind(consumer.as_str())
-        .bind(&messages)
         .bind(now)
-        .fetch_one(tx)
-        .await?;
-    Ok(owned as usize == jobs.len())
+        .execute(tx)
+        .await
+        .map(drop)
 }
 
 /// Which of `jobs` already have a committed fence for `consumer`: one statement for a whole

@@ -2,7 +2,8 @@
 //! Duplicates are found in one statement without a transaction; concurrent batches that share
 //! jobs, in opposite orders, neither double nor deadlock; anything that stops a batch's
 //! transaction rolls it back whole and its jobs go one by one exactly as in per-job mode; a
-//! `COMMIT` whose reply is lost is settled through the fences. (AC1, AC2 and AC8 run in both
+//! `COMMIT` whose reply is lost is settled through the fences; work that swallows an SQL error
+//! or ends the transaction itself is caught before `COMMIT`. (AC1, AC2 and AC8 run in both
 //! modes in `acceptance.rs` and `tests/tests/ac2_crash.rs`; the chaos soak too.)
 
 mod support;
@@ -297,6 +298,91 @@ async fn a_batch_whose_commit_reply_is_lost_settles_through_the_fences(
             1,
             "applied once"
         );
+    }
+    assert_eq!(harness.metrics().get(Metric::BatchFellBack), 1);
+}
+
+/// A batch consumer that misbehaves with the harness's transaction after doing its work: it
+/// swallows an SQL error (the transaction is then aborted, and its `COMMIT` would roll back
+/// without an error), or commits the transaction itself. Per job it behaves.
+#[derive(Clone, Copy)]
+enum Misbehaves {
+    SwallowsSqlError,
+    CommitsItself,
+}
+
+impl shared::consumer::Consumer for Misbehaves {
+    type Payload = consumer::PointsAward;
+    fn name(&self) -> &shared::ids::ConsumerName {
+        static NAME: std::sync::OnceLock<shared::ids::ConsumerName> = std::sync::OnceLock::new();
+        NAME.get_or_init(consumer_name)
+    }
+    async fn handle(
+        &self,
+        job: &shared::consumer::Job<Self::Payload>,
+        tx: &mut sqlx::PgConnection,
+    ) -> Result<(), shared::consumer::ProcessError> {
+        award_points().handle(job, tx).await
+    }
+    async fn handle_batch(
+        &self,
+        jobs: &[shared::consumer::Job<Self::Payload>],
+        tx: &mut sqlx::PgConnection,
+    ) -> Result<(), shared::consumer::ProcessError> {
+        award_points().handle_batch(jobs, tx).await?;
+        match self {
+            Misbehaves::SwallowsSqlError => {
+                let ignored = sqlx::query("SELECT 1 / 0").execute(&mut *tx).await;
+                assert!(ignored.is_err(), "the statement fails");
+            }
+            Misbehaves::CommitsItself => {
+                sqlx::raw_sql("COMMIT").execute(&mut *tx).await.unwrap();
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Issue 13's hole in batch mode: work that returns `Ok` from an aborted transaction is not
+/// acked with nothing committed. The check before `COMMIT` fails, the batch rolls back and its
+/// jobs run one by one, each committing its award once.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn a_batch_whose_work_swallows_an_sql_error_is_not_acked_with_nothing_committed(
+    pool: PgPool,
+) {
+    let harness = harness_in(&pool, Misbehaves::SwallowsSqlError, CommitMode::Batch);
+    let jobs: Vec<(JobId, String)> = (0..4).map(|i| job(award(i + 1))).collect();
+    let bodies: Vec<String> = jobs.iter().map(|(_, b)| b.clone()).collect();
+    let outcomes = run(&harness, &batch_of(&bodies)).await;
+    assert_eq!(outcomes, vec![RecordOutcome::Processed; 4]);
+    for (job_id, _) in &jobs {
+        assert_eq!(
+            count_awards(&pool, *job_id).await.unwrap(),
+            1,
+            "committed once"
+        );
+        assert_eq!(count_fences(&pool, *job_id).await.unwrap(), 1);
+    }
+    let m = harness.metrics();
+    assert_eq!(
+        (m.get(Metric::BatchCommitted), m.get(Metric::BatchFellBack)),
+        (0, 1)
+    );
+}
+
+/// Work that commits the harness's transaction itself: what it committed holds (each fence with
+/// its award), the harness does not count it as its own commit, and the jobs settle through
+/// their fences one by one: acked as duplicates, nothing doubled.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn a_batch_whose_work_commits_the_transaction_itself_doubles_nothing(pool: PgPool) {
+    let harness = harness_in(&pool, Misbehaves::CommitsItself, CommitMode::Batch);
+    let jobs: Vec<(JobId, String)> = (0..4).map(|i| job(award(i + 1))).collect();
+    let bodies: Vec<String> = jobs.iter().map(|(_, b)| b.clone()).collect();
+    let outcomes = run(&harness, &batch_of(&bodies)).await;
+    assert_eq!(outcomes, vec![RecordOutcome::Duplicate; 4]);
+    for (job_id, _) in &jobs {
+        assert_eq!(count_awards(&pool, *job_id).await.unwrap(), 1);
+        assert_eq!(count_fences(&pool, *job_id).await.unwrap(), 1);
     }
     assert_eq!(harness.metrics().get(Metric::BatchFellBack), 1);
 }

@@ -17,7 +17,7 @@
 
 use super::{Harness, IncomingMessage, RecordOutcome};
 use crate::consumer::{Consumer, Job, ProcessError};
-use crate::envelope::{Envelope, read_ids};
+use crate::envelope::{Envelope, read_job_id};
 use crate::execution::executions_of;
 use crate::fence::{claim_fences, finish_jobs, processed_among};
 use crate::ids::JobId;
@@ -66,7 +66,7 @@ impl<C: Consumer> Harness<C> {
         concurrency: usize,
     ) -> Vec<Option<RecordOutcome>> {
         let mut outcomes: Vec<Option<RecordOutcome>> = vec![None; msgs.len()];
-        let jobs: Vec<Option<JobId>> = msgs.iter().map(|m| read_ids(&m.body).job_id).collect();
+        let jobs: Vec<Option<JobId>> = msgs.iter().map(|m| read_job_id(&m.body)).collect();
         let known: Vec<JobId> = jobs.iter().flatten().copied().collect();
         // One round trip for the whole batch; if it fails, every record finds out on its own.
         let done = processed_among(&self.pool, self.consumer.name(), &known)
@@ -184,7 +184,7 @@ impl<C: Consumer> Harness<C> {
             .iter()
             .map(|(i, job)| (*job, msgs[*i].message_id.as_str()))
             .collect();
-        match self.attempt_together(jobs, &messages).await {
+        match self.attempt_together(jobs).await {
             Ok(claimed) => {
                 self.metrics.increment(Metric::BatchCommitted);
                 let mut settled = Vec::new();
@@ -217,7 +217,6 @@ impl<C: Consumer> Harness<C> {
     async fn attempt_together(
         &self,
         jobs: Vec<Job<C::Payload>>,
-        messages: &HashMap<JobId, &str>,
     ) -> Result<HashSet<JobId>, ProcessError> {
         let consumer = self.consumer.name();
         let started_at = jobs[0].started_at;
@@ -249,15 +248,12 @@ impl<C: Consumer> Harness<C> {
                 Ok(Err(error)) => return Err(error),
                 Err(_) => return Err(ProcessError::transient("the batch's work panicked")),
             }
-            let finished: Vec<(JobId, &str)> = to_run
-                .iter()
-                .map(|j| (j.envelope.job_id, messages[&j.envelope.job_id]))
-                .collect();
-            if !finish_jobs(&mut tx, consumer, &finished, started_at).await? {
-                return Err(ProcessError::transient(
-                    "the batch's work ended the harness's transaction itself (COMMIT or ROLLBACK)",
-                ));
-            }
+            let finished: Vec<JobId> = to_run.iter().map(|j| j.envelope.job_id).collect();
+            finish_jobs(&mut tx, consumer, &finished, started_at)
+                .await
+                .map_err(|e| {
+                    ProcessError::transient(format!("the batch's transaction is not whole: {e}"))
+                })?;
         }
         tx.commit().await.map_err(|e| {
             ProcessError::transient(format!(
