@@ -11,6 +11,9 @@
 //! }
 //! ```
 //!
+//! A consumer in batch mode is tested the same way on [`TestKit::in_batch_mode`], handing the
+//! harness an SQS batch with [`TestKit::deliver_batch`].
+//!
 //! Invariant: nothing here goes around the harness. A delivery is [`Harness::process`] on an
 //! [`IncomingMessage`] as the SQS path builds it; time is a [`ManualClock`], the backoff's RNG
 //! is seeded, so every run is the same.
@@ -19,7 +22,7 @@ use crate::clock::{Clock, ManualClock};
 use crate::consumer::Consumer;
 use crate::dead_letter::{DeadLetter, letters_for_job};
 use crate::fence::fence_exists;
-use crate::harness::{Harness, HarnessSettings, IncomingMessage, RecordOutcome};
+use crate::harness::{CommitMode, Harness, HarnessSettings, IncomingMessage, RecordOutcome};
 use crate::ids::{ConsumerName, JobId, TenantId};
 use crate::retry::RetryPolicy;
 use chrono::{DateTime, TimeZone, Utc};
@@ -73,13 +76,23 @@ impl<C: Consumer> TestKit<C> {
 
     /// `consumer` on `pool` with `policy` (a queue's own, as its template sets it).
     pub fn with_policy(pool: PgPool, consumer: C, policy: RetryPolicy) -> Self {
+        Self::build(pool, consumer, policy, CommitMode::PerJob)
+    }
+
+    /// `consumer` on `pool` in batch mode (`COMMIT_MODE=batch`): [`TestKit::deliver_batch`]
+    /// runs a batch's new jobs through [`Consumer::handle_batch`] on one transaction.
+    pub fn in_batch_mode(pool: PgPool, consumer: C) -> Self {
+        Self::build(pool, consumer, RetryPolicy::default(), CommitMode::Batch)
+    }
+
+    fn build(pool: PgPool, consumer: C, policy: RetryPolicy, commit: CommitMode) -> Self {
         let clock = Arc::new(ManualClock::new(Self::start()));
         let settings = HarnessSettings {
             policy,
             fence_ttl: Duration::from_secs(7 * 86_400),
             lock_timeout: Duration::from_secs(2),
             contended_retry_after: Duration::from_secs(3),
-            commit: Default::default(),
+            commit,
         };
         let dyn_clock: Arc<dyn Clock> = clock.clone();
         let harness = Harness::new(
@@ -132,6 +145,24 @@ impl<C: Consumer> TestKit<C> {
         self.harness
             .process(&self.message(&job.message_id, &job.body, receive_count))
             .await
+    }
+
+    /// The next delivery of each job's message, together as one SQS batch (up to 10), as the
+    /// Lambda hands it over: the outcomes in the batch's order.
+    pub async fn deliver_batch(&self, jobs: &[&TestJob]) -> Vec<RecordOutcome> {
+        let batch: Vec<IncomingMessage> = jobs
+            .iter()
+            .map(|job| {
+                let receive_count = job.deliveries.fetch_add(1, Ordering::SeqCst) + 1;
+                self.message(&job.message_id, &job.body, receive_count)
+            })
+            .collect();
+        self.harness
+            .process_batch(&batch, &|| true, batch.len().max(1))
+            .await
+            .into_iter()
+            .map(|outcome| outcome.expect("every record starts: no deadline in the kit"))
+            .collect()
     }
 
     /// Another message carrying the same job (a duplicate send, or a replay).
