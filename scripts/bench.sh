@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Benchmarks (not tests): ratios against a baseline measured in the same run, medians of
 # alternating rounds. Builds with the `perf` profile (optimized, quick to link).
+# `bash scripts/bench.sh [harness] [sweep] [api] [scale]` runs those parts (default: all).
 source "$(dirname "$0")/lib.sh"
 
 command -v cargo >/dev/null || die "cargo is not installed"
@@ -16,20 +17,33 @@ DATABASE_URL=$(database_url_for jobs_bench)
 export DATABASE_URL
 ensure_sqs_api
 ensure_pgbench
-BINS=(bench-harness bench-sweep bench-api local-consumer)
+PARTS=${*:-harness sweep api scale}
+part() { case " $PARTS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+BINS=(bench-harness bench-sweep bench-api bench-scale local-consumer)
 BIN_ARGS=$(printf -- '--bin %s ' "${BINS[@]}")
 step "Building the benchmarks (cargo build --profile perf -p e2e $BIN_ARGS)"
 # shellcheck disable=SC2086 # one word per flag and name
 cargo build --quiet --profile perf -p e2e $BIN_ARGS || die "the build failed"
-step "Harness vs pgbench: new jobs and duplicates at c = 1, 8, 32; the consumer's peak memory"
-target/perf/bench-harness || die "the harness benchmark failed"
-step "Sweeper: delete rate vs a raw batched DELETE, consumers with vs without a sweep"
-target/perf/bench-sweep || die "the sweep benchmark failed"
-step "Dead-letter API: p50/p95 at 1,000,000 letters (seeded once into jobs_bench)"
-target/perf/bench-api || die "the API benchmark failed"
+if part harness; then
+  step "Harness vs pgbench: per job at c = 1, 8, 32; batch mode at c = 8; the consumer's peak memory"
+  target/perf/bench-harness || die "the harness benchmark failed"
+fi
+if part sweep; then
+  step "Sweeper: delete rate vs a raw batched DELETE, consumers with vs without a sweep"
+  target/perf/bench-sweep || die "the sweep benchmark failed"
+fi
+if part api; then
+  step "Dead-letter API: p50/p95 at 1,000,000 letters (seeded once into jobs_bench)"
+  target/perf/bench-api || die "the API benchmark failed"
+fi
+if part scale; then
+  step "The fence table at 2 and 20 million live fences (database jobs_bench_scale, seeded anew: a few minutes, ~4 GB)"
+  DATABASE_URL=$(database_url_for jobs_bench_scale) target/perf/bench-scale || die "the scale benchmark failed"
+fi
 step "All figures: target/bench/results.json"
 python3 - <<'PY' || die "could not merge the results"
-import json
-parts = {name: json.load(open(f"target/bench/{name}.json")) for name in ("harness", "sweep", "api")}
+import json, os
+parts = {name: json.load(open(f"target/bench/{name}.json"))
+         for name in ("harness", "sweep", "api", "scale") if os.path.exists(f"target/bench/{name}.json")}
 json.dump(parts, open("target/bench/results.json", "w"), indent=2)
 PY

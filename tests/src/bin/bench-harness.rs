@@ -3,6 +3,9 @@
 //!
 //! - new jobs: fence + award + commit, at 1, 8 and 32 concurrent workers;
 //! - duplicates: the fence insert that conflicts, then a rollback;
+//! - batch mode (issue 17), 8 workers, batches of 10: new jobs against pgbench's per-job
+//!   transaction and against pgbench running batch mode's own statements; a batch of ten
+//!   duplicates against pgbench's duplicate path;
 //! - the consumer binary's peak memory over 5,000 jobs in batches of 10.
 //!
 //! Each pair runs alternately, in random order, for several rounds; medians and ratios are
@@ -27,6 +30,9 @@ const DUPS: u64 = 100_000;
 const RSS_BATCHES: usize = 500;
 /// Messages prepared per harness run: more than RUN can take at any concurrency here.
 const MESSAGES_PER_RUN: usize = 200_000;
+
+/// Jobs in one batch of batch mode.
+const BATCH: usize = 10;
 
 /// Transactions per second of `pgbench` running `file` with `clients` connections.
 fn pgbench(url: &str, file: &str, clients: usize) -> f64 {
@@ -71,6 +77,76 @@ fn message(job_id: uuid::Uuid) -> IncomingMessage {
         receive_count: 1,
         replay_of: None,
     }
+}
+
+/// Jobs per second of the harness in batch mode: `workers` concurrent workers, each handing it
+/// SQS batches of [`BATCH`] messages (new jobs, or already processed ones).
+async fn harness_batches(url: &str, workers: usize, duplicates: bool) -> f64 {
+    let pool = bench::warm_pool(url, workers).await;
+    let harness = Arc::new(e2e::harness_in(
+        pool.clone(),
+        AwardPoints::new(e2e::consumer_name()),
+        shared::harness::CommitMode::Batch,
+    ));
+    let mut rng: rand::rngs::StdRng = rand::make_rng();
+    // New jobs need fresh ids for the whole run; duplicates can go round a smaller set.
+    let count = if duplicates {
+        10_000
+    } else {
+        2 * MESSAGES_PER_RUN / BATCH
+    };
+    let batches: Arc<Vec<Vec<IncomingMessage>>> = Arc::new(
+        (0..count)
+            .map(|_| {
+                (0..BATCH)
+                    .map(|_| {
+                        let n = if duplicates {
+                            rng.random_range(1..=DUPS)
+                        } else {
+                            rng.random::<u64>()
+                        };
+                        message(uuid::Uuid::from_u128(n.into()))
+                    })
+                    .collect()
+            })
+            .collect(),
+    );
+    let expected = if duplicates {
+        RecordOutcome::Duplicate
+    } else {
+        RecordOutcome::Processed
+    };
+    let next = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..workers)
+        .map(|_| {
+            let (harness, next, done, batches) =
+                (harness.clone(), next.clone(), done.clone(), batches.clone());
+            let expected = expected.clone();
+            tokio::spawn(async move {
+                while started.elapsed() < RUN {
+                    let mut i = next.fetch_add(1, Ordering::Relaxed) as usize;
+                    if duplicates {
+                        i %= batches.len();
+                    }
+                    let batch = batches.get(i).expect("enough batches for RUN");
+                    let outcomes = harness.process_batch(batch, &|| true, 1).await;
+                    assert!(
+                        outcomes.iter().all(|o| o.as_ref() == Some(&expected)),
+                        "{outcomes:?}"
+                    );
+                    done.fetch_add(BATCH as u64, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    let rate = jobs_per_second(tasks, &done, started, pool).await;
+    let fell_back = harness
+        .metrics()
+        .get(shared::metrics::Metric::BatchFellBack);
+    assert_eq!(fell_back, 0, "every batch committed whole");
+    rate
 }
 
 /// Jobs per second of the harness with `workers` concurrent workers, each on its own connection.
@@ -215,6 +291,92 @@ async fn trio(url: &str, name: &str, script: &str, workers: usize, duplicates: b
            "baseline_runs": base, "bare_sqlx_runs": bare, "our_runs": ours})
 }
 
+/// Batch mode's figures: `ROUNDS` rounds of each side in random order. New jobs: ours against
+/// pgbench's per-job transaction and against pgbench running batch mode's statements (one
+/// transaction is ten jobs), and those statements step by step; duplicates: ours against
+/// pgbench's duplicate path.
+async fn batch_figures(url: &str, workers: usize) -> Vec<Value> {
+    let (mut per_job, mut batch_sql, mut ours) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut dup_base, mut dup_ours) = (Vec::new(), Vec::new());
+    // What each of the guarantee's statements costs: pgbench on the least a batch can send,
+    // then adding the duplicate lookup, then the ordered, bounded claim (then the finish check:
+    // the set SQL above).
+    let steps = ["minimal", "lookup", "claim"];
+    let mut step_runs: Vec<Vec<f64>> = vec![Vec::new(); steps.len()];
+    for _ in 0..ROUNDS {
+        let mut order = [0, 1, 2, 3, 4, 5, 6, 7];
+        order.shuffle(&mut rand::rng());
+        for side in order {
+            match side {
+                0 => per_job.push(pgbench(url, "fence_effect.sql", workers)),
+                1 => batch_sql.push(pgbench(url, "batch_fence_effect.sql", workers) * BATCH as f64),
+                2 => ours.push(harness_batches(url, workers, false).await),
+                3 => dup_base.push(pgbench(url, "duplicate.sql", workers)),
+                4 => dup_ours.push(harness_batches(url, workers, true).await),
+                step => step_runs[step - 5].push(
+                    pgbench(url, &format!("batch_step_{}.sql", steps[step - 5]), workers)
+                        * BATCH as f64,
+                ),
+            }
+        }
+    }
+    let (p, b, o) = (
+        median(per_job.clone()),
+        median(batch_sql.clone()),
+        median(ours.clone()),
+    );
+    let (db, dn) = (median(dup_base.clone()), median(dup_ours.clone()));
+    println!(
+        "\n{:<34} {:>12} {:>12} {:>10} {:>8} {:>8}",
+        "batch mode, jobs/s", "pgbench/job", "pgbench set", "harness", "/job", "/set"
+    );
+    println!(
+        "{:<34} {p:>12.0} {b:>12.0} {o:>10.0} {:>8.2} {:>8.2}   goals: >= 3 per job, >= 0.8 of the set SQL",
+        format!("new jobs, batches of {BATCH}, c = {workers}"),
+        o / p,
+        o / b
+    );
+    println!(
+        "{:<34} {db:>12.0} {:>12} {dn:>10.0} {:>8.2} {:>8}   goal: >= 5 x pgbench's duplicate path",
+        format!("duplicates, batches of {BATCH}, c = {workers}"),
+        "-",
+        dn / db,
+        "-"
+    );
+    let step_rates: Vec<f64> = step_runs.iter().map(|runs| median(runs.clone())).collect();
+    println!(
+        "{:<34} {}, + finish (the set SQL) {b:.0}: {} x pgbench/job",
+        "the set SQL, step by step, jobs/s",
+        steps
+            .iter()
+            .zip(&step_rates)
+            .map(|(step, rate)| format!("{step} {rate:.0}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        step_rates
+            .iter()
+            .chain([&b])
+            .map(|rate| format!("{:.2}", rate / p))
+            .collect::<Vec<_>>()
+            .join(" / ")
+    );
+    let step_figures: Vec<Value> = steps
+        .iter()
+        .zip(step_rates.iter().zip(&step_runs))
+        .map(|(step, (rate, runs))| json!({"step": step, "jobs_per_s": rate, "ratio_to_per_job": rate / p, "runs": runs}))
+        .collect();
+    vec![
+        json!({"figure": format!("batch mode, new jobs, batches of {BATCH}, c = {workers}"), "unit": "jobs/s",
+               "baseline": p, "baseline_set_sql": b, "ours": o, "ratio": o / p, "ratio_to_set_sql": o / b,
+               "goal_ratio": 3.0, "goal_ratio_to_set_sql": 0.8,
+               "baseline_runs": per_job, "set_sql_runs": batch_sql, "our_runs": ours,
+               "set_sql_steps": step_figures}),
+        json!({"figure": format!("batch mode, duplicates, batches of {BATCH}, c = {workers}"), "unit": "jobs/s",
+               "baseline": db, "ours": dn, "ratio": dn / db, "goal_ratio": 5.0,
+               "baseline_runs": dup_base, "our_runs": dup_ours}),
+    ]
+}
+
 fn sqs_event(jobs: usize) -> Value {
     let records: Vec<Value> = (0..jobs)
         .map(|_| {
@@ -300,6 +462,9 @@ async fn main() {
                 figures.push(trio(&url, &name, script, workers, duplicates).await);
             }
         }
+    }
+    if "batch mode".contains(&only) || only.is_empty() {
+        figures.extend(batch_figures(&url, 8).await);
     }
     if !only.is_empty() {
         return;

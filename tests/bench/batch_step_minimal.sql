@@ -1,0 +1,20 @@
+-- pgbench -M prepared: one step of batch mode's statements, to see what each costs (docs/performance.md).
+-- BEGIN, the ten fences by a plain INSERT … ON CONFLICT DO NOTHING, the ten awards, COMMIT: the least a batch can send. One transaction is ten jobs.
+\set j0 random(1, 9223372036854775806)
+\set j1 random(1, 9223372036854775806)
+\set j2 random(1, 9223372036854775806)
+\set j3 random(1, 9223372036854775806)
+\set j4 random(1, 9223372036854775806)
+\set j5 random(1, 9223372036854775806)
+\set j6 random(1, 9223372036854775806)
+\set j7 random(1, 9223372036854775806)
+\set j8 random(1, 9223372036854775806)
+\set j9 random(1, 9223372036854775806)
+BEGIN;
+INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, processed_at, expires_at)
+SELECT j, 'award-points', '00000000-0000-0000-0000-000000000001', now(), now() + interval '7 days' FROM unnest(ARRAY[lpad(to_hex(:j0::bigint), 32, '0')::uuid, lpad(to_hex(:j1::bigint), 32, '0')::uuid, lpad(to_hex(:j2::bigint), 32, '0')::uuid, lpad(to_hex(:j3::bigint), 32, '0')::uuid, lpad(to_hex(:j4::bigint), 32, '0')::uuid, lpad(to_hex(:j5::bigint), 32, '0')::uuid, lpad(to_hex(:j6::bigint), 32, '0')::uuid, lpad(to_hex(:j7::bigint), 32, '0')::uuid, lpad(to_hex(:j8::bigint), 32, '0')::uuid, lpad(to_hex(:j9::bigint), 32, '0')::uuid]) AS j ORDER BY j ON CONFLICT DO NOTHING RETURNING job_id;
+INSERT INTO reference.point_awards (job_id, tenant_id, account_id, points, awarded_at)
+SELECT * FROM unnest(ARRAY[lpad(to_hex(:j0::bigint), 32, '0')::uuid, lpad(to_hex(:j1::bigint), 32, '0')::uuid, lpad(to_hex(:j2::bigint), 32, '0')::uuid, lpad(to_hex(:j3::bigint), 32, '0')::uuid, lpad(to_hex(:j4::bigint), 32, '0')::uuid, lpad(to_hex(:j5::bigint), 32, '0')::uuid, lpad(to_hex(:j6::bigint), 32, '0')::uuid, lpad(to_hex(:j7::bigint), 32, '0')::uuid, lpad(to_hex(:j8::bigint), 32, '0')::uuid, lpad(to_hex(:j9::bigint), 32, '0')::uuid],
+    array_fill('00000000-0000-0000-0000-000000000001'::uuid, ARRAY[10]), array_fill('a'::text, ARRAY[10]),
+    array_fill(1::bigint, ARRAY[10]), array_fill(now(), ARRAY[10]));
+COMMIT;
