@@ -35,12 +35,11 @@ $$;
 COMMENT ON FUNCTION core.claim_fences(uuid[], text, uuid[], timestamptz, timestamptz, text) IS
     'Inserts the fences of a batch in job id order, waiting at most p_wait for a concurrent copy; returns the jobs inserted.';
 
--- core.finish_job for a batch: run last in the batch's transaction, in the same round trip as its
--- COMMIT ("SELECT core.finish_jobs(…); COMMIT"): it raises unless every fence of p_job_ids is this
--- transaction's own and the transaction is alive (on an aborted one it fails with 25P02), and
--- PostgreSQL then skips the COMMIT that follows it. When it holds, it ends the jobs'
--- bookkeeping in the same transaction: their ledger rows go, and letters still pending for them
--- are closed (their effect now commits).
+-- core.finish_job for a batch: the last statement of the batch's transaction before its COMMIT.
+-- It raises unless every fence of p_job_ids is this transaction's own and the transaction is
+-- alive (on an aborted one it fails with 25P02), and the harness then rolls back instead of
+-- committing. When it holds, it ends the jobs' bookkeeping in the same transaction: their ledger
+-- rows go, and letters still pending for them are closed (their effect now commits).
 CREATE FUNCTION core.finish_jobs(p_job_ids uuid[], p_consumer text, p_now timestamptz)
 RETURNS integer
 LANGUAGE plpgsql AS $$
