@@ -132,6 +132,10 @@ pub struct SoakReport {
     pub duplicates_skipped: u64,
     /// `Retried`, summed.
     pub retried: u64,
+    /// `BatchCommitted`, summed: batches whose new jobs committed in one transaction.
+    pub batches_committed: u64,
+    /// `BatchFellBack`, summed: batches whose transaction stopped, their jobs then run one by one.
+    pub batches_fell_back: u64,
     /// Dead letters by kind.
     pub dead_lettered: BTreeMap<String, u64>,
     /// Consumer processes killed with SIGKILL.
@@ -184,6 +188,11 @@ impl fmt::Display for SoakReport {
         )?;
         writeln!(f, "duplicates skipped  {:>7}", self.duplicates_skipped)?;
         writeln!(f, "retried             {:>7}", self.retried)?;
+        writeln!(
+            f,
+            "batches             {:>7}  committed whole, {} fell back to one job at a time",
+            self.batches_committed, self.batches_fell_back
+        )?;
         for (kind, n) in &self.dead_lettered {
             writeln!(f, "dead-lettered       {n:>7}  {kind}")?;
         }
@@ -362,6 +371,8 @@ pub async fn run(spec: &SoakSpec, stack_spec: StackSpec, admin: &PgPool) -> Soak
         let m = host.metrics();
         report.duplicates_skipped += m.get("DuplicateSkipped").copied().unwrap_or(0);
         report.retried += m.get("Retried").copied().unwrap_or(0);
+        report.batches_committed += m.get("BatchCommitted").copied().unwrap_or(0);
+        report.batches_fell_back += m.get("BatchFellBack").copied().unwrap_or(0);
     }
     report.seconds = started.elapsed().as_secs_f64();
     report

@@ -56,4 +56,9 @@ async fn soak(mode: CommitMode) {
         report.duplicates_sent * 5 >= report.published,
         "at least 20% duplicates"
     );
+    // The mode really is the one soaked: batch mode commits batches whole, per-job mode none.
+    match mode {
+        CommitMode::Batch => assert!(report.batches_committed > 0, "{report}"),
+        CommitMode::PerJob => assert_eq!(report.batches_committed, 0, "{report}"),
+    }
 }
