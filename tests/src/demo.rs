@@ -69,19 +69,27 @@ fn envelope(payload: Value) -> String {
 /// replayed in bulk once it is back (phase 5).
 const PARTNER_JOBS: usize = 4;
 
-/// The partner ledger's outage: every award to a `partner-` account fails, as a provider that
-/// is down makes a job fail, each with its account in the error (one failure group all the same).
-const PARTNER_OUTAGE: &str =
-    "CREATE OR REPLACE FUNCTION reference.demo_partner_ledger() RETURNS trigger
-    LANGUAGE plpgsql AS $$
-    BEGIN
-        IF NEW.account_id LIKE 'partner-%' THEN
-            RAISE EXCEPTION 'partner ledger offline: account \"%\" not credited', NEW.account_id;
-        END IF;
-        RETURN NEW;
-    END $$;
-    CREATE OR REPLACE TRIGGER demo_partner_ledger BEFORE INSERT ON reference.point_awards
-        FOR EACH ROW EXECUTE FUNCTION reference.demo_partner_ledger();";
+/// The partner ledger's outage (`online: false`) or its return: while it is out, every award to
+/// a `partner-` account fails, as a provider that is down makes a job fail, each with its
+/// account in the error (one failure group all the same). The demo and the operator tool's
+/// tests both stage it.
+pub async fn partner_ledger(db: &sqlx::PgPool, online: bool) -> sqlx::Result<()> {
+    let sql = if online {
+        "DROP TRIGGER partner_ledger_offline ON reference.point_awards"
+    } else {
+        "CREATE OR REPLACE FUNCTION reference.partner_ledger_offline() RETURNS trigger
+         LANGUAGE plpgsql AS $$
+         BEGIN
+             IF NEW.account_id LIKE 'partner-%' THEN
+                 RAISE EXCEPTION 'partner ledger offline: account \"%\" not credited', NEW.account_id;
+             END IF;
+             RETURN NEW;
+         END $$;
+         CREATE OR REPLACE TRIGGER partner_ledger_offline BEFORE INSERT ON reference.point_awards
+             FOR EACH ROW EXECUTE FUNCTION reference.partner_ledger_offline();"
+    };
+    sqlx::raw_sql(sql).execute(db).await.map(drop)
+}
 
 /// The messages of the workload, each with what it shows.
 fn workload() -> Vec<(&'static str, String)> {
@@ -152,8 +160,7 @@ pub async fn run(database_url: &str, queue: &str, log_dir: PathBuf) -> BTreeMap<
     let db = sqlx::PgPool::connect(database_url)
         .await
         .expect("the demo database");
-    sqlx::raw_sql(PARTNER_OUTAGE)
-        .execute(&db)
+    partner_ledger(&db, false)
         .await
         .expect("the partner ledger's outage");
     let start = Instant::now();
@@ -199,8 +206,7 @@ pub async fn run(database_url: &str, queue: &str, log_dir: PathBuf) -> BTreeMap<
         "\nphase 5: the partner ledger is back; on call replays its failure group in bulk with dlq, \
          over HTTP through the local gateway"
     );
-    sqlx::raw_sql("DROP TRIGGER demo_partner_ledger ON reference.point_awards")
-        .execute(&db)
+    partner_ledger(&db, true)
         .await
         .expect("the partner ledger back");
     sent += bulk_replay(&stack).await;

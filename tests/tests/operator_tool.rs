@@ -6,6 +6,7 @@
 //! interrupted run resumed finishes the rest without touching what was done.
 
 use consumer::count_awards;
+use e2e::demo::partner_ledger;
 use e2e::gateway::{DevToken, Gateway};
 use e2e::stack::Stack;
 use serde_json::{Value, json};
@@ -62,32 +63,10 @@ async fn setup(pool_opts: PgPoolOptions, connect: PgConnectOptions) -> Setup {
     }
 }
 
-/// The partner's ledger refuses every award to a `partner-` account, as an outage would.
-async fn partner_ledger(pool: &PgPool, online: bool) {
-    let sql = if online {
-        "DROP TRIGGER partner_ledger_offline ON reference.point_awards"
-    } else {
-        "CREATE OR REPLACE FUNCTION reference.partner_ledger_offline() RETURNS trigger
-         LANGUAGE plpgsql AS $$
-         BEGIN
-             IF NEW.account_id LIKE 'partner-%' THEN
-                 RAISE EXCEPTION 'partner ledger offline: account \"%\" not credited', NEW.account_id;
-             END IF;
-             RETURN NEW;
-         END $$;
-         CREATE TRIGGER partner_ledger_offline BEFORE INSERT ON reference.point_awards
-             FOR EACH ROW EXECUTE FUNCTION reference.partner_ledger_offline();"
-    };
-    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-        .execute(pool)
-        .await
-        .unwrap();
-}
-
 /// `n` partner jobs fail during the outage (next to two that go through); returns their jobs
 /// and their group, once every one has its letter.
 async fn an_outage(s: &Setup, n: usize) -> (Vec<JobId>, GroupId) {
-    partner_ledger(&s.pool, false).await;
+    partner_ledger(&s.pool, false).await.unwrap();
     let mut jobs = Vec::new();
     for i in 0..n {
         let job = JobId(Uuid::new_v4());
@@ -272,7 +251,7 @@ async fn a_dry_run_changes_nothing_and_a_bulk_replay_applies_each_job_of_the_gro
     );
     assert_eq!(e2e::api_client::fingerprint(&s.pool).await, before);
 
-    partner_ledger(&s.pool, true).await; // the cause is fixed
+    partner_ledger(&s.pool, true).await.unwrap(); // the cause is fixed
     let bulk = run(
         &s,
         &token,
@@ -356,7 +335,7 @@ async fn an_interrupted_bulk_replay_resumed_finishes_the_rest_without_touching_t
 ) {
     let s = setup(pool_opts, connect).await;
     let (jobs, group) = an_outage(&s, 6).await;
-    partner_ledger(&s.pool, true).await;
+    partner_ledger(&s.pool, true).await.unwrap();
     let g = group.to_string();
     let token = s.operator.token.clone();
     let args = [
