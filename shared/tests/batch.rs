@@ -16,9 +16,9 @@ use shared::harness::{CommitMode, IncomingMessage, RecordOutcome};
 use shared::ids::JobId;
 use shared::metrics::Metric;
 use sqlx::PgPool;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use std::sync::Arc;
-use support::commit_cutter::{CommitCutter, Cut};
+use support::commit_cutter::{Cut, pools_through};
 use support::*;
 use tokio::sync::Barrier;
 
@@ -270,21 +270,7 @@ async fn a_batch_whose_commit_reply_is_lost_settles_through_the_fences(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    let pool = pool_opts
-        .clone()
-        .connect_with(connect.clone())
-        .await
-        .unwrap();
-    let cutter = CommitCutter::start(connect.get_port()).await;
-    let through = pool_opts
-        .connect_with(
-            connect
-                .host("127.0.0.1")
-                .port(cutter.port)
-                .ssl_mode(PgSslMode::Disable),
-        )
-        .await
-        .unwrap();
+    let (pool, cutter, through) = pools_through(pool_opts, connect).await;
     let harness = harness_in(&through, award_points(), CommitMode::Batch);
     let jobs: Vec<(JobId, String)> = (0..5).map(|_| job(award(1))).collect();
     let bodies: Vec<String> = jobs.iter().map(|(_, b)| b.clone()).collect();

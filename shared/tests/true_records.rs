@@ -13,11 +13,11 @@ use shared::harness::{HarnessSettings, IncomingMessage, RecordOutcome};
 use shared::ids::{ConsumerName, DeadLetterId, JobId, TenantId};
 use shared::retry::RetryPolicy;
 use shared::sweeper::{SweepSettings, sweep};
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgConnection, PgPool};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
-use support::commit_cutter::{CommitCutter, Cut};
+use support::commit_cutter::{CommitCutter, Cut, pools_through};
 use support::*;
 use uuid::Uuid;
 
@@ -548,21 +548,7 @@ async fn through_a_commit_cutter(
     CommitCutter,
     shared::harness::Harness<consumer::AwardPoints>,
 ) {
-    let pool = pool_opts
-        .clone()
-        .connect_with(connect.clone())
-        .await
-        .unwrap();
-    let cutter = CommitCutter::start(connect.get_port()).await;
-    let through = pool_opts
-        .connect_with(
-            connect
-                .host("127.0.0.1")
-                .port(cutter.port)
-                .ssl_mode(PgSslMode::Disable),
-        )
-        .await
-        .unwrap();
+    let (pool, cutter, through) = pools_through(pool_opts, connect).await;
     (pool, cutter, harness(&through, award_points()))
 }
 

@@ -228,6 +228,30 @@ pub mod commit_cutter {
         }
     }
 
+    /// The test's own pool on `connect`, a cutter in front of its server, and a pool of the
+    /// same options whose connections go through the cutter.
+    pub async fn pools_through(
+        pool_opts: sqlx::postgres::PgPoolOptions,
+        connect: sqlx::postgres::PgConnectOptions,
+    ) -> (sqlx::PgPool, CommitCutter, sqlx::PgPool) {
+        let pool = pool_opts
+            .clone()
+            .connect_with(connect.clone())
+            .await
+            .unwrap();
+        let cutter = CommitCutter::start(connect.get_port()).await;
+        let through = pool_opts
+            .connect_with(
+                connect
+                    .host("127.0.0.1")
+                    .port(cutter.port)
+                    .ssl_mode(sqlx::postgres::PgSslMode::Disable),
+            )
+            .await
+            .unwrap();
+        (pool, cutter, through)
+    }
+
     async fn relay(client: TcpStream, server: TcpStream, cut: Arc<AtomicU8>) {
         let (mut client_read, mut client_write) = client.into_split();
         let (mut server_read, mut server_write) = server.into_split();
