@@ -23,7 +23,7 @@ use crate::fence::{claim_fences, finish_jobs, processed_among};
 use crate::ids::JobId;
 use crate::metrics::Metric;
 use futures_util::{FutureExt, StreamExt};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::panic::AssertUnwindSafe;
 
 /// How a consumer commits its new jobs.
@@ -150,20 +150,18 @@ impl<C: Consumer> Harness<C> {
     ) -> (Vec<(usize, RecordOutcome)>, Vec<usize>) {
         let mut alone = Vec::new();
         let mut runners: Vec<(usize, Envelope<C::Payload>)> = Vec::new();
-        let mut copies: Vec<(usize, JobId)> = Vec::new();
+        let mut copies: Vec<usize> = Vec::new();
         let mut seen = HashSet::new();
         for &i in fresh {
             match Envelope::<C::Payload>::parse(&msgs[i].body) {
                 Err(_) => alone.push(i),
-                Ok(envelope) if !seen.insert(envelope.job_id) => {
-                    copies.push((i, envelope.job_id));
-                }
+                Ok(envelope) if !seen.insert(envelope.job_id) => copies.push(i),
                 Ok(envelope) => runners.push((i, envelope)),
             }
         }
         if runners.len() < 2 {
             alone.extend(runners.iter().map(|(i, _)| *i));
-            alone.extend(copies.iter().map(|(i, _)| *i));
+            alone.extend(&copies);
             return (Vec::new(), alone);
         }
         // In job id order: the fences are claimed so (`core.claim_fences` orders them too), and
@@ -180,24 +178,25 @@ impl<C: Consumer> Harness<C> {
                 metrics: self.metrics.clone(),
             })
             .collect();
-        let messages: HashMap<JobId, &str> = indices
-            .iter()
-            .map(|(i, job)| (*job, msgs[*i].message_id.as_str()))
-            .collect();
         match self.attempt_together(jobs).await {
             Ok(claimed) => {
                 self.metrics.increment(Metric::BatchCommitted);
-                let mut settled = Vec::new();
-                for (i, job) in indices.iter().chain(copies.iter()) {
-                    let first = messages.get(job) == Some(&msgs[*i].message_id.as_str());
-                    let outcome = if first && claimed.contains(job) {
-                        RecordOutcome::Processed
-                    } else {
-                        RecordOutcome::Duplicate
-                    };
-                    self.metrics.increment(outcome.metric());
-                    settled.push((*i, outcome));
-                }
+                // A job's first record in the batch ran it (unless its fence was already
+                // there); its later copies are duplicates of it.
+                let runs = indices.iter().map(|&(i, job)| (i, claimed.contains(&job)));
+                let dups = copies.iter().map(|&i| (i, false));
+                let settled = runs
+                    .chain(dups)
+                    .map(|(i, ran)| {
+                        let outcome = if ran {
+                            RecordOutcome::Processed
+                        } else {
+                            RecordOutcome::Duplicate
+                        };
+                        self.metrics.increment(outcome.metric());
+                        (i, outcome)
+                    })
+                    .collect();
                 (settled, alone)
             }
             Err(reason) => {
@@ -205,7 +204,7 @@ impl<C: Consumer> Harness<C> {
                 tracing::warn!(jobs = indices.len(), reason = %reason,
                     "the batch did not commit; its jobs run one by one");
                 alone.extend(indices.iter().map(|(i, _)| *i));
-                alone.extend(copies.iter().map(|(i, _)| *i));
+                alone.extend(&copies);
                 (Vec::new(), alone)
             }
         }
