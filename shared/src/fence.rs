@@ -57,20 +57,16 @@ pub async fn claim_fence(
 ) -> Result<FenceClaim, FenceError> {
     // One round trip: `core.claim_fence` sets the lock timeout for the insert only (see its
     // migration), so the transaction is BEGIN, claim, work, COMMIT.
-    let expires_at = now + chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::MAX);
     let inserted: bool = sqlx::query_scalar("SELECT core.claim_fence($1, $2, $3, $4, $5, $6)")
         .bind(job_id.0)
         .bind(consumer.as_str())
         .bind(tenant_id.0)
         .bind(now)
-        .bind(expires_at)
-        .bind(format!("{}ms", wait.as_millis().max(1)))
+        .bind(expiry(now, ttl))
+        .bind(lock_wait(wait))
         .fetch_one(&mut *tx)
         .await
-        .map_err(|e| match e.as_database_error().and_then(|d| d.code()) {
-            Some(code) if code == LOCK_NOT_AVAILABLE => FenceError::Contended,
-            _ => FenceError::Database(e),
-        })?;
+        .map_err(claim_error)?;
     Ok(if inserted {
         FenceClaim::Claimed
     } else {
@@ -140,7 +136,6 @@ pub async fn claim_fences(
     ttl: Duration,
     wait: Duration,
 ) -> Result<std::collections::HashSet<JobId>, FenceError> {
-    let expires_at = now + chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::MAX);
     let (ids, tenants): (Vec<uuid::Uuid>, Vec<uuid::Uuid>) =
         jobs.iter().map(|(j, t)| (j.0, t.0)).unzip();
     let claimed: Vec<uuid::Uuid> =
@@ -149,15 +144,31 @@ pub async fn claim_fences(
             .bind(consumer.as_str())
             .bind(&tenants)
             .bind(now)
-            .bind(expires_at)
-            .bind(format!("{}ms", wait.as_millis().max(1)))
+            .bind(expiry(now, ttl))
+            .bind(lock_wait(wait))
             .fetch_all(&mut *tx)
             .await
-            .map_err(|e| match e.as_database_error().and_then(|d| d.code()) {
-                Some(code) if code == LOCK_NOT_AVAILABLE => FenceError::Contended,
-                _ => FenceError::Database(e),
-            })?;
+            .map_err(claim_error)?;
     Ok(claimed.into_iter().map(JobId).collect())
+}
+
+/// A fence's `expires_at`: `now + ttl`, saturating.
+fn expiry(now: DateTime<Utc>, ttl: Duration) -> DateTime<Utc> {
+    now + chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::MAX)
+}
+
+/// A claim's bounded wait as the claim functions take it (a `lock_timeout` value, at least 1 ms:
+/// 0 would mean no bound).
+fn lock_wait(wait: Duration) -> String {
+    format!("{}ms", wait.as_millis().max(1))
+}
+
+/// A claim that ran out of its wait is contended; anything else is the database's error.
+fn claim_error(e: sqlx::Error) -> FenceError {
+    match e.as_database_error().and_then(|d| d.code()) {
+        Some(code) if code == LOCK_NOT_AVAILABLE => FenceError::Contended,
+        _ => FenceError::Database(e),
+    }
 }
 
 /// [`finish_job`] for a batch: the last statement before its `COMMIT`. It fails unless every
