@@ -79,6 +79,31 @@ fn message(job_id: uuid::Uuid) -> IncomingMessage {
     }
 }
 
+/// `n` messages, ready as from SQS (building them is the producer's cost, not ours): new jobs
+/// with random ids, or jobs drawn from the [`DUPS`] already processed.
+fn messages(n: usize, duplicates: bool) -> Vec<IncomingMessage> {
+    let mut rng: rand::rngs::StdRng = rand::make_rng();
+    (0..n)
+        .map(|_| {
+            let n = if duplicates {
+                rng.random_range(1..=DUPS)
+            } else {
+                rng.random::<u64>()
+            };
+            message(uuid::Uuid::from_u128(n.into()))
+        })
+        .collect()
+}
+
+/// What the harness must answer for each of [`messages`]`(_, duplicates)`.
+fn expected(duplicates: bool) -> RecordOutcome {
+    if duplicates {
+        RecordOutcome::Duplicate
+    } else {
+        RecordOutcome::Processed
+    }
+}
+
 /// Jobs per second of the harness in batch mode: `workers` concurrent workers, each handing it
 /// SQS batches of [`BATCH`] messages (new jobs, or already processed ones).
 async fn harness_batches(url: &str, workers: usize, duplicates: bool) -> f64 {
@@ -88,7 +113,6 @@ async fn harness_batches(url: &str, workers: usize, duplicates: bool) -> f64 {
         AwardPoints::new(e2e::consumer_name()),
         shared::harness::CommitMode::Batch,
     ));
-    let mut rng: rand::rngs::StdRng = rand::make_rng();
     // New jobs need fresh ids for the whole run; duplicates can go round a smaller set.
     let count = if duplicates {
         10_000
@@ -96,26 +120,12 @@ async fn harness_batches(url: &str, workers: usize, duplicates: bool) -> f64 {
         2 * MESSAGES_PER_RUN / BATCH
     };
     let batches: Arc<Vec<Vec<IncomingMessage>>> = Arc::new(
-        (0..count)
-            .map(|_| {
-                (0..BATCH)
-                    .map(|_| {
-                        let n = if duplicates {
-                            rng.random_range(1..=DUPS)
-                        } else {
-                            rng.random::<u64>()
-                        };
-                        message(uuid::Uuid::from_u128(n.into()))
-                    })
-                    .collect()
-            })
+        messages(count * BATCH, duplicates)
+            .chunks(BATCH)
+            .map(<[_]>::to_vec)
             .collect(),
     );
-    let expected = if duplicates {
-        RecordOutcome::Duplicate
-    } else {
-        RecordOutcome::Processed
-    };
+    let expected = expected(duplicates);
     let next = Arc::new(AtomicU64::new(0));
     let done = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
@@ -157,25 +167,8 @@ async fn harness(url: &str, workers: usize, duplicates: bool) -> f64 {
         pool.clone(),
         AwardPoints::new(e2e::consumer_name()),
     ));
-    // The messages arrive ready, as from SQS: building them is the producer's cost, not ours.
-    let mut rng: rand::rngs::StdRng = rand::make_rng();
-    let messages: Arc<Vec<IncomingMessage>> = Arc::new(
-        (0..MESSAGES_PER_RUN)
-            .map(|_| {
-                let n = if duplicates {
-                    rng.random_range(1..=DUPS)
-                } else {
-                    rng.random::<u64>()
-                };
-                message(uuid::Uuid::from_u128(n.into()))
-            })
-            .collect(),
-    );
-    let expected = if duplicates {
-        RecordOutcome::Duplicate
-    } else {
-        RecordOutcome::Processed
-    };
+    let messages: Arc<Vec<IncomingMessage>> = Arc::new(messages(MESSAGES_PER_RUN, duplicates));
+    let expected = expected(duplicates);
     let done = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let tasks: Vec<_> = (0..workers)
