@@ -372,3 +372,80 @@ async fn a_batch_whose_work_commits_the_transaction_itself_doubles_nothing(pool:
     }
     assert_eq!(harness.metrics().get(Metric::BatchFellBack), 1);
 }
+
+/// Issue 22, hole 6: the batch's failed transaction was dropped, and its `ROLLBACK` went out
+/// later from the pool, so the one-by-one fallback could meet the batch's own uncommitted
+/// fences and hand a job back as contended (seen 6 times in 520 jobs with a 1 ms lock wait).
+/// The batch is now rolled back before its jobs run alone: with a 1 ms lock wait, no job of a
+/// batch that fell back is ever contended.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn hole6_a_batch_that_falls_back_is_rolled_back_before_its_jobs_run_one_by_one(
+    pool: PgPool,
+) {
+    let mut settings = settings(RetryPolicy::default());
+    settings.commit = CommitMode::Batch;
+    settings.lock_timeout = std::time::Duration::from_millis(1);
+    let harness = harness_with(&pool, award_points(), settings).0;
+    for round in 0..60 {
+        let mut jobs: Vec<(JobId, String)> = (0..9).map(|_| job(award(2))).collect();
+        jobs.insert(round % 10, job(award(0))); // poison: the batch falls back
+        let bodies: Vec<String> = jobs.iter().map(|(_, b)| b.clone()).collect();
+        let outcomes = run(&harness, &batch_of(&bodies)).await;
+        for (i, outcome) in outcomes.iter().enumerate() {
+            if i == round % 10 {
+                assert_eq!(outcome.dead_letter_kind(), Some(ErrorKind::Poison));
+            } else {
+                assert_eq!(*outcome, RecordOutcome::Processed, "round {round}, job {i}");
+            }
+        }
+    }
+    assert_eq!(harness.metrics().get(Metric::FenceContended), 0);
+}
+
+/// Issue 22, item 7: the same job twice in one SQS batch (a producer's retry that landed in the
+/// same batch) ran twice and was charged two executions for one failure. It now runs once, by
+/// its first record; the copy is handed back with the same delay, uncharged, in both modes.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn hole7_the_same_job_twice_in_one_sqs_batch_is_charged_one_execution(pool: PgPool) {
+    sqlx::raw_sql(
+        "CREATE FUNCTION reference.refuse_boom() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF NEW.account_id = 'boom' THEN RAISE EXCEPTION 'ledger refused account boom'; END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER refuse_boom BEFORE INSERT ON reference.point_awards
+             FOR EACH ROW EXECUTE FUNCTION reference.refuse_boom();",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    for mode in [CommitMode::PerJob, CommitMode::Batch] {
+        let harness = harness_in(&pool, award_points(), mode);
+        let failing = job(serde_json::json!({"account_id": "boom", "points": 1}));
+        let good = job(award(1));
+        let batch = batch_of(&[
+            failing.1.clone(),
+            good.1.clone(),
+            failing.1.clone(),
+            good.1.clone(),
+        ]);
+        let outcomes = run(&harness, &batch).await;
+        let after = match &outcomes[0] {
+            RecordOutcome::Retry { attempt: 1, after, .. } => *after,
+            other => panic!("{mode:?}: {other:?}"),
+        };
+        assert!(
+            matches!(&outcomes[2], RecordOutcome::HandedBack { retry_after, .. } if *retry_after == after),
+            "{mode:?}: {:?}",
+            outcomes[2]
+        );
+        assert_eq!(
+            (&outcomes[1], &outcomes[3]),
+            (&RecordOutcome::Processed, &RecordOutcome::Duplicate),
+            "{mode:?}"
+        );
+        let charged = ledger(&pool, failing.0, &consumer_name()).await.unwrap();
+        assert_eq!(charged.executions, 1, "{mode:?}: one failure, one execution");
+        assert_eq!(count_awards(&pool, good.0).await.unwrap(), 1);
+    }
+}

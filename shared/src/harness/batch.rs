@@ -23,7 +23,7 @@ use crate::fence::{claim_fences, finish_jobs, processed_among};
 use crate::ids::JobId;
 use crate::metrics::Metric;
 use futures_util::{FutureExt, StreamExt};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::panic::AssertUnwindSafe;
 
 /// How a consumer commits its new jobs.
@@ -73,15 +73,32 @@ impl<C: Consumer> Harness<C> {
             .await
             .unwrap_or_default();
         let (mut fresh, mut seen_before) = (Vec::new(), Vec::new());
+        // A job runs once per SQS batch, by its first record; its later records with the same
+        // body take their outcome from that run and are never charged an execution of their
+        // own. One with another body is no copy: it runs on its own, after the others.
+        let mut first_of: HashMap<JobId, usize> = HashMap::new();
+        let mut copies: Vec<(usize, usize)> = Vec::new();
         for (i, msg) in msgs.iter().enumerate() {
+            let first = jobs[i].and_then(|j| first_of.get(&j).copied());
             if jobs[i].is_some_and(|j| done.contains(&j)) {
                 tracing::debug!(message_id = %msg.message_id, "duplicate of a processed job");
                 self.metrics.increment(Metric::DuplicateSkipped);
                 outcomes[i] = Some(RecordOutcome::Duplicate);
-            } else if msg.receive_count == 1 {
-                fresh.push(i);
+            } else if let Some(first) = first {
+                if msgs[first].body == msg.body {
+                    copies.push((i, first));
+                } else {
+                    seen_before.push(i);
+                }
             } else {
-                seen_before.push(i);
+                if let Some(job) = jobs[i] {
+                    first_of.insert(job, i);
+                }
+                if msg.receive_count == 1 {
+                    fresh.push(i);
+                } else {
+                    seen_before.push(i);
+                }
             }
         }
         if self.settings.commit == CommitMode::Batch && fresh.len() > 1 && may_start() {
@@ -110,6 +127,13 @@ impl<C: Consumer> Harness<C> {
         for i in seen_before {
             let (i, outcome) = each(i).await;
             outcomes[i] = outcome;
+        }
+        for (copy, first) in copies {
+            let outcome = outcomes[first].as_ref().map(RecordOutcome::of_a_copy);
+            if let Some(outcome) = &outcome {
+                self.metrics.increment(outcome.metric());
+            }
+            outcomes[copy] = outcome;
         }
         outcomes
     }
@@ -212,20 +236,48 @@ impl<C: Consumer> Harness<C> {
 
     /// One transaction for `jobs` (in job id order): their fences in one statement, the
     /// consumer's batch work, the check that the transaction is whole, `COMMIT`. Returns the
-    /// jobs it committed (the others were already processed); any failure rolls back all.
+    /// jobs it committed (the others were already processed). Any failure rolls back all, and
+    /// the `ROLLBACK` has been answered before this returns: the one-by-one fallback that
+    /// follows must not meet the batch's own uncommitted fences (a dropped transaction would
+    /// send its `ROLLBACK` only later, from the pool, and the fallback would find them held).
     async fn attempt_together(
         &self,
         jobs: Vec<Job<C::Payload>>,
     ) -> Result<HashSet<JobId>, ProcessError> {
+        let mut tx = self.pool.begin().await?;
+        match self.work_together(jobs, &mut tx).await {
+            Ok(claimed) => {
+                tx.commit().await.map_err(|e| {
+                    ProcessError::transient(format!(
+                        "COMMIT failed ({e}); each job settles through its fence one by one"
+                    ))
+                })?;
+                Ok(claimed)
+            }
+            Err(error) => {
+                if let Err(e) = tx.rollback().await {
+                    // The connection is broken, and the server ends its transaction with it.
+                    tracing::warn!(error = %e, "the batch's ROLLBACK failed");
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// The batch's transaction up to its `COMMIT`, on `tx`.
+    async fn work_together(
+        &self,
+        jobs: Vec<Job<C::Payload>>,
+        tx: &mut sqlx::PgConnection,
+    ) -> Result<HashSet<JobId>, ProcessError> {
         let consumer = self.consumer.name();
         let started_at = jobs[0].started_at;
-        let mut tx = self.pool.begin().await?;
         let pairs: Vec<_> = jobs
             .iter()
             .map(|j| (j.envelope.job_id, j.envelope.tenant_id))
             .collect();
         let claimed = claim_fences(
-            &mut tx,
+            tx,
             consumer,
             &pairs,
             started_at,
@@ -239,7 +291,7 @@ impl<C: Consumer> Harness<C> {
             .filter(|j| claimed.contains(&j.envelope.job_id))
             .collect();
         if !to_run.is_empty() {
-            let work = AssertUnwindSafe(self.consumer.handle_batch(&to_run, &mut tx))
+            let work = AssertUnwindSafe(self.consumer.handle_batch(&to_run, tx))
                 .catch_unwind()
                 .await;
             match work {
@@ -248,17 +300,12 @@ impl<C: Consumer> Harness<C> {
                 Err(_) => return Err(ProcessError::transient("the batch's work panicked")),
             }
             let finished: Vec<JobId> = to_run.iter().map(|j| j.envelope.job_id).collect();
-            finish_jobs(&mut tx, consumer, &finished, started_at)
+            finish_jobs(tx, consumer, &finished, started_at)
                 .await
                 .map_err(|e| {
                     ProcessError::transient(format!("the batch's transaction is not whole: {e}"))
                 })?;
         }
-        tx.commit().await.map_err(|e| {
-            ProcessError::transient(format!(
-                "COMMIT failed ({e}); each job settles through its fence one by one"
-            ))
-        })?;
         Ok(claimed)
     }
 }

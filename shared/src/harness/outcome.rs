@@ -98,6 +98,19 @@ impl RecordOutcome {
         }
     }
 
+    /// The outcome of another record of the same job in the same SQS batch, once this one
+    /// has run: a job that committed, or has its letter, makes the copy a duplicate (acked);
+    /// anything else hands the copy back with the same delay, uncharged.
+    pub(super) fn of_a_copy(&self) -> Self {
+        match self.redeliver_after() {
+            None => Self::Duplicate,
+            Some(retry_after) => Self::HandedBack {
+                retry_after,
+                error: "another record of the same job in this batch ran it".into(),
+            },
+        }
+    }
+
     pub(super) fn metric(&self) -> Metric {
         match self {
             Self::Processed => Metric::Processed,
