@@ -1,7 +1,115 @@
 //! The command line: what an operator can ask for, and the selection a bulk command works on.
+//!
+//! Invariant: every number and every reason is checked here, by clap, before anything is
+//! asked of the API: a rate is finite and within the API's throttle, a limit and a group id
+//! are within what the API takes, a time is RFC 3339, a reason is what the API keeps. A bad
+//! value is a usage error (exit 2) naming the flag, never a panic.
 
 use chrono::{DateTime, Utc};
 use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// The fastest `--rate`, letters per second: the API's throttle (`ThrottlingRateLimit` in
+/// `template.yaml`, 20 requests/s), one request per letter.
+pub const MAX_RATE: f64 = 20.0;
+/// The slowest `--rate`: one letter every 1,000 s.
+pub const MIN_RATE: f64 = 0.001;
+/// The most letters `dlq list` reads (page by page).
+pub const MAX_LIST: usize = 10_000;
+/// The most groups `dlq groups` shows: one page of the API (its `limit` maximum).
+pub const MAX_GROUPS: usize = 200;
+/// The longest reason the API keeps, in characters (after trimming).
+pub const MAX_REASON_CHARS: usize = 1000;
+
+/// `--rate`: letters per second, a finite number from [`MIN_RATE`] to [`MAX_RATE`].
+pub fn parse_rate(s: &str) -> Result<f64, String> {
+    let rate: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of letters per second, such as 5 or 0.5"))?;
+    if !rate.is_finite() || rate <= 0.0 {
+        return Err(format!(
+            "{s:?} is not a positive finite number of letters per second; give one from \
+             {MIN_RATE} to {MAX_RATE}"
+        ));
+    }
+    if rate > MAX_RATE {
+        return Err(format!(
+            "{s} letters per second is faster than the API's throttle ({MAX_RATE} requests/s, \
+             one per letter); give at most {MAX_RATE}"
+        ));
+    }
+    if rate < MIN_RATE {
+        return Err(format!(
+            "{s} letters per second is slower than one letter every {:.0} s; give at least \
+             {MIN_RATE}",
+            1.0 / MIN_RATE
+        ));
+    }
+    Ok(rate)
+}
+
+fn count_in(s: &str, max: usize) -> Result<usize, String> {
+    match s.trim().parse::<u64>() {
+        Ok(n) if n >= 1 && n <= max as u64 => Ok(n as usize),
+        _ => Err(format!("{s:?} is not a whole number from 1 to {max}")),
+    }
+}
+
+/// `dlq list --limit`: 1 to [`MAX_LIST`].
+pub fn parse_list_limit(s: &str) -> Result<usize, String> {
+    count_in(s, MAX_LIST)
+}
+
+/// `dlq groups --limit`: 1 to [`MAX_GROUPS`].
+pub fn parse_group_limit(s: &str) -> Result<usize, String> {
+    count_in(s, MAX_GROUPS)
+}
+
+/// A group id: a positive whole number (an `i64`, as the API's ids are).
+pub fn parse_group_id(s: &str) -> Result<i64, String> {
+    match s.trim().parse::<i64>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!(
+            "{s:?} is not a group id, a positive whole number such as 42 (see `dlq groups`)"
+        )),
+    }
+}
+
+/// `--from` / `--before`: an RFC 3339 time, such as 2026-11-30T08:00:00Z.
+pub fn parse_time(s: &str) -> Result<DateTime<Utc>, String> {
+    DateTime::parse_from_rfc3339(s.trim())
+        .map(|t| t.with_timezone(&Utc))
+        .map_err(|_| format!("{s:?} is not an RFC 3339 time such as 2026-11-30T08:00:00Z"))
+}
+
+/// `--reason`: what the API keeps (trimmed): plain text with something visible in it (no NUL,
+/// no control character but tab and line breaks), at most [`MAX_REASON_CHARS`] characters. The
+/// API checks again, more finely (invisible format characters).
+pub fn parse_reason(s: &str) -> Result<String, String> {
+    let reason = s.trim();
+    if let Some(c) = reason
+        .chars()
+        .find(|c| c.is_control() && !matches!(c, '\t' | '\n' | '\r'))
+    {
+        return Err(format!(
+            "the reason contains the control character U+{:04X}; write plain text",
+            u32::from(c)
+        ));
+    }
+    if !reason.chars().any(|c| !c.is_whitespace()) {
+        return Err(
+            "the reason is blank: say why, for the next person who reads the letter".into(),
+        );
+    }
+    let chars = reason.chars().count();
+    if chars > MAX_REASON_CHARS {
+        return Err(format!(
+            "the reason is {chars} characters; the API keeps at most {MAX_REASON_CHARS} (link \
+             to a ticket for more)"
+        ));
+    }
+    Ok(reason.to_owned())
+}
 
 /// Find dead letters, see their failure groups, and replay or discard them one by one or in
 /// bulk, through the dead-letter API.
@@ -34,8 +142,8 @@ pub enum Command {
         /// Only this review status (pending_review, replayed, discarded).
         #[arg(long)]
         status: Option<String>,
-        /// At most this many (all pages are read up to it).
-        #[arg(long, default_value_t = 50)]
+        /// At most this many, 1 to 10000 (all pages are read up to it).
+        #[arg(long, default_value_t = 50, value_parser = parse_list_limit)]
         limit: usize,
     },
     /// Show one letter whole: payload, errors, fence, its group.
@@ -57,13 +165,14 @@ pub enum Command {
         /// Only this error kind.
         #[arg(long)]
         kind: Option<String>,
-        /// At most this many.
-        #[arg(long, default_value_t = 50)]
+        /// At most this many, 1 to 200.
+        #[arg(long, default_value_t = 50, value_parser = parse_group_limit)]
         limit: usize,
     },
     /// Show one failure group and its pending letters.
     Group {
         /// The group's id.
+        #[arg(value_parser = parse_group_id)]
         id: i64,
     },
     /// Replay letters pending review (same job id: a job that already committed is not sent).
@@ -71,8 +180,8 @@ pub enum Command {
         /// Which letters.
         #[command(flatten)]
         bulk: Bulk,
-        /// Why (kept on every letter). Required unless --dry-run.
-        #[arg(long)]
+        /// Why (kept on every letter; at most 1000 characters). Required unless --dry-run.
+        #[arg(long, value_parser = parse_reason)]
         reason: Option<String>,
     },
     /// Discard letters pending review, with a reason.
@@ -80,8 +189,9 @@ pub enum Command {
         /// Which letters.
         #[command(flatten)]
         bulk: Bulk,
-        /// Why they need no replay (kept on every letter). Required unless --dry-run.
-        #[arg(long)]
+        /// Why they need no replay (kept on every letter; at most 1000 characters). Required
+        /// unless --dry-run.
+        #[arg(long, value_parser = parse_reason)]
         reason: Option<String>,
     },
 }
@@ -90,7 +200,7 @@ pub enum Command {
 #[derive(Debug, Clone, Default, Args)]
 pub struct Filter {
     /// Letters of this failure group.
-    #[arg(long)]
+    #[arg(long, value_parser = parse_group_id)]
     pub group: Option<i64>,
     /// Of this queue.
     #[arg(long)]
@@ -114,12 +224,12 @@ pub struct Filter {
     #[arg(long)]
     pub message_id: Option<String>,
     /// Written at or after (RFC 3339).
-    #[arg(long)]
+    #[arg(long, value_parser = parse_time)]
     pub from: Option<DateTime<Utc>>,
     /// Written strictly before (RFC 3339). A bulk command pins its set here (now, if not
     /// given), so letters written while it runs are not picked up; rerun with the same value to
     /// finish an interrupted run.
-    #[arg(long)]
+    #[arg(long, value_parser = parse_time)]
     pub before: Option<DateTime<Utc>>,
 }
 
@@ -210,8 +320,8 @@ pub struct Bulk {
     /// Do not ask for confirmation.
     #[arg(long, short = 'y')]
     pub yes: bool,
-    /// Letters per second at most.
-    #[arg(long, default_value_t = 5.0)]
+    /// Letters per second at most: from 0.001 to 20, the API's throttle.
+    #[arg(long, default_value_t = 5.0, value_parser = parse_rate)]
     pub rate: f64,
     /// How the progress shows.
     #[arg(long, value_enum, default_value_t = Progress::Auto)]

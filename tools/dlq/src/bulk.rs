@@ -259,12 +259,18 @@ pub async fn run(
             action.verb()
         ));
     }
-    if !(bulk.rate > 0.0 && bulk.rate <= 100.0) {
-        return Err(format!(
-            "--rate must be more than 0 and at most 100 letters per second, got {}",
-            bulk.rate
-        ));
-    }
+    // Checked by clap already; again here for a `Bulk` built otherwise.
+    let pause = crate::args::parse_rate(&bulk.rate.to_string())
+        .ok()
+        .and_then(|rate| Duration::try_from_secs_f64(1.0 / rate).ok())
+        .ok_or_else(|| {
+            format!(
+                "--rate must be a finite number from {} to {} letters per second, got {}",
+                crate::args::MIN_RATE,
+                crate::args::MAX_RATE,
+                bulk.rate
+            )
+        })?;
     let reason = match (reason.map(str::trim), bulk.dry_run) {
         (Some(r), _) if !r.is_empty() => Some(r.to_owned()),
         (_, true) => None,
@@ -312,7 +318,7 @@ pub async fn run(
     });
     let bar = progress_bar(bulk.progress, selection.letters.len());
     let started = Instant::now();
-    let mut ticker = tokio::time::interval(Duration::from_secs_f64(1.0 / bulk.rate));
+    let mut ticker = tokio::time::interval(pause);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut refused = None;
     for letter in &selection.letters {
@@ -326,19 +332,26 @@ pub async fn run(
         }
         bar.set_message(summary.counts(action));
         bar.inc(1);
-        if stop {
-            refused = Some(line);
+        if let Some(stop) = stop {
+            refused = Some((line, stop));
             break;
         }
     }
     bar.finish_and_clear();
     summary.not_done = summary.selected - summary.done();
-    if let Some(line) = refused {
+    if let Some((line, stop)) = refused {
+        let why = match stop {
+            Stop::Token => format!(
+                "The token lacks what {} needs (scope core.dead_letters.{}), or has expired",
+                action.verb(),
+                action.verb()
+            ),
+            Stop::Reason => "The API refuses the reason, as it would for every letter: \
+                             change --reason"
+                .to_owned(),
+        };
         return Err(format!(
-            "stopped at the first letter: {line}. The token lacks what {} needs (scope \
-             core.dead_letters.{}), or has expired; {} letter(s) untouched",
-            action.verb(),
-            action.verb(),
+            "stopped at the first letter: {line}. {why}; {} letter(s) untouched",
             summary.not_done + summary.failed
         ));
     }
@@ -361,20 +374,29 @@ pub async fn run(
     Ok((ending, summary))
 }
 
+/// Why a bulk run stops at a refusal: every other letter would be refused the same way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    /// The token was refused (401, 403).
+    Token,
+    /// The reason was refused (422 `invalid_body`).
+    Reason,
+}
+
 /// Changes one letter; counts what happened and returns a line saying it, and whether to stop
-/// (the token was refused: every other letter would be too).
+/// (a refusal every other letter would meet too).
 async fn apply(
     client: &Client,
     action: Action,
     letter: &Letter,
     reason: &str,
     summary: &mut Summary,
-) -> (String, bool) {
+) -> (String, Option<Stop>) {
     if action == Action::Replay && letter.job_id.is_none() {
         summary.skipped += 1;
         return (
             format!("skipped {}: no job id, not replayable", letter.id),
-            false,
+            None,
         );
     }
     let answer = match action {
@@ -408,17 +430,19 @@ async fn apply(
         }
         Err(e) => {
             summary.failed += 1;
-            let stop = matches!(
-                e,
+            let stop = match &e {
                 ApiError::Refused {
-                    status: 401 | 403,
-                    ..
-                }
-            );
+                    status: 401 | 403, ..
+                } => Some(Stop::Token),
+                ApiError::Refused {
+                    status: 422, code, ..
+                } if code == "invalid_body" => Some(Stop::Reason),
+                _ => None,
+            };
             return (format!("failed {}: {e}", letter.id), stop);
         }
     };
-    (line, false)
+    (line, None)
 }
 
 fn progress_bar(progress: Progress, len: usize) -> ProgressBar {
