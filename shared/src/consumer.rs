@@ -22,6 +22,8 @@ pub struct Job<P> {
     pub attempt: u32,
     /// When this attempt started, from the harness's clock; use it instead of `now()` in SQL.
     pub started_at: DateTime<Utc>,
+    /// What makes up the job, kept with its fence: a copy with another digest is a conflict.
+    pub(crate) digest: crate::envelope::JobDigest,
     pub(crate) metrics: Arc<Metrics>,
 }
 
@@ -170,6 +172,15 @@ pub trait Consumer: Send + Sync {
 
     /// The fence's consumer name. It must never change for a deployed consumer.
     fn name(&self) -> &ConsumerName;
+
+    /// The payload's fields that make up a job (as Powertools' `payload_validation_jmespath`):
+    /// a copy of a processed job whose named fields differ is not a duplicate but another job
+    /// under a reused id, and becomes a `conflict` letter. Empty (the default): the whole
+    /// payload. Name them when producers add fields that change between sends of one job (a
+    /// send time, a trace note).
+    fn job_fields(&self) -> &[&str] {
+        &[]
+    }
 
     /// Does the job's work on `tx`, the transaction that already holds the job's fence.
     /// A panic is treated as a transient failure.

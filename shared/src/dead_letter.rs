@@ -30,15 +30,25 @@ pub enum ErrorKind {
     Exhausted,
     /// Attempts ended without an outcome (timeout, crash, out of memory).
     Crashed,
+    /// A copy arrived too late to settle through the fence (older than the fence's TTL less
+    /// its margin, by its own send time): whether the job committed cannot be known, so the
+    /// letter is not replayable. Check the effect by hand, then discard it with a reason.
+    Unsettled,
+    /// A copy of a processed job whose payload differs from the committed one's (by the
+    /// digest its fence keeps): another job under a reused id, a producer's bug. It never ran;
+    /// the letter keeps it whole. No retry.
+    Conflict,
 }
 
 impl ErrorKind {
     /// Every kind, in a stable order.
-    pub const ALL: [ErrorKind; 4] = [
+    pub const ALL: [ErrorKind; 6] = [
         Self::Poison,
         Self::Permanent,
         Self::Exhausted,
         Self::Crashed,
+        Self::Unsettled,
+        Self::Conflict,
     ];
 
     /// The value stored in `core.dead_letters.error_kind`.
@@ -48,6 +58,8 @@ impl ErrorKind {
             Self::Permanent => "permanent",
             Self::Exhausted => "exhausted",
             Self::Crashed => "crashed",
+            Self::Unsettled => "unsettled",
+            Self::Conflict => "conflict",
         }
     }
 
@@ -82,8 +94,9 @@ pub struct NewDeadLetter<'a> {
     pub queue: &'a str,
     /// The SQS message id.
     pub message_id: &'a str,
-    /// The body as received; see [`crate::envelope::body_as_json`].
-    pub payload: &'a Value,
+    /// The body as received: kept exactly (what a replay sends), and as JSON in `payload`
+    /// where `jsonb` can hold it (see [`crate::envelope::body_as_json`]).
+    pub body: &'a str,
     /// The attempt on which the letter was written.
     pub attempts: u32,
     /// Why.
@@ -114,32 +127,68 @@ impl Recorded {
     }
 }
 
+/// The most bytes a producer-controlled identifier (`correlation_id`, the message id, the
+/// queue) keeps in a letter's indexed columns; the body keeps every value whole. A btree index
+/// row holds at most 2,704 bytes, so an identifier as it came could make a letter unwritable.
+pub const MAX_ID_BYTES: usize = 256;
+
+/// How a letter's body is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Storage {
+    /// `payload` is the body's JSON where `jsonb` can hold it.
+    Parsed,
+    /// PostgreSQL refused the letter as parsed: `payload` is the body as a JSON string, and
+    /// the identifiers are cut shorter. Written only after a refusal.
+    AsReceived,
+}
+
 /// Writes `letter` as `pending_review`, created at `now`, unless its message already has one.
+/// Every value the message carried is bounded first (see [`MAX_ID_BYTES`]), so nothing a
+/// producer sends can make the write fail.
 pub async fn record_dead_letter(
     conn: &mut PgConnection,
     letter: &NewDeadLetter<'_>,
     now: DateTime<Utc>,
 ) -> sqlx::Result<Recorded> {
+    record_stored(conn, letter, now, Storage::Parsed).await
+}
+
+async fn record_stored(
+    conn: &mut PgConnection,
+    letter: &NewDeadLetter<'_>,
+    now: DateTime<Utc>,
+    storage: Storage,
+) -> sqlx::Result<Recorded> {
+    let (payload, id_bytes) = match storage {
+        Storage::Parsed => (crate::envelope::body_as_json(letter.body), MAX_ID_BYTES),
+        Storage::AsReceived => (Value::String(letter.body.replace('\0', "\u{fffd}")), 64),
+    };
+    let message_id = bounded_id(letter.message_id, "message");
     let inserted: Option<uuid::Uuid> = sqlx::query_scalar(
         "INSERT INTO core.dead_letters (job_id, tenant_id, consumer, queue, message_id, payload,
-             attempts, error_kind, last_error, correlation_id, replay_of, created_at)
+             body, attempts, error_kind, last_error, correlation_id, replay_of, created_at)
          -- replay_of comes from a message attribute any producer can set: it links only to a
          -- letter of the same job, so a stray id can never make the letter unwritable.
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
-                 (SELECT id FROM core.dead_letters WHERE id = $11 AND job_id IS NOT DISTINCT FROM $1), $12)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11,
+                 (SELECT id FROM core.dead_letters WHERE id = $12 AND job_id IS NOT DISTINCT FROM $1), $13)
          ON CONFLICT ON CONSTRAINT dead_letters_one_per_message DO NOTHING
          RETURNING id",
     )
     .bind(letter.job_id.map(|j| j.0))
     .bind(letter.tenant_id.map(|t| t.0))
     .bind(letter.consumer.as_str())
-    .bind(letter.queue)
-    .bind(letter.message_id)
-    .bind(letter.payload)
+    .bind(bounded_id(letter.queue, "unknown"))
+    .bind(&*message_id)
+    .bind(&payload)
+    .bind(without_nul(letter.body))
     .bind(i32::try_from(letter.attempts).unwrap_or(i32::MAX))
     .bind(letter.kind)
     .bind(storable_error(letter.last_error))
-    .bind(letter.correlation_id.map(without_nul))
+    .bind(
+        letter
+            .correlation_id
+            .map(|c| without_nul(truncate(c, id_bytes))),
+    )
     .bind(letter.replay_of.map(|r| r.0))
     .bind(now)
     .fetch_optional(&mut *conn)
@@ -151,10 +200,42 @@ pub async fn record_dead_letter(
         "SELECT id FROM core.dead_letters WHERE consumer = $1 AND message_id = $2",
     )
     .bind(letter.consumer.as_str())
-    .bind(letter.message_id)
+    .bind(&*message_id)
     .fetch_one(conn)
     .await?;
     Ok(Recorded::AlreadyRecorded(DeadLetterId(existing)))
+}
+
+/// An identifier as a letter's indexed column keeps it: at most [`MAX_ID_BYTES`], never blank,
+/// no NUL. A longer one keeps its start and a digest of the whole, so two long ids that share
+/// their start stay two ids (one letter per message).
+pub fn bounded_id<'s>(id: &'s str, if_blank: &'static str) -> std::borrow::Cow<'s, str> {
+    if id.trim().is_empty() {
+        return if_blank.into();
+    }
+    if id.len() <= MAX_ID_BYTES && !id.contains('\0') {
+        return id.into();
+    }
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(id.as_bytes());
+    let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "{}~sha256:{hex}",
+        without_nul(truncate(id, MAX_ID_BYTES - 48))
+    )
+    .into()
+}
+
+/// Whether PostgreSQL refused a letter for what it holds rather than for its own state: a data
+/// exception (class 22: a value out of range, text it cannot store), a program limit (class
+/// 54: an index row or a value too large, nesting too deep) or a check (23514).
+fn refused_for_its_content(e: &FenceError) -> bool {
+    let FenceError::Database(e) = e else {
+        return false;
+    };
+    e.as_database_error()
+        .and_then(|d| d.code())
+        .is_some_and(|code| code.starts_with("22") || code.starts_with("54") || code == "23514")
 }
 
 /// What [`record_unless_processed`] found.
@@ -171,26 +252,80 @@ pub enum Settled {
 /// the letter while holding it, then removes the claim, and the job's execution ledger with it.
 /// A letter without a job id (unreadable poison) is written as it is. A wait that runs out is
 /// [`FenceError::Contended`]: nothing is written, try again later.
+///
+/// A letter PostgreSQL refuses for what it holds (see [`Storage::AsReceived`]) is written again
+/// as received, its body a JSON string and its error saying why: a message is never handed
+/// back forever for its content. Any other failure is returned, for the caller to retry.
 pub async fn record_unless_processed(
     pool: &sqlx::PgPool,
     letter: &NewDeadLetter<'_>,
     now: DateTime<Utc>,
     wait: std::time::Duration,
 ) -> Result<Settled, FenceError> {
+    record_with_fallback(pool, letter, now, Some(wait)).await
+}
+
+/// Writes `letter` without settling through the fence, with [`record_unless_processed`]'s
+/// fallback: for a letter whose fence cannot say anything (an `unsettled` copy) or says the
+/// wrong thing (a `conflict`, another job under a processed job's id).
+pub async fn record_without_settling(
+    pool: &sqlx::PgPool,
+    letter: &NewDeadLetter<'_>,
+    now: DateTime<Utc>,
+) -> Result<Recorded, FenceError> {
+    match record_with_fallback(pool, letter, now, None).await? {
+        Settled::Recorded(recorded) => Ok(recorded),
+        Settled::AlreadyProcessed => unreachable!("nothing was settled"),
+    }
+}
+
+/// Settles through the fence waiting at most `settle` (or not at, for `None`), then writes the
+/// letter; as received if PostgreSQL refuses it as parsed.
+async fn record_with_fallback(
+    pool: &sqlx::PgPool,
+    letter: &NewDeadLetter<'_>,
+    now: DateTime<Utc>,
+    settle: Option<std::time::Duration>,
+) -> Result<Settled, FenceError> {
+    match settle_and_record(pool, letter, now, settle, Storage::Parsed).await {
+        Err(refused) if refused_for_its_content(&refused) => {
+            tracing::warn!(message_id = letter.message_id, error = %refused,
+                "the letter was refused as parsed; writing it as received");
+            let error = format!(
+                "{} [stored as received: PostgreSQL refused the parsed letter: {refused}]",
+                truncate(letter.last_error, MAX_ERROR_BYTES / 2)
+            );
+            let as_received = NewDeadLetter {
+                last_error: &error,
+                ..letter.clone()
+            };
+            settle_and_record(pool, &as_received, now, settle, Storage::AsReceived).await
+        }
+        settled => settled,
+    }
+}
+
+async fn settle_and_record(
+    pool: &sqlx::PgPool,
+    letter: &NewDeadLetter<'_>,
+    now: DateTime<Utc>,
+    settle: Option<std::time::Duration>,
+    storage: Storage,
+) -> Result<Settled, FenceError> {
     let mut tx = pool.begin().await?;
-    if let Some(job_id) = letter.job_id {
+    if let (Some(job_id), Some(wait)) = (letter.job_id, settle) {
         // The claim is a placeholder: it exists only inside this transaction, so any copy of the
         // job that tries to claim meanwhile waits and then finds no fence.
         let tenant = letter.tenant_id.unwrap_or(TenantId(uuid::Uuid::nil()));
         let ttl = std::time::Duration::from_secs(60);
         match claim_fence(&mut tx, job_id, letter.consumer, tenant, now, ttl, wait).await? {
-            FenceClaim::Duplicate => {
+            FenceClaim::Duplicate | FenceClaim::Conflict => {
                 tx.rollback().await?;
                 return Ok(Settled::AlreadyProcessed);
             }
             FenceClaim::Claimed => {}
         }
-        let recorded = record_dead_letter(&mut tx, letter, now).await?;
+        let recorded = record_stored(&mut tx, letter, now, storage).await?;
         sqlx::query(
             "WITH claim AS (DELETE FROM core.processed_jobs WHERE job_id = $1 AND consumer = $2)
              DELETE FROM core.job_executions WHERE job_id = $1 AND consumer = $2",
@@ -202,7 +337,7 @@ pub async fn record_unless_processed(
         tx.commit().await?;
         return Ok(Settled::Recorded(recorded));
     }
-    let recorded = record_dead_letter(&mut tx, letter, now).await?;
+    let recorded = record_stored(&mut tx, letter, now, storage).await?;
     tx.commit().await?;
     Ok(Settled::Recorded(recorded))
 }
@@ -222,8 +357,11 @@ pub struct DeadLetter {
     pub queue: String,
     /// The SQS message id.
     pub message_id: String,
-    /// The body as received.
+    /// The body as JSON (a JSON string where it is not JSON, or not JSON `jsonb` can hold).
     pub payload: Value,
+    /// The body exactly as received, what a replay sends (none for a letter older than it).
+    #[serde(skip)]
+    pub body: Option<String>,
     /// The attempt on which it was written (executions; 0 for a redriven job that never ran).
     pub attempts: i32,
     /// Why.
@@ -326,6 +464,16 @@ mod tests {
     #[test]
     fn kinds_match_the_schema_check() {
         let names: Vec<_> = ErrorKind::ALL.iter().map(|k| k.as_str()).collect();
-        assert_eq!(names, ["poison", "permanent", "exhausted", "crashed"]);
+        assert_eq!(
+            names,
+            [
+                "poison",
+                "permanent",
+                "exhausted",
+                "crashed",
+                "unsettled",
+                "conflict"
+            ]
+        );
     }
 }

@@ -10,13 +10,17 @@
 //! as failed (left in the DLQ) unless its outcome is committed.
 
 use crate::clock::Clock;
-use crate::dead_letter::{ErrorKind, NewDeadLetter, Settled, record_unless_processed};
-use crate::envelope::{Envelope, body_as_json};
+use crate::dead_letter::{
+    ErrorKind, NewDeadLetter, Settled, record_unless_processed, record_without_settling,
+};
+use crate::envelope::Envelope;
 use crate::execution::{Ledger, ledger};
+use crate::fence::{fence_exists, settle_horizon};
 use crate::ids::ConsumerName;
 use crate::metrics::{Metric, Metrics};
 use crate::sqs::{batch_response, incoming};
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsMessage};
+use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,6 +39,9 @@ pub struct DlqIngester {
     pub max_attempts: u32,
     /// How long settling a job's fence may wait for a copy still inside its transaction.
     pub settle_wait: Duration,
+    /// The fences' lifetime: a copy older than [`settle_horizon`] of it (by its own send time)
+    /// cannot be settled through its fence.
+    pub fence_ttl: Duration,
     /// Time.
     pub clock: Arc<dyn Clock>,
     /// `DeadLettered*`, `RedrivenAlreadyProcessed` and `DeadLetterWriteFailed` counts.
@@ -50,7 +57,7 @@ impl DlqIngester {
         let mut failed = Vec::new();
         for record in &records {
             let msg = incoming(record);
-            match self.ingest_one(&msg).await {
+            match self.ingest_one(&msg, sent_at(record)).await {
                 Ok(()) => {}
                 Err(e) => {
                     self.metrics.increment(Metric::DeadLetterWriteFailed);
@@ -71,11 +78,14 @@ impl DlqIngester {
     async fn ingest_one(
         &self,
         msg: &crate::harness::IncomingMessage,
+        sent_at: Option<DateTime<Utc>>,
     ) -> Result<(), crate::fence::FenceError> {
         let redriven = format!(
             "redriven to the dead-letter queue after {} deliveries",
             self.max_receive_count
         );
+        let now = self.clock.now();
+        let age = sent_at.and_then(|sent| (now - sent).to_std().ok());
         let (ids, kind, attempts, error) = match Envelope::<serde_json::Value>::parse(&msg.body) {
             // Poison is never attempted: its letter says 1, however often crashes of its
             // batch redelivered it.
@@ -85,29 +95,54 @@ impl DlqIngester {
                 1,
                 format!("{}; {redriven}", poison.reason),
             ),
+            // Too old for its fence to be known still there: a committed job's fence may be
+            // swept, so the claim would find none and call it never committed.
+            Ok(envelope) if age.is_some_and(|a| a > settle_horizon(self.fence_ttl)) => (
+                envelope.ids(),
+                ErrorKind::Unsettled,
+                ledger(&self.pool, envelope.job_id, &self.consumer)
+                    .await?
+                    .executions
+                    .max(1),
+                format!(
+                    "{redriven}, {} s after it was sent, past the {} s within which its fence \
+                     settles whether the job committed (FENCE_TTL_SECONDS less a day): not \
+                     replayable; check the effect by hand, then discard this letter",
+                    age.unwrap_or_default().as_secs(),
+                    settle_horizon(self.fence_ttl).as_secs()
+                ),
+            ),
             Ok(envelope) => {
                 let ledger: Ledger = ledger(&self.pool, envelope.job_id, &self.consumer).await?;
                 let (kind, error) = ledger.verdict(self.max_attempts, &redriven);
                 (envelope.ids(), kind, ledger.executions, error)
             }
         };
-        let payload = body_as_json(&msg.body);
         let letter = NewDeadLetter {
             job_id: ids.job_id,
             tenant_id: ids.tenant_id,
             consumer: &self.consumer,
             queue: &self.job_queue,
             message_id: &msg.message_id,
-            payload: &payload,
+            body: &msg.body,
             attempts,
             kind,
             last_error: &error,
             correlation_id: ids.correlation_id.as_deref(),
             replay_of: msg.replay_of,
         };
-        match record_unless_processed(&self.pool, &letter, self.clock.now(), self.settle_wait)
-            .await?
-        {
+        let settled = if kind == ErrorKind::Unsettled {
+            // A fence still there says the job committed; its absence says nothing any more.
+            let job = ids.job_id.expect("an envelope has a job id");
+            if fence_exists(&self.pool, job, &self.consumer).await? {
+                Settled::AlreadyProcessed
+            } else {
+                Settled::Recorded(record_without_settling(&self.pool, &letter, now).await?)
+            }
+        } else {
+            record_unless_processed(&self.pool, &letter, now, self.settle_wait).await?
+        };
+        match settled {
             Settled::AlreadyProcessed => {
                 self.metrics.increment(Metric::RedrivenAlreadyProcessed);
                 tracing::info!(message_id = %msg.message_id, job_id = ?ids.job_id,
@@ -120,4 +155,11 @@ impl DlqIngester {
         }
         Ok(())
     }
+}
+
+/// When a record's message was first sent (`SentTimestamp`: a standard queue's redrive keeps
+/// it), if the record says.
+fn sent_at(record: &SqsMessage) -> Option<DateTime<Utc>> {
+    let millis: i64 = record.attributes.get("SentTimestamp")?.parse().ok()?;
+    DateTime::from_timestamp_millis(millis)
 }

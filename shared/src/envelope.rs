@@ -61,6 +61,12 @@ impl<P: DeserializeOwned> Envelope<P> {
     /// Parses an SQS message body. Not JSON, a missing or malformed envelope field, or a
     /// payload that does not deserialize into `P` is [`Poison`].
     pub fn parse(body: &str) -> Result<Self, Poison> {
+        Self::parse_job(body, &[]).map(|(envelope, _)| envelope)
+    }
+
+    /// [`Envelope::parse`], and the [`JobDigest`] of what makes up the job (the payload, or
+    /// only its `fields` when the consumer names them), from the same parse.
+    pub fn parse_job(body: &str, fields: &[&str]) -> Result<(Self, JobDigest), Poison> {
         let value: Value = serde_json::from_str(body).map_err(|e| Poison {
             reason: format!("body is not JSON: {e}"),
             ids: PartialIds::default(),
@@ -75,6 +81,7 @@ impl<P: DeserializeOwned> Envelope<P> {
                 ids,
             });
         }
+        let digest = JobDigest::of(&value, fields);
         serde_json::from_value::<Envelope<Value>>(value)
             .map_err(|e| Poison {
                 reason: format!("envelope is invalid: {e}"),
@@ -86,6 +93,72 @@ impl<P: DeserializeOwned> Envelope<P> {
                     ids: ids.clone(),
                 })
             })
+            .map(|envelope| (envelope, digest))
+    }
+}
+
+/// What makes up a job, as a SHA-256 digest the fence keeps: the envelope's tenant, its type
+/// and its payload (or only the payload's fields the consumer names), written canonically
+/// (object keys sorted, numbers as the producer wrote them). Two copies of one job have the
+/// same digest; a job id reused for another job has another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct JobDigest(pub [u8; 32]);
+
+impl JobDigest {
+    /// The digest of the envelope `value`, over the payload's `fields` (all of it when empty).
+    pub fn of(value: &Value, fields: &[&str]) -> Self {
+        use sha2::Digest;
+        let mut out = Vec::with_capacity(256);
+        for key in ["tenant_id", "type"] {
+            canonical(value.get(key).unwrap_or(&Value::Null), &mut out);
+            out.push(b'\n');
+        }
+        let payload = value.get("payload").unwrap_or(&Value::Null);
+        if fields.is_empty() {
+            canonical(payload, &mut out);
+        } else {
+            let mut named: Vec<&str> = fields.to_vec();
+            named.sort_unstable();
+            named.dedup();
+            for field in named {
+                canonical(&Value::from(field), &mut out);
+                out.push(b':');
+                canonical(payload.get(field).unwrap_or(&Value::Null), &mut out);
+                out.push(b',');
+            }
+        }
+        Self(sha2::Sha256::digest(&out).into())
+    }
+}
+
+/// `value` as JSON with object keys in sorted order, whatever order it arrived in.
+fn canonical(value: &Value, out: &mut Vec<u8>) {
+    match value {
+        Value::Object(fields) => {
+            let mut keys: Vec<&String> = fields.keys().collect();
+            keys.sort_unstable();
+            out.push(b'{');
+            for (i, key) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                canonical(&Value::from(key.as_str()), out);
+                out.push(b':');
+                canonical(&fields[key], out);
+            }
+            out.push(b'}');
+        }
+        Value::Array(items) => {
+            out.push(b'[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                canonical(item, out);
+            }
+            out.push(b']');
+        }
+        scalar => out.extend_from_slice(scalar.to_string().as_bytes()),
     }
 }
 
@@ -156,16 +229,73 @@ pub fn read_job_id(body: &str) -> Option<JobId> {
 }
 
 /// The message body as it is stored in a dead letter's `payload`: the JSON itself, or, for a
-/// body that is not JSON, a JSON string holding it verbatim.
+/// body that is not JSON or that PostgreSQL's `jsonb` cannot hold, a JSON string holding it
+/// verbatim. (The letter keeps the body exactly as received beside it, and a replay sends that.)
 ///
-/// PostgreSQL's `jsonb` rejects the NUL character, so JSON that contains one is kept as the
-/// string of its raw text (where `\u0000` is six harmless characters), and a raw NUL byte,
-/// which SQS never delivers, becomes U+FFFD. Whatever arrives, the letter can be written.
+/// `jsonb` rejects the NUL character, and numbers outside `numeric`'s range (more than 131,072
+/// digits before the point or 16,383 after it, as `1e200000` or `1e-20000`); it also writes
+/// every number out in full, so a 256 KiB body of `1e100000`s would grow past `jsonb`'s 1 GB
+/// limit. Such JSON is kept as the string of its raw text (where `\u0000` is six harmless
+/// characters), and a raw NUL byte, which SQS never delivers, becomes U+FFFD. Whatever
+/// arrives, the letter can be written.
 pub fn body_as_json(body: &str) -> Value {
     match serde_json::from_str::<Value>(body) {
-        Ok(value) if !holds_nul(body, &value) => value,
+        Ok(value) if !holds_nul(body, &value) && jsonb_can_hold(&value) => value,
         _ => Value::String(body.replace('\0', "\u{fffd}")),
     }
+}
+
+/// The most digits `jsonb` may write out for a stored body's numbers together.
+const MAX_NUMBER_DIGITS: u64 = 1 << 20;
+
+/// Whether every number of `value` fits PostgreSQL's `numeric`, and all of them written out in
+/// full stay within [`MAX_NUMBER_DIGITS`].
+fn jsonb_can_hold(value: &Value) -> bool {
+    fn digits(value: &Value, budget: &mut u64) -> bool {
+        match value {
+            Value::Number(n) => match numeric_digits(&n.to_string()) {
+                Some(d) if d <= *budget => {
+                    *budget -= d;
+                    true
+                }
+                _ => false,
+            },
+            Value::Array(items) => items.iter().all(|v| digits(v, budget)),
+            Value::Object(fields) => fields.values().all(|v| digits(v, budget)),
+            _ => true,
+        }
+    }
+    let mut budget = MAX_NUMBER_DIGITS;
+    digits(value, &mut budget)
+}
+
+/// How many digits PostgreSQL's `numeric` writes for the JSON number `n`, or `None` if it
+/// refuses it (more than 131,072 digits before the point, more than 16,383 after, or an
+/// exponent past its parser's bound).
+fn numeric_digits(n: &str) -> Option<u64> {
+    let n = n.strip_prefix('-').unwrap_or(n);
+    let (mantissa, exponent) = match n.find(['e', 'E']) {
+        Some(at) => (&n[..at], &n[at + 1..]),
+        None => (n, "0"),
+    };
+    let exponent: i64 = exponent
+        .strip_prefix('+')
+        .unwrap_or(exponent)
+        .parse()
+        .ok()
+        .filter(|e: &i64| e.unsigned_abs() < 1_000_000_000)?;
+    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let significant = int.trim_start_matches('0');
+    if significant.is_empty() && frac.bytes().all(|b| b == b'0') {
+        return Some(1 + frac.len() as u64);
+    }
+    // Digits before the point and after it once the exponent has moved the point.
+    let before = significant.len() as i64 + exponent;
+    let after = (frac.len() as i64 - exponent).max(0);
+    if before > 131_072 || after > 16_383 {
+        return None;
+    }
+    Some(before.max(1) as u64 + after as u64)
 }
 
 #[cfg(test)]
@@ -242,6 +372,33 @@ mod tests {
         );
         assert_eq!(p.ids.job_id.unwrap().to_string(), JOB);
         assert_eq!(p.ids.correlation_id.as_deref(), Some("c-1"));
+    }
+
+    #[test]
+    fn numbers_jsonb_cannot_hold_keep_the_body_verbatim() {
+        for (n, fits) in [
+            ("1e131071", true),
+            ("9e131071", true),
+            ("1e131072", false),
+            ("1e-16383", true),
+            ("1e-16384", false),
+            ("1e200000", false),
+            ("1E+99999999999999999999999", false),
+            ("0e999999", true),
+            ("0e9999999999", false),
+            ("-12.50e-1", true),
+            ("123456789012345678901234567890", true),
+        ] {
+            assert_eq!(numeric_digits(n).is_some(), fits, "{n}");
+        }
+        let body = format!(r#"{{"a":{}}}"#, "9".repeat(140_000));
+        assert_eq!(body_as_json(&body), json!(body));
+        let amplified = format!("[{}1]", "1e100000,".repeat(20));
+        assert_eq!(
+            body_as_json(&amplified),
+            json!(amplified),
+            "written out, 2 MB of digits"
+        );
     }
 
     #[test]

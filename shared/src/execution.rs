@@ -23,8 +23,12 @@ pub enum Start {
         /// The execution's number.
         attempt: u32,
     },
-    /// A committed fence exists: the job is done.
-    AlreadyProcessed,
+    /// A committed fence exists: the job is done, with the digest its fence keeps (none for a
+    /// fence an older version wrote).
+    AlreadyProcessed {
+        /// What made up the job that committed.
+        committed: Option<crate::envelope::JobDigest>,
+    },
     /// This very message already has its dead letter (its acknowledgement was lost).
     AlreadyLettered {
         /// The letter.
@@ -84,15 +88,17 @@ pub async fn start_execution(
 ) -> sqlx::Result<Start> {
     type Row = (
         bool,
+        Option<Vec<u8>>,
         Option<Uuid>,
         Option<String>,
         Option<i32>,
         Option<String>,
         Option<i32>,
     );
-    let (processed, letter, letter_kind, executions, last_error, charged): Row = sqlx::query_as(
+    let (processed, digest, letter, letter_kind, executions, last_error, charged): Row = sqlx::query_as(
         "WITH fence AS (
-             SELECT EXISTS (SELECT 1 FROM core.processed_jobs WHERE job_id = $1 AND consumer = $2) AS done),
+             SELECT EXISTS (SELECT 1 FROM core.processed_jobs WHERE job_id = $1 AND consumer = $2) AS done,
+                    (SELECT payload_digest FROM core.processed_jobs WHERE job_id = $1 AND consumer = $2) AS digest),
          letter AS (
              SELECT id, error_kind FROM core.dead_letters WHERE consumer = $2 AND message_id = $3),
          ledger AS (
@@ -106,7 +112,8 @@ pub async fn start_execution(
                  SET executions = e.executions + 1, last_error = NULL, updated_at = $5
                  WHERE e.executions < $4
              RETURNING executions)
-         SELECT (SELECT done FROM fence), (SELECT id FROM letter), (SELECT error_kind FROM letter),
+         SELECT (SELECT done FROM fence), (SELECT digest FROM fence),
+                (SELECT id FROM letter), (SELECT error_kind FROM letter),
                 (SELECT executions FROM ledger), (SELECT last_error FROM ledger),
                 (SELECT executions FROM mark)",
     )
@@ -118,7 +125,9 @@ pub async fn start_execution(
     .fetch_one(db)
     .await?;
     Ok(if processed {
-        Start::AlreadyProcessed
+        Start::AlreadyProcessed {
+            committed: digest.as_deref().and_then(crate::fence::digest_of),
+        }
     } else if let Some(id) = letter {
         Start::AlreadyLettered {
             id: DeadLetterId(id),

@@ -5,6 +5,7 @@
 //! job blocks on the row until the holder commits (then sees a duplicate) or rolls back (then
 //! claims it); `lock_timeout` bounds that wait.
 
+use crate::envelope::JobDigest;
 use crate::ids::{ConsumerName, JobId, TenantId};
 use crate::retry::RetryPolicy;
 use chrono::{DateTime, Utc};
@@ -24,6 +25,9 @@ pub enum FenceClaim {
     Claimed,
     /// The job was already processed by this consumer: ack and skip.
     Duplicate,
+    /// A job was already processed under this id, but another one: what makes it up (its
+    /// [`JobDigest`]) differs. Nothing runs; the copy becomes a `conflict` letter.
+    Conflict,
 }
 
 /// Why the fence could not be claimed or refused.
@@ -37,15 +41,35 @@ pub enum FenceError {
     Database(#[from] sqlx::Error),
 }
 
-/// The shortest fence TTL that is safe: every copy of a job can arrive up to the queue's
-/// retention after it was sent, plus the retry window, and then some margin.
-pub fn ttl_floor(queue_retention: Duration, policy: &RetryPolicy) -> Duration {
-    queue_retention + policy.max_retry_window() + TTL_MARGIN
+/// The shortest fence TTL that is safe: it outlives every copy of a job that can still arrive,
+/// by every path a copy takes, with some margin:
+/// - by the job queue: up to its retention after the send (the retry window lies within it);
+/// - by the DLQ: up to the DLQ's retention after the *original* send (a standard queue's
+///   redrive keeps the message's enqueue time);
+/// - by a redrive of the DLQ back to its source (SQS's DLQ redrive, or an operator moving the
+///   messages): the moved message is a new one, with the job queue's retention again, and the
+///   move can happen at the end of the DLQ's retention.
+///
+/// So: DLQ retention + job queue retention + the retry window + [`TTL_MARGIN`].
+pub fn ttl_floor(
+    queue_retention: Duration,
+    dlq_retention: Duration,
+    policy: &RetryPolicy,
+) -> Duration {
+    dlq_retention + queue_retention + policy.max_retry_window() + TTL_MARGIN
+}
+
+/// How old (from its own send) a copy of a job may be for its fence to be still there if the
+/// job committed: a fence lives `ttl` from its commit, which came after the send. An older copy
+/// cannot be settled through the fence (see [`crate::dead_letter::ErrorKind::Unsettled`]).
+pub fn settle_horizon(ttl: Duration) -> Duration {
+    ttl.saturating_sub(TTL_MARGIN)
 }
 
 /// Inserts the fence of (`job_id`, `consumer`) in the caller's transaction, expiring at
 /// `now + ttl`. Waits at most `wait` for a concurrent copy holding the fence; that bound
 /// applies to the claim only, and the rest of the transaction (the work) waits as it needs.
+/// A claim without a digest (a placeholder, rolled back) never finds a conflict.
 pub async fn claim_fence(
     tx: &mut PgConnection,
     job_id: JobId,
@@ -55,23 +79,48 @@ pub async fn claim_fence(
     ttl: Duration,
     wait: Duration,
 ) -> Result<FenceClaim, FenceError> {
-    // One round trip: `core.claim_fence` sets the lock timeout for the insert only (see its
-    // migration), so the transaction is BEGIN, claim, work, COMMIT.
-    let inserted: bool = sqlx::query_scalar("SELECT core.claim_fence($1, $2, $3, $4, $5, $6)")
-        .bind(job_id.0)
-        .bind(consumer.as_str())
-        .bind(tenant_id.0)
-        .bind(now)
-        .bind(expiry(now, ttl))
-        .bind(lock_wait(wait))
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(claim_error)?;
-    Ok(if inserted {
-        FenceClaim::Claimed
-    } else {
-        FenceClaim::Duplicate
+    claim_job_fence(tx, job_id, consumer, tenant_id, None, now, ttl, wait).await
+}
+
+/// [`claim_fence`] for a job whose `digest` the fence keeps, and compares: an existing fence
+/// with another digest is [`FenceClaim::Conflict`] (one written without a digest, by an older
+/// version, compares equal to any).
+#[allow(clippy::too_many_arguments)]
+pub async fn claim_job_fence(
+    tx: &mut PgConnection,
+    job_id: JobId,
+    consumer: &ConsumerName,
+    tenant_id: TenantId,
+    digest: Option<&JobDigest>,
+    now: DateTime<Utc>,
+    ttl: Duration,
+    wait: Duration,
+) -> Result<FenceClaim, FenceError> {
+    // One round trip: `core.claim_job_fence` sets the lock timeout for the insert only, and
+    // compares the digest only when the fence was there (see migrations 0007 and 0014), so
+    // the transaction is BEGIN, claim, work, COMMIT.
+    let claim: String =
+        sqlx::query_scalar("SELECT core.claim_job_fence($1, $2, $3, $4, $5, $6, $7)")
+            .bind(job_id.0)
+            .bind(consumer.as_str())
+            .bind(tenant_id.0)
+            .bind(now)
+            .bind(expiry(now, ttl))
+            .bind(lock_wait(wait))
+            .bind(digest.map(|d| d.0.as_slice()))
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(claim_error)?;
+    Ok(match claim.as_str() {
+        "claimed" => FenceClaim::Claimed,
+        "conflict" => FenceClaim::Conflict,
+        _ => FenceClaim::Duplicate,
     })
+}
+
+/// Whether `committed`, the digest a fence keeps, says a copy with `digest` is another job.
+pub fn conflicts(committed: Option<&JobDigest>, digest: &JobDigest) -> bool {
+    committed.is_some_and(|c| c != digest)
 }
 
 /// The last statement of a job's transaction, before `COMMIT`: true when the fence is this
@@ -136,16 +185,33 @@ pub async fn claim_fences(
     ttl: Duration,
     wait: Duration,
 ) -> Result<std::collections::HashSet<JobId>, FenceError> {
-    let (ids, tenants): (Vec<uuid::Uuid>, Vec<uuid::Uuid>) =
-        jobs.iter().map(|(j, t)| (j.0, t.0)).unzip();
+    let jobs: Vec<(JobId, TenantId, Option<JobDigest>)> =
+        jobs.iter().map(|&(j, t)| (j, t, None)).collect();
+    claim_job_fences(tx, consumer, &jobs, now, ttl, wait).await
+}
+
+/// [`claim_fences`] for jobs whose digests the fences keep. A job left out had a fence already:
+/// a duplicate, or another job under its id, which the caller tells apart on its own.
+pub async fn claim_job_fences(
+    tx: &mut PgConnection,
+    consumer: &ConsumerName,
+    jobs: &[(JobId, TenantId, Option<JobDigest>)],
+    now: DateTime<Utc>,
+    ttl: Duration,
+    wait: Duration,
+) -> Result<std::collections::HashSet<JobId>, FenceError> {
+    let ids: Vec<uuid::Uuid> = jobs.iter().map(|j| j.0.0).collect();
+    let tenants: Vec<uuid::Uuid> = jobs.iter().map(|j| j.1.0).collect();
+    let digests: Vec<Option<Vec<u8>>> = jobs.iter().map(|j| j.2.map(|d| d.0.to_vec())).collect();
     let claimed: Vec<uuid::Uuid> =
-        sqlx::query_scalar("SELECT core.claim_fences($1, $2, $3, $4, $5, $6)")
+        sqlx::query_scalar("SELECT core.claim_job_fences($1, $2, $3, $4, $5, $6, $7)")
             .bind(&ids)
             .bind(consumer.as_str())
             .bind(&tenants)
             .bind(now)
             .bind(expiry(now, ttl))
             .bind(lock_wait(wait))
+            .bind(&digests)
             .fetch_all(&mut *tx)
             .await
             .map_err(claim_error)?;
@@ -209,6 +275,33 @@ pub async fn processed_among(
     Ok(found.into_iter().map(JobId).collect())
 }
 
+/// The committed fences among `jobs` for `consumer`, each with the digest it keeps (none for a
+/// fence an older version wrote): one statement for a whole batch.
+pub async fn processed_digests(
+    db: impl PgExecutor<'_>,
+    consumer: &ConsumerName,
+    jobs: &[JobId],
+) -> sqlx::Result<std::collections::HashMap<JobId, Option<JobDigest>>> {
+    let ids: Vec<uuid::Uuid> = jobs.iter().map(|j| j.0).collect();
+    let found: Vec<(uuid::Uuid, Option<Vec<u8>>)> = sqlx::query_as(
+        "SELECT job_id, payload_digest FROM core.processed_jobs
+         WHERE consumer = $1 AND job_id = ANY($2)",
+    )
+    .bind(consumer.as_str())
+    .bind(&ids)
+    .fetch_all(db)
+    .await?;
+    Ok(found
+        .into_iter()
+        .map(|(job, digest)| (JobId(job), digest.as_deref().and_then(digest_of)))
+        .collect())
+}
+
+/// A stored digest as a [`JobDigest`] (anything but 32 bytes is no digest).
+pub fn digest_of(bytes: &[u8]) -> Option<JobDigest> {
+    bytes.try_into().ok().map(JobDigest)
+}
+
 /// Whether a committed fence exists for (`job_id`, `consumer`): if so, a replay will be a no-op.
 pub async fn fence_exists(
     db: impl PgExecutor<'_>,
@@ -252,9 +345,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_default_floor_fits_under_the_default_ttl_of_seven_days() {
-        let floor = ttl_floor(Duration::from_secs(4 * 86_400), &RetryPolicy::default());
-        assert_eq!(floor, Duration::from_secs(5 * 86_400 + 675));
-        assert!(floor < Duration::from_secs(7 * 86_400));
+    fn the_default_floor_fits_under_the_default_ttl_of_fourteen_days() {
+        let floor = ttl_floor(
+            Duration::from_secs(4 * 86_400),
+            Duration::from_secs(7 * 86_400),
+            &RetryPolicy::default(),
+        );
+        assert_eq!(floor, Duration::from_secs(12 * 86_400 + 675));
+        assert!(floor < Duration::from_secs(14 * 86_400));
     }
 }

@@ -40,7 +40,7 @@ pub enum Metric {
     BatchFellBack,
 }
 
-const NAMES: [&str; 15] = [
+const NAMES: [&str; 17] = [
     "Processed",
     "DuplicateSkipped",
     "FenceContended",
@@ -49,6 +49,8 @@ const NAMES: [&str; 15] = [
     "DeadLetteredPermanent",
     "DeadLetteredExhausted",
     "DeadLetteredCrashed",
+    "DeadLetteredUnsettled",
+    "DeadLetteredConflict",
     "DeadLetterWriteFailed",
     "HandedBack",
     "RedrivenAlreadyProcessed",
@@ -69,6 +71,8 @@ impl Metric {
         Metric::DeadLettered(ErrorKind::Permanent),
         Metric::DeadLettered(ErrorKind::Exhausted),
         Metric::DeadLettered(ErrorKind::Crashed),
+        Metric::DeadLettered(ErrorKind::Unsettled),
+        Metric::DeadLettered(ErrorKind::Conflict),
         Metric::DeadLetterWriteFailed,
         Metric::HandedBack,
         Metric::RedrivenAlreadyProcessed,
@@ -88,13 +92,15 @@ impl Metric {
             Metric::DeadLettered(ErrorKind::Permanent) => 5,
             Metric::DeadLettered(ErrorKind::Exhausted) => 6,
             Metric::DeadLettered(ErrorKind::Crashed) => 7,
-            Metric::DeadLetterWriteFailed => 8,
-            Metric::HandedBack => 9,
-            Metric::RedrivenAlreadyProcessed => 10,
-            Metric::AlertDeliveryFailed => 11,
-            Metric::AlertRejected => 12,
-            Metric::BatchCommitted => 13,
-            Metric::BatchFellBack => 14,
+            Metric::DeadLettered(ErrorKind::Unsettled) => 8,
+            Metric::DeadLettered(ErrorKind::Conflict) => 9,
+            Metric::DeadLetterWriteFailed => 10,
+            Metric::HandedBack => 11,
+            Metric::RedrivenAlreadyProcessed => 12,
+            Metric::AlertDeliveryFailed => 13,
+            Metric::AlertRejected => 14,
+            Metric::BatchCommitted => 15,
+            Metric::BatchFellBack => 16,
         }
     }
 

@@ -15,7 +15,7 @@ async fn a_letter(pool: &PgPool) -> uuid::Uuid {
         consumer: &consumer_name(),
         queue: QUEUE,
         message_id: &uuid::Uuid::new_v4().to_string(),
-        payload: &payload,
+        body: &payload.to_string(),
         attempts: 5,
         kind: ErrorKind::Exhausted,
         last_error: "timeout",

@@ -109,7 +109,7 @@ pub async fn seed_letter_for(
         consumer: &crate::consumer_name(),
         queue,
         message_id: &message_id,
-        payload: envelope,
+        body: &envelope.to_string(),
         attempts: 5,
         kind,
         last_error: "database unavailable on every attempt",

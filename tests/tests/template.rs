@@ -328,6 +328,44 @@ fn each_consumer_stanza_wires_its_queue_redrive_ingester_and_timeouts() {
     }
 }
 
+/// Issue 22, hole 2: the DLQ kept a copy 14 days, the fence lived 7, and the functions' floor
+/// counted only the job queue. Each stanza's queue and DLQ retentions are now the values every
+/// function is told (so its start-up floor counts them), and the fence TTL the functions get is
+/// at or above the floor of what the queues really keep, redrive back to the source included.
+#[test]
+fn hole2_every_queues_retention_is_what_its_functions_floor_counts() {
+    let t = template();
+    for (consumer, ingester, queue, dlq) in consumers(&t) {
+        let kept = |name: &str| -> u64 {
+            let v = &resource(&t, name)["Properties"]["MessageRetentionPeriod"];
+            resolve(&t, name, v).parse().unwrap()
+        };
+        for function in [&consumer, &ingester] {
+            let env = environment(&t, resource(&t, function));
+            let fence =
+                shared::config::FenceConfig::from_env(&Env::from_fn(|k| env.get(k).cloned()))
+                    .unwrap();
+            assert_eq!(
+                fence.queue_retention.as_secs(),
+                kept(&queue),
+                "{function}: {queue}"
+            );
+            assert_eq!(
+                fence.dlq_retention.as_secs(),
+                kept(&dlq),
+                "{function}: {dlq}"
+            );
+            let floor =
+                shared::fence::ttl_floor(fence.queue_retention, fence.dlq_retention, &fence.policy);
+            assert!(
+                fence.ttl >= floor,
+                "{function}: TTL {:?} < floor {floor:?}",
+                fence.ttl
+            );
+        }
+    }
+}
+
 #[test]
 fn every_route_is_on_its_function_behind_the_jwt_authorizer_with_its_scope() {
     let t = template();

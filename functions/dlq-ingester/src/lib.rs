@@ -29,6 +29,7 @@ pub async fn run() -> Result<(), Error> {
         max_receive_count: config.fence.max_receive_count,
         max_attempts: config.fence.policy.max_attempts(),
         settle_wait: config.fence.lock_timeout,
+        fence_ttl: config.fence.ttl,
         clock,
         metrics: Default::default(),
         alerter,

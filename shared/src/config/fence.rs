@@ -16,6 +16,8 @@ pub struct FenceConfig {
     pub ttl: Duration,
     /// The job queue's retention.
     pub queue_retention: Duration,
+    /// Its DLQ's retention (counted from the original send).
+    pub dlq_retention: Duration,
     /// The job queue's redrive `maxReceiveCount` (default: the policy's attempts + 2).
     pub max_receive_count: u32,
     /// How long a copy of a job waits for a concurrent copy's fence (default 2 s); settling a
@@ -23,13 +25,22 @@ pub struct FenceConfig {
     pub lock_timeout: Duration,
 }
 
+/// The fence TTL when [`FENCE_TTL_SECONDS`] is unset: above the floor of the default
+/// retentions (7 + 4 days + the retry window + a day).
+pub const DEFAULT_FENCE_TTL: Duration = Duration::from_secs(14 * 86_400);
+
+/// The DLQ retention when [`DLQ_RETENTION_SECONDS`] is unset (the template's default): a week
+/// for an ingester that fails to be mended (its alarm fires in 15 minutes).
+pub const DEFAULT_DLQ_RETENTION: Duration = Duration::from_secs(7 * 86_400);
+
 /// SQS must keep a message this much longer than its retry window: time for the last attempt
 /// to run and for deliveries handed back on the way (deadline near, fence contended).
 pub const RETENTION_MARGIN: Duration = Duration::from_secs(60 * 60);
 
 impl FenceConfig {
-    /// Reads the retry policy, [`FENCE_TTL_SECONDS`] (default 7 days),
+    /// Reads the retry policy, [`FENCE_TTL_SECONDS`] (default 14 days),
     /// [`QUEUE_RETENTION_SECONDS`] (default 4 days, the SQS default),
+    /// [`DLQ_RETENTION_SECONDS`] (default 7 days),
     /// [`REDRIVE_MAX_RECEIVE_COUNT`] and [`FENCE_LOCK_TIMEOUT_MS`], and refuses settings that
     /// lose messages: a retention shorter than the retry window (SQS would delete a message
     /// mid-retry, and an expired message is never redriven), a `maxReceiveCount` that does not
@@ -87,6 +98,17 @@ impl FenceConfig {
                 ),
             });
         }
+        let dlq_retention = env.seconds(DLQ_RETENTION_SECONDS, DEFAULT_DLQ_RETENTION)?;
+        if !(60..=1_209_600).contains(&dlq_retention.as_secs()) || dlq_retention < queue_retention {
+            return Err(ConfigError {
+                variable: DLQ_RETENTION_SECONDS,
+                problem: format!(
+                    "must be 60 to 1209600 (SQS's range) and at least {QUEUE_RETENTION_SECONDS} ({} s), got {}: a standard queue's DLQ counts retention from the original send, so a shorter one deletes a late-redriven message before it becomes a letter",
+                    queue_retention.as_secs(),
+                    dlq_retention.as_secs()
+                ),
+            });
+        }
         let max_receive_count = env.parsed(REDRIVE_MAX_RECEIVE_COUNT, attempts + 2)?;
         if max_receive_count <= attempts {
             return Err(ConfigError {
@@ -105,16 +127,20 @@ impl FenceConfig {
                 problem: "must be at least 1".into(),
             });
         }
-        let ttl = env.seconds(FENCE_TTL_SECONDS, Duration::from_secs(7 * 86_400))?;
-        let floor = ttl_floor(queue_retention, &policy);
+        let ttl = env.seconds(FENCE_TTL_SECONDS, DEFAULT_FENCE_TTL)?;
+        let floor = ttl_floor(queue_retention, dlq_retention, &policy);
         if ttl < floor {
             return Err(ConfigError {
                 variable: FENCE_TTL_SECONDS,
                 problem: format!(
-                    "{} s is below the safe floor of {} s ({QUEUE_RETENTION_SECONDS} {} s + max retry window {} s \
-                     + margin {} s): a copy of a job arriving after its fence expired would apply its effect twice",
+                    "{} s is below the safe floor of {} s ({DLQ_RETENTION_SECONDS} {} s + \
+                     {QUEUE_RETENTION_SECONDS} {} s + max retry window {} s + margin {} s: a copy \
+                     redriven from the DLQ back to its queue at the end of the DLQ's retention \
+                     lives the queue's retention again): a copy of a job arriving after its fence \
+                     expired would apply its effect twice",
                     ttl.as_secs(),
                     floor.as_secs(),
+                    dlq_retention.as_secs(),
                     queue_retention.as_secs(),
                     policy.max_retry_window().as_secs(),
                     crate::fence::TTL_MARGIN.as_secs()
@@ -126,6 +152,7 @@ impl FenceConfig {
             override_rationale,
             ttl,
             queue_retention,
+            dlq_retention,
             max_receive_count,
             lock_timeout,
         })

@@ -16,7 +16,8 @@ fn load(extra: &[(&'static str, &'static str)]) -> Result<ConsumerConfig, Config
 fn defaults_are_the_platform_policy() {
     let c = load(&[]).unwrap();
     assert_eq!(c.fence.policy, RetryPolicy::default());
-    assert_eq!(c.fence.ttl, Duration::from_secs(7 * 86_400));
+    assert_eq!(c.fence.ttl, Duration::from_secs(14 * 86_400));
+    assert_eq!(c.fence.dlq_retention, Duration::from_secs(7 * 86_400));
     assert_eq!(c.database.pool_size, 5);
     assert_eq!(c.consumer_name.as_str(), "award-points");
 }
@@ -30,16 +31,77 @@ fn a_ttl_under_the_floor_is_rejected_naming_the_variable() {
             .starts_with("FENCE_TTL_SECONDS: 86400 s is below the safe floor"),
         "{err}"
     );
-    // Raising the retention raises the floor too.
-    let err = load(&[(QUEUE_RETENTION_SECONDS, "1209600")]).unwrap_err();
+    // Raising a retention raises the floor too.
+    let err = load(&[
+        (QUEUE_RETENTION_SECONDS, "1209600"),
+        (DLQ_RETENTION_SECONDS, "1209600"),
+    ])
+    .unwrap_err();
     assert_eq!(err.variable, FENCE_TTL_SECONDS, "{err}");
     assert!(
         load(&[
             (QUEUE_RETENTION_SECONDS, "1209600"),
-            (FENCE_TTL_SECONDS, "1400000")
+            (DLQ_RETENTION_SECONDS, "1209600"),
+            (FENCE_TTL_SECONDS, "2600000")
         ])
         .is_ok()
     );
+}
+
+/// Issue 22, hole 2: the DLQ kept a message 14 days from its original send while the fence
+/// lived 7, and the floor counted only the job queue: a committed job's copy reaching the
+/// ingester (or redriven back to its queue) after the sweep was applied twice. The floor now
+/// counts the DLQ's retention and a redrive back to the source, and every function that
+/// touches fences refuses a TTL under it, naming the variable.
+#[test]
+fn hole2_the_ttl_floor_counts_the_dlq_retention_and_a_redrive_back_to_the_source() {
+    // The old defaults: the DLQ at 14 days, the fence at 7.
+    let err = load(&[
+        (DLQ_RETENTION_SECONDS, "1209600"),
+        (FENCE_TTL_SECONDS, "604800"),
+    ])
+    .unwrap_err();
+    assert_eq!(err.variable, FENCE_TTL_SECONDS, "{err}");
+    assert!(
+        err.to_string().contains("DLQ_RETENTION_SECONDS 1209600 s"),
+        "{err}"
+    );
+    // Fourteen days of DLQ, four of queue: a redrive at the DLQ's last moment lives 18 days.
+    let err = load(&[
+        (DLQ_RETENTION_SECONDS, "1209600"),
+        (FENCE_TTL_SECONDS, "1555200"),
+    ])
+    .unwrap_err();
+    assert_eq!(err.variable, FENCE_TTL_SECONDS, "{err}");
+    assert!(
+        load(&[
+            (DLQ_RETENTION_SECONDS, "1209600"),
+            (FENCE_TTL_SECONDS, "1728000")
+        ])
+        .is_ok()
+    );
+    let old_defaults = [
+        (DATABASE_URL, "postgres://h/d"),
+        (ALERTING_DISABLED, "true"),
+        (CONSUMER_NAME, "award-points"),
+        (JOB_QUEUE_NAME, "jobs"),
+        (DLQ_RETENTION_SECONDS, "1209600"),
+        (FENCE_TTL_SECONDS, "604800"),
+    ];
+    let env = Env::from_pairs(&old_defaults);
+    let scheduled = ScheduledConfig::from_env(&env).map(drop).unwrap_err();
+    let ingester = DlqIngesterConfig::from_env(&env).map(drop).unwrap_err();
+    assert_eq!(
+        (scheduled.variable, ingester.variable),
+        (FENCE_TTL_SECONDS, FENCE_TTL_SECONDS)
+    );
+}
+
+#[test]
+fn a_dlq_that_keeps_messages_shorter_than_its_queue_is_rejected_naming_the_variable() {
+    let err = load(&[(DLQ_RETENTION_SECONDS, "86400")]).unwrap_err();
+    assert_eq!(err.variable, DLQ_RETENTION_SECONDS, "{err}");
+    assert!(err.to_string().contains("original send"), "{err}");
 }
 
 #[test]

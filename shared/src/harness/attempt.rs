@@ -4,7 +4,7 @@
 
 use super::{Harness, IncomingMessage, RecordOutcome};
 use crate::consumer::{Consumer, Job, ProcessError};
-use crate::fence::{FenceClaim, FenceError, claim_fence, finish_job, settle_committed};
+use crate::fence::{FenceClaim, FenceError, claim_job_fence, finish_job, settle_committed};
 use crate::ids::JobId;
 use futures_util::FutureExt;
 use std::panic::AssertUnwindSafe;
@@ -87,11 +87,12 @@ impl<C: Consumer> Harness<C> {
         let failed = |e: sqlx::Error| AttemptError::Failed(e.into());
         let mut tx = self.pool.begin().await.map_err(failed)?;
         let envelope = &job.envelope;
-        let claim = claim_fence(
+        let claim = claim_job_fence(
             &mut tx,
             envelope.job_id,
             self.consumer.name(),
             envelope.tenant_id,
+            Some(&job.digest),
             job.started_at,
             self.settings.fence_ttl,
             self.settings.lock_timeout,
@@ -99,9 +100,9 @@ impl<C: Consumer> Harness<C> {
         .await;
         match claim {
             Ok(FenceClaim::Claimed) => {}
-            Ok(FenceClaim::Duplicate) => {
+            Ok(claim @ (FenceClaim::Duplicate | FenceClaim::Conflict)) => {
                 let _ = tx.rollback().await;
-                return Ok(FenceClaim::Duplicate);
+                return Ok(claim);
             }
             Err(FenceError::Contended) => {
                 let _ = tx.rollback().await;

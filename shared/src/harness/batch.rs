@@ -17,9 +17,10 @@
 
 use super::{Harness, IncomingMessage, RecordOutcome};
 use crate::consumer::{Consumer, Job, ProcessError};
+use crate::envelope::JobDigest;
 use crate::envelope::{Envelope, read_job_id};
 use crate::execution::executions_of;
-use crate::fence::{claim_fences, finish_jobs, processed_among};
+use crate::fence::{claim_job_fences, conflicts, finish_jobs, processed_digests};
 use crate::ids::JobId;
 use crate::metrics::Metric;
 use futures_util::{FutureExt, StreamExt};
@@ -69,9 +70,10 @@ impl<C: Consumer> Harness<C> {
         let jobs: Vec<Option<JobId>> = msgs.iter().map(|m| read_job_id(&m.body)).collect();
         let known: Vec<JobId> = jobs.iter().flatten().copied().collect();
         // One round trip for the whole batch; if it fails, every record finds out on its own.
-        let done = processed_among(&self.pool, self.consumer.name(), &known)
+        let done = processed_digests(&self.pool, self.consumer.name(), &known)
             .await
             .unwrap_or_default();
+        let mut conflicting = Vec::new();
         let (mut fresh, mut seen_before) = (Vec::new(), Vec::new());
         // A job runs once per SQS batch, by its first record; its later records with the same
         // body take their outcome from that run and are never charged an execution of their
@@ -80,10 +82,14 @@ impl<C: Consumer> Harness<C> {
         let mut copies: Vec<(usize, usize)> = Vec::new();
         for (i, msg) in msgs.iter().enumerate() {
             let first = jobs[i].and_then(|j| first_of.get(&j).copied());
-            if jobs[i].is_some_and(|j| done.contains(&j)) {
-                tracing::debug!(message_id = %msg.message_id, "duplicate of a processed job");
-                self.metrics.increment(Metric::DuplicateSkipped);
-                outcomes[i] = Some(RecordOutcome::Duplicate);
+            if let Some(committed) = jobs[i].and_then(|j| done.get(&j)) {
+                if committed.is_some_and(|c| conflicts(Some(&c), &self.digest_of(&msg.body))) {
+                    conflicting.push(i);
+                } else {
+                    tracing::debug!(message_id = %msg.message_id, "duplicate of a processed job");
+                    self.metrics.increment(Metric::DuplicateSkipped);
+                    outcomes[i] = Some(RecordOutcome::Duplicate);
+                }
             } else if let Some(first) = first {
                 if msgs[first].body == msg.body {
                     copies.push((i, first));
@@ -128,6 +134,14 @@ impl<C: Consumer> Harness<C> {
             let (i, outcome) = each(i).await;
             outcomes[i] = outcome;
         }
+        for i in conflicting {
+            if may_start() {
+                let ids = crate::envelope::read_ids(&msgs[i].body);
+                let outcome = self.conflict(&msgs[i], &ids).await;
+                self.metrics.increment(outcome.metric());
+                outcomes[i] = Some(outcome);
+            }
+        }
         for (copy, first) in copies {
             let outcome = outcomes[first].as_ref().map(RecordOutcome::of_a_copy);
             if let Some(outcome) = &outcome {
@@ -136,6 +150,12 @@ impl<C: Consumer> Harness<C> {
             outcomes[copy] = outcome;
         }
         outcomes
+    }
+
+    /// The digest of what makes up the job in `body`, as [`Envelope::parse_job`] takes it.
+    fn digest_of(&self, body: &str) -> JobDigest {
+        let value: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+        JobDigest::of(&value, self.consumer.job_fields())
     }
 
     /// Repeat deliveries ordered so that jobs with fewer executions charged go first: a job that
@@ -172,55 +192,48 @@ impl<C: Consumer> Harness<C> {
         msgs: &[IncomingMessage],
         fresh: &[usize],
     ) -> (Vec<(usize, RecordOutcome)>, Vec<usize>) {
+        // `fresh` holds one record per job (see `process_batch`).
         let mut alone = Vec::new();
-        let mut runners: Vec<(usize, Envelope<C::Payload>)> = Vec::new();
-        let mut copies: Vec<usize> = Vec::new();
-        let mut seen = HashSet::new();
+        let mut runners: Vec<(usize, Envelope<C::Payload>, JobDigest)> = Vec::new();
         for &i in fresh {
-            match Envelope::<C::Payload>::parse(&msgs[i].body) {
+            match Envelope::<C::Payload>::parse_job(&msgs[i].body, self.consumer.job_fields()) {
                 Err(_) => alone.push(i),
-                Ok(envelope) if !seen.insert(envelope.job_id) => copies.push(i),
-                Ok(envelope) => runners.push((i, envelope)),
+                Ok((envelope, digest)) => runners.push((i, envelope, digest)),
             }
         }
         if runners.len() < 2 {
-            alone.extend(runners.iter().map(|(i, _)| *i));
-            alone.extend(&copies);
+            alone.extend(runners.iter().map(|(i, _, _)| *i));
             return (Vec::new(), alone);
         }
         // In job id order: the fences are claimed so (`core.claim_fences` orders them too), and
         // the consumer's batch work sees them so, which keeps its own row locks in one order.
-        runners.sort_by_key(|(_, e)| e.job_id);
-        let indices: Vec<(usize, JobId)> = runners.iter().map(|(i, e)| (*i, e.job_id)).collect();
+        runners.sort_by_key(|(_, e, _)| e.job_id);
+        let indices: Vec<(usize, JobId)> = runners.iter().map(|(i, e, _)| (*i, e.job_id)).collect();
         let started_at = self.clock.now();
         let jobs: Vec<Job<C::Payload>> = runners
             .into_iter()
-            .map(|(_, envelope)| Job {
+            .map(|(_, envelope, digest)| Job {
                 envelope,
                 attempt: 1,
                 started_at,
+                digest,
                 metrics: self.metrics.clone(),
             })
             .collect();
         match self.attempt_together(jobs).await {
             Ok(claimed) => {
                 self.metrics.increment(Metric::BatchCommitted);
-                // A job's first record in the batch ran it (unless its fence was already
-                // there); its later copies are duplicates of it.
-                let runs = indices.iter().map(|&(i, job)| (i, claimed.contains(&job)));
-                let dups = copies.iter().map(|&i| (i, false));
-                let settled = runs
-                    .chain(dups)
-                    .map(|(i, ran)| {
-                        let outcome = if ran {
-                            RecordOutcome::Processed
-                        } else {
-                            RecordOutcome::Duplicate
-                        };
-                        self.metrics.increment(outcome.metric());
-                        (i, outcome)
-                    })
-                    .collect();
+                let mut settled = Vec::new();
+                for (i, job) in indices {
+                    if claimed.contains(&job) {
+                        self.metrics.increment(Metric::Processed);
+                        settled.push((i, RecordOutcome::Processed));
+                    } else {
+                        // Its fence appeared since the lookup: alone, the claim tells a
+                        // duplicate from another job under its id.
+                        alone.push(i);
+                    }
+                }
                 (settled, alone)
             }
             Err(reason) => {
@@ -228,7 +241,6 @@ impl<C: Consumer> Harness<C> {
                 tracing::warn!(jobs = indices.len(), reason = %reason,
                     "the batch did not commit; its jobs run one by one");
                 alone.extend(indices.iter().map(|(i, _)| *i));
-                alone.extend(&copies);
                 (Vec::new(), alone)
             }
         }
@@ -274,9 +286,9 @@ impl<C: Consumer> Harness<C> {
         let started_at = jobs[0].started_at;
         let pairs: Vec<_> = jobs
             .iter()
-            .map(|j| (j.envelope.job_id, j.envelope.tenant_id))
+            .map(|j| (j.envelope.job_id, j.envelope.tenant_id, Some(j.digest)))
             .collect();
-        let claimed = claim_fences(
+        let claimed = claim_job_fences(
             tx,
             consumer,
             &pairs,

@@ -11,11 +11,13 @@
 use crate::alerting::Alerter;
 use crate::clock::Clock;
 use crate::consumer::{Consumer, Job, ProcessError};
-use crate::dead_letter::{ErrorKind, NewDeadLetter, Recorded, Settled, record_unless_processed};
+use crate::dead_letter::{
+    ErrorKind, NewDeadLetter, Recorded, Settled, record_unless_processed, record_without_settling,
+};
 use crate::decision::{Disposition, decide};
-use crate::envelope::{Envelope, PartialIds, body_as_json};
+use crate::envelope::{Envelope, PartialIds};
 use crate::execution::{Start, record_failure, start_execution, uncharge};
-use crate::fence::FenceClaim;
+use crate::fence::{FenceClaim, conflicts};
 use crate::metrics::Metrics;
 use crate::retry::RetryPolicy;
 use attempt::AttemptError;
@@ -173,8 +175,9 @@ impl<C: Consumer> Harness<C> {
     }
 
     async fn process_unrecorded(&self, msg: &IncomingMessage) -> RecordOutcome {
-        let envelope = match Envelope::<C::Payload>::parse(&msg.body) {
-            Ok(envelope) => envelope,
+        let fields = self.consumer.job_fields();
+        let (envelope, digest) = match Envelope::<C::Payload>::parse_job(&msg.body, fields) {
+            Ok(parsed) => parsed,
             Err(poison) => {
                 record_ids(&poison.ids);
                 return self
@@ -202,7 +205,13 @@ impl<C: Consumer> Harness<C> {
             .await;
             match start {
                 Ok(Start::Run { attempt }) => attempt,
-                Ok(Start::AlreadyProcessed) => return RecordOutcome::Duplicate,
+                Ok(Start::AlreadyProcessed { committed }) => {
+                    return if conflicts(committed.as_ref(), &digest) {
+                        self.conflict(msg, &envelope.ids()).await
+                    } else {
+                        RecordOutcome::Duplicate
+                    };
+                }
                 Ok(Start::AlreadyLettered { id, kind }) => {
                     return RecordOutcome::DeadLettered {
                         kind,
@@ -230,11 +239,13 @@ impl<C: Consumer> Harness<C> {
             envelope,
             attempt,
             started_at: self.clock.now(),
+            digest,
             metrics: self.metrics.clone(),
         };
         let failure = match self.attempt(&job, msg).await {
             Ok(FenceClaim::Claimed) => return RecordOutcome::Processed,
             Ok(FenceClaim::Duplicate) => return RecordOutcome::Duplicate,
+            Ok(FenceClaim::Conflict) => return self.conflict(msg, &job.envelope.ids()).await,
             Err(AttemptError::Contended) => {
                 if charged {
                     // It never ran: take the charge back (best effort; a failure only costs
@@ -284,6 +295,17 @@ impl<C: Consumer> Harness<C> {
         }
     }
 
+    /// A copy of a processed job whose payload differs: another job under its id. Its letter
+    /// is written without settling (the fence says the id committed, for the other job).
+    pub(super) async fn conflict(&self, msg: &IncomingMessage, ids: &PartialIds) -> RecordOutcome {
+        let error = "this job id was already processed with another payload (its fence keeps the \
+                     digest of what made up the job): a producer reused the id for another job, \
+                     which did not run; send it under a new job id, then discard this letter"
+            .to_owned();
+        self.write_letter(msg, ids, 1, ErrorKind::Conflict, error, false)
+            .await
+    }
+
     async fn dead_letter(
         &self,
         msg: &IncomingMessage,
@@ -292,27 +314,46 @@ impl<C: Consumer> Harness<C> {
         kind: ErrorKind,
         error: String,
     ) -> RecordOutcome {
-        let payload = body_as_json(&msg.body);
+        self.write_letter(msg, ids, attempt, kind, error, true)
+            .await
+    }
+
+    /// Writes the letter (settled through the fence first, when `settle`), then pages.
+    async fn write_letter(
+        &self,
+        msg: &IncomingMessage,
+        ids: &PartialIds,
+        attempt: u32,
+        kind: ErrorKind,
+        error: String,
+        settle: bool,
+    ) -> RecordOutcome {
         let letter = NewDeadLetter {
             job_id: ids.job_id,
             tenant_id: ids.tenant_id,
             consumer: self.consumer.name(),
             queue: &msg.queue,
             message_id: &msg.message_id,
-            payload: &payload,
+            body: &msg.body,
             attempts: attempt,
             kind,
             last_error: &error,
             correlation_id: ids.correlation_id.as_deref(),
             replay_of: msg.replay_of,
         };
-        let settled = record_unless_processed(
-            &self.pool,
-            &letter,
-            self.clock.now(),
-            self.settings.lock_timeout,
-        )
-        .await;
+        let settled = if settle {
+            record_unless_processed(
+                &self.pool,
+                &letter,
+                self.clock.now(),
+                self.settings.lock_timeout,
+            )
+            .await
+        } else {
+            record_without_settling(&self.pool, &letter, self.clock.now())
+                .await
+                .map(Settled::Recorded)
+        };
         match settled {
             Ok(Settled::AlreadyProcessed) => RecordOutcome::Duplicate,
             Ok(Settled::Recorded(letter)) => {
