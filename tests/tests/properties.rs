@@ -87,7 +87,92 @@ fn body() -> impl Strategy<Value = String> {
         1 => prop::collection::vec(any::<u8>(), 0..48).prop_map(|b| String::from_utf8_lossy(&b).into_owned()),
         1 => json_value().prop_map(|v| v.to_string()),
         4 => near_envelope(),
+        3 => hostile_envelope(),
     ]
+}
+
+/// A JSON number as a producer may write it: any sign, digits, fraction and exponent, of any
+/// size (`1e200000`, `-0.000e-99999999999`, 3,000 digits).
+fn hostile_number() -> impl Strategy<Value = String> {
+    (
+        any::<bool>(),
+        prop_oneof![Just(1usize), Just(3), Just(30), Just(3_000)],
+        prop::option::of(1usize..40),
+        prop::option::of(prop_oneof![
+            -20i64..20,
+            Just(131_071),
+            Just(131_072),
+            Just(-16_383),
+            Just(-16_384),
+            Just(200_000),
+            Just(-200_000),
+            Just(i64::MAX),
+        ]),
+        any::<u64>(),
+    )
+        .prop_map(|(negative, int_digits, frac, exponent, seed)| {
+            let digit = |i: usize| char::from(b'0' + ((seed >> (i % 60)) as u8 % 10));
+            let mut n = String::from(if negative { "-" } else { "" });
+            n.push(char::from(b'1' + (seed % 9) as u8));
+            n.extend((1..int_digits).map(digit));
+            if let Some(frac) = frac {
+                n.push('.');
+                n.extend((0..frac).map(digit));
+            }
+            if let Some(exponent) = exponent {
+                n.push_str(&format!("e{exponent}"));
+            }
+            n
+        })
+}
+
+/// A string a producer may send: empty, unicode of every plane, control characters, escapes,
+/// or long (up to 100 KB, so a body stays under SQS's 256 KiB).
+fn hostile_string() -> impl Strategy<Value = String> {
+    prop_oneof![
+        ".{0,12}",
+        r#"[\x01-\x1f"\\\x{80}-\x{10FFFF}]{0,20}"#,
+        (1usize..100_000, any::<char>()).prop_map(|(n, c)| {
+            let mut s: String =
+                std::iter::repeat_n(c, n.min(100_000 / c.len_utf8().max(1))).collect();
+            s.push_str(&n.to_string());
+            s
+        }),
+    ]
+}
+
+/// Nested `depth` deep around `leaf` (serde_json refuses bodies nested beyond 128).
+fn nested(depth: usize, leaf: String) -> String {
+    format!("{}{leaf}{}", "[".repeat(depth), "]".repeat(depth))
+}
+
+/// A whole envelope whose every field a producer controls holds something hostile: huge or
+/// tiny numbers, long or strange strings, deep nesting, as the correlation id, the payload's
+/// fields, or extra keys.
+fn hostile_envelope() -> impl Strategy<Value = String> {
+    let text = || hostile_string().prop_map(|s| Value::from(s).to_string());
+    let value = prop_oneof![
+        hostile_number(),
+        text(),
+        (0usize..140, hostile_number()).prop_map(|(d, n)| nested(d, n)),
+    ];
+    (
+        prop_oneof![text(), hostile_number()],
+        prop_oneof![Just("\"acct\"".to_owned()), text()],
+        value.clone(),
+        prop::option::of(("[a-z]{1,8}|.{1,2000}", value)),
+        any::<u128>(),
+    )
+        .prop_map(|(correlation, account, points, extra, job)| {
+            let extra = extra
+                .map(|(k, v)| format!(",{}:{v}", Value::from(k)))
+                .unwrap_or_default();
+            format!(
+                r#"{{"job_id":"{}","tenant_id":"{}","correlation_id":{correlation},"payload":{{"account_id":{account},"points":{points}{extra}}}}}"#,
+                Uuid::from_u128(job),
+                Uuid::from_u128(job.rotate_left(64))
+            )
+        })
 }
 
 fn has_nul(value: &Value) -> bool {
@@ -120,7 +205,11 @@ proptest! {
 }
 
 /// Any body through the whole record path: it is processed (fence and one award) or becomes a
-/// letter holding it; nothing is lost, nothing panics.
+/// letter holding it, exactly as received; nothing is lost, nothing panics. Issue 22: the
+/// bodies include whatever a producer controls made hostile (numbers of any size and exponent,
+/// long and strange strings as the correlation id and the payload's values and keys, nesting to
+/// serde's limit and past it) and message ids SQS never sends; before the fix such a letter's
+/// write failed and the message was handed back on every delivery.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn any_message_body_is_processed_once_or_dead_lettered_never_lost(pool: PgPool) {
     let harness = e2e::harness(pool.clone(), AwardPoints::new(e2e::consumer_name()));
@@ -128,7 +217,12 @@ async fn any_message_body_is_processed_once_or_dead_lettered_never_lost(pool: Pg
     let strategy = body();
     for case in 0..300 {
         let body = generate(&mut runner, &strategy);
-        let message_id = format!("m-{case}");
+        // Message ids as the event source hands them (ids SQS never sends, too: long, blank).
+        let message_id = match case % 5 {
+            0 => format!("{}-{case}", "m".repeat(3_000 + case)),
+            1 => format!("mé-{case}-{}", "\u{10ffff}".repeat(case % 7)),
+            _ => format!("m-{case}"),
+        };
         let msg = IncomingMessage {
             message_id: message_id.clone(),
             queue: "points-award-jobs".into(),
@@ -137,9 +231,13 @@ async fn any_message_body_is_processed_once_or_dead_lettered_never_lost(pool: Pg
             replay_of: None,
         };
         let outcome = harness.process(&msg).await;
-        let letter = letter_for_message(&pool, &e2e::consumer_name(), &message_id)
-            .await
-            .unwrap();
+        let letter = letter_for_message(
+            &pool,
+            &e2e::consumer_name(),
+            &shared::dead_letter::bounded_id(&message_id, "message"),
+        )
+        .await
+        .unwrap();
         match &outcome {
             RecordOutcome::Processed => {
                 let job = JobId(
@@ -173,6 +271,15 @@ async fn any_message_body_is_processed_once_or_dead_lettered_never_lost(pool: Pg
                     "the body, as received: {body:?} stored as {}",
                     letter.payload
                 );
+                // What a replay sends: the body byte for byte (SQS carries no NUL).
+                assert_eq!(
+                    shared::replay::letter_body(&letter),
+                    body.replace('\0', "\u{fffd}"),
+                    "replayed as received"
+                );
+                if let Some(c) = &letter.correlation_id {
+                    assert!(c.len() <= shared::dead_letter::MAX_ID_BYTES);
+                }
             }
             other => panic!("{body:?} ended as {other:?}: neither done nor recorded"),
         }
