@@ -346,6 +346,7 @@ async fn hole7_a_replay_is_recorded_before_it_is_sent_and_a_refused_send_is_sent
         page_budget: Duration::from_secs(1),
         replayer: Some(Replayer::new(apis.sqs.clone())),
         heartbeat: None,
+        replay_alert_after: shared::scheduled::REPLAY_ALERT_AFTER,
     };
     let report = scheduled.run(None).await;
     assert_eq!(
@@ -716,4 +717,673 @@ async fn a_replay_keeps_the_reason_it_was_given(
         response.body["letter"]["replay_reason"],
         "ledger back after INC-42"
     );
+}
+
+// Issue 22, item 7: every value an operator types is bounded and checked before it reaches SQL,
+// an index or a typed column; a value out of its class is a 4xx naming the field, never a 500.
+
+const GROUPS: &str = "/v1/core/dead-letter-groups";
+
+fn list_groups(query: &[(&str, &str)]) -> ApiRequest {
+    let mut r = request("GET", GROUPS, ops());
+    r.query = query
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    r
+}
+
+/// Base64url without padding, as the API's cursors are written, of any bytes.
+fn b64url(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
+        for i in 0..=chunk.len() {
+            out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
+        }
+    }
+    out
+}
+
+/// PostgreSQL's earliest `timestamptz`, 4714-11-24 00:00:00 UTC BC, in Unix microseconds.
+const PG_MIN_MICROS: i64 = -210_866_803_200_000_000;
+
+/// An error that names `field` and is short enough to read: a hostile value is not echoed whole.
+fn assert_names(response: &ApiResponse, status: u16, code: &str, field: &str, what: &str) {
+    assert_eq!(response.status, status, "{what}: {:#}", response.body);
+    assert_error(response, status, code);
+    let message = response.body["error"]["message"].as_str().unwrap();
+    assert!(message.contains(field), "{what}: names {field}: {message}");
+    assert!(
+        message.len() <= 600,
+        "{what}: {} bytes of message",
+        message.len()
+    );
+}
+
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn a_cursor_outside_postgres_time_range_is_a_400_not_a_500(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let (pool, apis) = setup(pool_opts, connect).await;
+    seed_letter(&pool, &apis.queue.name, ErrorKind::Exhausted).await;
+    let before = fingerprint(&pool).await;
+    let id = Uuid::new_v4();
+    let too_early = [
+        PG_MIN_MICROS - 1,
+        -3 * 10_i64.pow(17),
+        -8_000_000_000_000_000_000,
+        -8_334_601_228_800_000_000, // chrono's earliest day, -262143-01-01
+    ];
+    // Past chrono's last day (262142-12-31) and PostgreSQL's (294276-12-31), and past i64.
+    let beyond = [
+        i64::MIN.to_string(),
+        i64::MAX.to_string(),
+        "8210298412800000000".into(),
+        "9224318016000000000".into(),
+        "18446744073709551616".into(),
+    ];
+    let garbage = [
+        "",
+        "1e5",
+        "0x10",
+        "--1",
+        "+-1",
+        " 1",
+        "1 ",
+        "١٢",
+        "99999999999999999999999",
+        "NaN",
+        "infinity",
+        "-infinity",
+        "1.5",
+        "\u{0}",
+        "1\u{0}",
+    ];
+    let mut cases: Vec<(String, String)> = Vec::new();
+    let times = too_early.iter().map(i64::to_string).chain(beyond);
+    for micros in times {
+        cases.push((
+            "letters".into(),
+            b64url(format!("v1|{micros}|{id}").as_bytes()),
+        ));
+        cases.push(("groups".into(), b64url(format!("g1|{micros}|7").as_bytes())));
+    }
+    for micros in garbage {
+        cases.push((
+            "letters".into(),
+            b64url(format!("v1|{micros}|{id}").as_bytes()),
+        ));
+        cases.push(("groups".into(), b64url(format!("g1|{micros}|7").as_bytes())));
+    }
+    for id in ["", "x", "\u{0}", "99999999999999999999", "1|2"] {
+        cases.push(("letters".into(), b64url(format!("v1|0|{id}").as_bytes())));
+        cases.push(("groups".into(), b64url(format!("g1|0|{id}").as_bytes())));
+    }
+    let huge = b64url(format!("v1|0|{}", "9".repeat(10_000)).as_bytes());
+    cases.push(("letters".into(), huge.clone()));
+    cases.push(("groups".into(), huge));
+    cases.push(("letters".into(), b64url(&[0xff, 0xfe, b'|', 0x80])));
+    cases.push(("groups".into(), "a".repeat(100_000)));
+    for (route, cursor) in &cases {
+        let req = if route == "letters" {
+            list(&[("cursor", cursor)])
+        } else {
+            list_groups(&[("cursor", cursor)])
+        };
+        let response = apis.call(req).await;
+        let what = format!("{route} cursor {:?}", cursor.get(..60).unwrap_or(cursor));
+        assert_names(&response, 400, "invalid_parameter", "`cursor`", &what);
+    }
+    // The earliest time PostgreSQL holds is still a position (nothing is older).
+    for (route, cursor) in [
+        (
+            "letters",
+            b64url(format!("v1|{PG_MIN_MICROS}|{id}").as_bytes()),
+        ),
+        ("groups", b64url(format!("g1|{PG_MIN_MICROS}|7").as_bytes())),
+    ] {
+        let req = if route == "letters" {
+            list(&[("cursor", &cursor)])
+        } else {
+            list_groups(&[("cursor", &cursor), ("status", "all")])
+        };
+        let response = apis.call(req).await;
+        assert_eq!(response.status, 200, "{route}: {:#}", response.body);
+        assert_eq!(response.body["items"], json!([]), "{route}");
+    }
+    assert_eq!(fingerprint(&pool).await, before);
+}
+
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn every_filter_out_of_its_class_is_a_400_naming_it_before_any_sql(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let (pool, apis) = setup(pool_opts, connect).await;
+    seed_letter(&pool, &apis.queue.name, ErrorKind::Exhausted).await;
+    let before = fingerprint(&pool).await;
+    let kb10 = "c".repeat(10_000);
+    // 129 characters but 257 bytes: longer than the 256 bytes a letter keeps of a correlation id.
+    let wide = format!("{}x", "é".repeat(128));
+    let text_filters = ["queue", "consumer", "correlation_id", "message_id"];
+    let mut cases: Vec<(&str, String)> = Vec::new();
+    for name in text_filters {
+        for bad in [
+            "",
+            " ",
+            "a\u{0}b",
+            "\u{0}",
+            "a\u{7}",
+            "tab\there",
+            "line\nbreak",
+            "\u{7f}",
+            "\u{9b}31m",
+            kb10.as_str(),
+            wide.as_str(),
+        ] {
+            cases.push((name, bad.to_owned()));
+        }
+    }
+    for bad in [
+        "a".repeat(81),
+        "a b".into(),
+        "q;drop".into(),
+        "é".into(),
+        "q\u{200b}".into(),
+    ] {
+        cases.push(("queue", bad));
+    }
+    for bad in [
+        "Award-Points".to_owned(),
+        "a".repeat(129),
+        "a b".into(),
+        "a/b".into(),
+    ] {
+        cases.push(("consumer", bad));
+    }
+    for name in ["job_id", "tenant_id"] {
+        for bad in [
+            "nope",
+            "1",
+            "",
+            "00000000-0000-0000-0000-00000000000g",
+            "\u{0}",
+            &kb10,
+        ] {
+            cases.push((name, bad.to_owned()));
+        }
+    }
+    for bad in [
+        "x",
+        "0",
+        "-1",
+        "9223372036854775808",
+        "1e3",
+        "1.0",
+        " 1",
+        "",
+        &kb10,
+    ] {
+        cases.push(("group_id", bad.to_owned()));
+    }
+    for bad in [
+        "0",
+        "-1",
+        "201",
+        "4294967296",
+        "99999999999999999999999",
+        "1e2",
+        "ten",
+        "",
+        "\u{0}",
+    ] {
+        cases.push(("limit", bad.to_owned()));
+    }
+    for name in ["created_from", "created_before"] {
+        for bad in [
+            "yesterday",
+            "2026-13-01T00:00:00Z",
+            "2026-11-30T24:00:00Z",
+            "+275760-09-13T00:00:00Z",
+            "-4714-11-24T00:00:00Z",
+            "2026-11-30",
+            "",
+            &kb10,
+        ] {
+            cases.push((name, bad.to_owned()));
+        }
+    }
+    for name in ["status", "error_kind"] {
+        for bad in ["", "open\u{0}", "PENDING_REVIEW", &kb10] {
+            cases.push((name, bad.to_owned()));
+        }
+    }
+    for (name, value) in &cases {
+        let response = apis.call(list(&[(name, value)])).await;
+        let what = format!("{name}={:?}", value.get(..40).unwrap_or(value));
+        assert_names(
+            &response,
+            400,
+            "invalid_parameter",
+            &format!("`{name}`"),
+            &what,
+        );
+    }
+    for (name, value) in &cases {
+        if !["queue", "consumer", "limit", "error_kind"].contains(name) {
+            continue;
+        }
+        let response = apis.call(list_groups(&[(name, value)])).await;
+        let what = format!("groups {name}={:?}", value.get(..40).unwrap_or(value));
+        assert_names(
+            &response,
+            400,
+            "invalid_parameter",
+            &format!("`{name}`"),
+            &what,
+        );
+    }
+    // A name that is not a parameter, however long, is named but not echoed whole.
+    for r in [list(&[(&kb10, "x")]), list_groups(&[(&kb10, "x")])] {
+        assert_names(
+            &apis.call(r).await,
+            400,
+            "invalid_parameter",
+            "unknown",
+            "long name",
+        );
+    }
+    // Given twice, even with the same value.
+    for r in [
+        list(&[("limit", "5"), ("limit", "5")]),
+        list_groups(&[("queue", "a"), ("queue", "b")]),
+    ] {
+        assert_names(
+            &apis.call(r).await,
+            400,
+            "invalid_parameter",
+            "more than once",
+            "twice",
+        );
+    }
+    // Path ids: a letter's is a UUID, a group's a positive i64; neither is echoed whole.
+    for id in [
+        kb10.as_str(),
+        "\u{0}",
+        "%00",
+        "00000000-0000-0000-0000-00000000000g",
+        "x y",
+    ] {
+        for (method, path) in [
+            ("GET", format!("{LETTERS}/{id}")),
+            ("POST", format!("{LETTERS}/{id}/replay")),
+            ("POST", format!("{LETTERS}/{id}/discard")),
+        ] {
+            let r = with_body(request(method, &path, ops()), r#"{"reason": "x"}"#);
+            let what = format!("{method} {:?}", path.get(..60).unwrap_or(&path));
+            assert_names(&apis.call(r).await, 400, "invalid_parameter", "id", &what);
+        }
+    }
+    for id in [
+        kb10.as_str(),
+        "0",
+        "-1",
+        "9223372036854775808",
+        "1e3",
+        "\u{0}",
+    ] {
+        let response = apis
+            .call(request("GET", &format!("{GROUPS}/{id}"), ops()))
+            .await;
+        assert_names(&response, 400, "invalid_parameter", "`id`", "group id");
+    }
+    // The largest group id is a well-formed id of no group.
+    let largest = apis
+        .call(request("GET", &format!("{GROUPS}/{}", i64::MAX), ops()))
+        .await;
+    assert_error(&largest, 404, "not_found");
+    // At the bounds, each is accepted.
+    let at_bounds: Vec<(&str, String)> = vec![
+        ("correlation_id", "é".repeat(128)),
+        ("message_id", "m".repeat(256)),
+        ("queue", "q".repeat(80)),
+        ("queue", "jobs-1.fifo".into()),
+        ("consumer", "c".repeat(128)),
+        ("limit", "200".into()),
+        ("group_id", i64::MAX.to_string()),
+        ("created_from", "0001-01-01T00:00:00Z".into()),
+        ("created_before", "9999-12-31T23:59:59.999999Z".into()),
+    ];
+    for (name, value) in &at_bounds {
+        let response = apis.call(list(&[(name, value)])).await;
+        assert_eq!(response.status, 200, "{name}: {:#}", response.body);
+    }
+    assert_eq!(fingerprint(&pool).await, before);
+}
+
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn a_reason_of_only_control_characters_is_rejected(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let (pool, apis) = setup(pool_opts, connect).await;
+    let (id, _) = seed_letter(&pool, &apis.queue.name, ErrorKind::Exhausted).await;
+    let before = fingerprint(&pool).await;
+    let invisible = [
+        "\u{1}\u{2}\u{3}\u{7}",
+        "\u{7f}",
+        "\u{80}\u{9f}",
+        " \u{1b} ",
+        "\u{0}",
+        "\u{2066}\u{2069}",
+        "\u{202e}",
+        "\u{e0020}\u{e007f}",
+        "\u{fe0f}\u{fe00}",
+        "\u{3164}",
+        "\u{115f}\u{1160}",
+        "\u{ffa0}",
+        "\u{2800}",
+        "\u{34f}",
+        "\u{180b}",
+        "\u{61c}",
+        "\u{fff9}",
+        "\u{1d173}",
+        "\u{200b}\u{2060}\u{feff}",
+        "\u{85}\u{a0}\u{3000}",
+    ];
+    // Visible text around a character that is not plain text (terminal escapes, NUL, bell).
+    let not_plain = [
+        "fixed\u{1b}[2J by hand",
+        "a\u{0}b",
+        "ring \u{7} the bell",
+        "\u{9b}31m red",
+        "back\u{8}space",
+    ];
+    let too_long = ["x".repeat(1001), "é".repeat(1001), "😀".repeat(1001)];
+    for reason in invisible
+        .iter()
+        .chain(&not_plain)
+        .map(|r| r.to_string())
+        .chain(too_long)
+    {
+        let body = json!({ "reason": reason }).to_string();
+        for r in [discard(id, &body), with_body(replay(id), &body)] {
+            let route = r.path.rsplit('/').next().unwrap().to_owned();
+            let response = apis.call(r).await;
+            let what = format!("{route} {:?}", reason.get(..40).unwrap_or(&reason));
+            assert_names(&response, 422, "invalid_body", "`reason`", &what);
+        }
+    }
+    assert_eq!(
+        fingerprint(&pool).await,
+        before,
+        "a refused reason changes nothing"
+    );
+    assert_eq!(apis.sent().await, 0, "nothing was sent");
+    // Plain text, at the bound, with line breaks and tabs, kept as given (trimmed).
+    let (other, _) = seed_letter(&pool, &apis.queue.name, ErrorKind::Exhausted).await;
+    let longest = format!("  {}\n", "é".repeat(1000));
+    let response = apis
+        .call(discard(id, &json!({ "reason": longest }).to_string()))
+        .await;
+    assert_eq!(response.status, 200, "{:#}", response.body);
+    assert_eq!(response.body["letter"]["discard_reason"], "é".repeat(1000));
+    let multi = "ledger back after INC-42:\n\tsee the ticket\r\nfor the list";
+    let response = apis
+        .call(with_body(
+            replay(other),
+            &json!({ "reason": multi }).to_string(),
+        ))
+        .await;
+    assert_eq!(response.status, 200, "{:#}", response.body);
+    assert_eq!(response.body["letter"]["replay_reason"], multi);
+}
+
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn a_body_that_is_not_the_json_asked_for_is_a_4xx_json_error(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let (pool, apis) = setup(pool_opts, connect).await;
+    let (id, _) = seed_letter(&pool, &apis.queue.name, ErrorKind::Exhausted).await;
+    let before = fingerprint(&pool).await;
+    let deep = format!("{}{}", "[".repeat(1_000), "]".repeat(1_000));
+    let padded = format!("{}{{\"reason\": \"x\"}}", " ".repeat(1 << 20));
+    let big_reason = json!({"reason": "x".repeat(1 << 20)}).to_string();
+    let big_field = json!({"reason": "x", "pad": "p".repeat(100_000)}).to_string();
+    let cases: Vec<(Vec<u8>, u16, &str)> = vec![
+        (b"{\"reason\": \"x\"".to_vec(), 400, "invalid_json"),
+        (b"{reason: \"x\"}".to_vec(), 400, "invalid_json"),
+        (b"\xff\xfe{\"reason\": \"x\"}".to_vec(), 400, "invalid_json"),
+        (b"{\"reason\": \"\xff\"}".to_vec(), 400, "invalid_json"),
+        (br#"{"reason": "\ud800"}"#.to_vec(), 400, "invalid_json"),
+        (
+            b"\xef\xbb\xbf{\"reason\": \"x\"}".to_vec(),
+            400,
+            "invalid_json",
+        ),
+        (
+            br#"{"reason": "x"} {"reason": "y"}"#.to_vec(),
+            400,
+            "invalid_json",
+        ),
+        // Nested deeper than the parser reads: not JSON it takes. Not an object at all, or an
+        // unknown field (skipped without reading it deeply): 422.
+        (
+            format!(r#"{{"reason": {deep}}}"#).into_bytes(),
+            400,
+            "invalid_json",
+        ),
+        (
+            format!(r#"{{"pad": {deep}, "reason": "x"}}"#).into_bytes(),
+            422,
+            "invalid_body",
+        ),
+        (deep.into_bytes(), 422, "invalid_body"),
+        (b"null".to_vec(), 422, "invalid_body"),
+        (b"\"x\"".to_vec(), 422, "invalid_body"),
+        (b"1e99999".to_vec(), 422, "invalid_body"),
+        (br#"{"reason": ["x"]}"#.to_vec(), 422, "invalid_body"),
+        (
+            br#"{"reason": {"text": "x"}}"#.to_vec(),
+            422,
+            "invalid_body",
+        ),
+        (br#"{"reason": true}"#.to_vec(), 422, "invalid_body"),
+        (br#"{"reason": 1e99999}"#.to_vec(), 422, "invalid_body"),
+        (br#"{"Reason": "x"}"#.to_vec(), 422, "invalid_body"),
+        (
+            br#"{"reason": "x", "reason": "y"}"#.to_vec(),
+            422,
+            "invalid_body",
+        ),
+        (
+            br#"{"reason": "x", "reason": "x"}"#.to_vec(),
+            422,
+            "invalid_body",
+        ),
+        (padded.into_bytes(), 413, "body_too_large"),
+        (big_reason.into_bytes(), 413, "body_too_large"),
+        (big_field.into_bytes(), 413, "body_too_large"),
+    ];
+    for (body, status, code) in &cases {
+        for path in [
+            format!("{LETTERS}/{id}/discard"),
+            format!("{LETTERS}/{id}/replay"),
+        ] {
+            let mut r = request("POST", &path, ops());
+            r.body = body.clone();
+            let response = apis.call(r).await;
+            let what = format!(
+                "{path}: {:?}",
+                String::from_utf8_lossy(&body[..body.len().min(40)])
+            );
+            assert_eq!(response.status, *status, "{what}: {:#}", response.body);
+            assert_error(&response, *status, code);
+        }
+    }
+    assert_eq!(fingerprint(&pool).await, before);
+    assert_eq!(apis.sent().await, 0);
+}
+
+mod never_a_5xx {
+    use super::*;
+    use dead_letter_api::api::list_query::{GROUP_PARAMETERS, LIST_PARAMETERS};
+    use proptest::prelude::*;
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::{Config, TestRunner};
+
+    fn generate<S: Strategy>(runner: &mut TestRunner, strategy: &S) -> S::Value {
+        strategy.new_tree(runner).expect("a value").current()
+    }
+
+    /// What an operator (or a script gone wrong) can put in one query value.
+    fn value() -> impl Strategy<Value = String> {
+        let number = prop_oneof![
+            any::<i64>().prop_map(|n| n.to_string()),
+            any::<u64>().prop_map(|n| n.to_string()),
+            any::<f64>().prop_map(|n| n.to_string()),
+            "[+-]?[0-9]{15,40}",
+            Just("1e308".to_owned()),
+        ];
+        let time = "[+-]?[0-9]{4,6}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\\.[0-9]{1,12})?(Z|z|[+-][0-9]{2}:[0-9]{2})?";
+        prop_oneof![
+            prop::sample::select(vec![
+                "pending_review",
+                "all",
+                "open",
+                "crashed",
+                "50",
+                "award-points",
+                "points-award-jobs",
+                "api-test",
+            ])
+            .prop_map(str::to_owned),
+            any::<String>(),
+            "[\\x00-\\x1f\\x7f-\\x9f\u{200b}-\u{200f}\u{feff}]{0,6}",
+            number,
+            time,
+            cursor(),
+            prop::collection::vec(any::<u8>(), 0..64).prop_map(|b| b64url(&b)),
+            (0usize..3000, any::<char>()).prop_map(|(n, c)| c.to_string().repeat(n)),
+        ]
+    }
+
+    /// A cursor of the API's shape (version, time in microseconds, id) with any parts.
+    fn cursor() -> impl Strategy<Value = String> {
+        let micros = prop_oneof![
+            any::<i64>().prop_map(|n| n.to_string()),
+            (-8_400_000_000_000_000_000i64..-200_000_000_000_000_000).prop_map(|n| n.to_string()),
+            (0i64..4_000_000_000_000_000).prop_map(|n| n.to_string()),
+            ".{0,12}",
+        ];
+        let id = prop_oneof![
+            any::<u128>().prop_map(|n| Uuid::from_u128(n).to_string()),
+            any::<i64>().prop_map(|n| n.to_string()),
+            ".{0,12}",
+        ];
+        (
+            prop::sample::select(vec!["v1", "g1", "v1", "g1", "", "v2"]),
+            micros,
+            id,
+        )
+            .prop_map(|(v, m, i)| b64url(format!("{v}|{m}|{i}").as_bytes()))
+    }
+
+    fn name() -> impl Strategy<Value = String> {
+        let mut names: Vec<&str> = LIST_PARAMETERS.to_vec();
+        names.extend(GROUP_PARAMETERS);
+        prop_oneof![
+            4 => prop::sample::select(names).prop_map(str::to_owned),
+            1 => any::<String>(),
+        ]
+    }
+
+    fn reason_body() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            any::<String>().prop_map(|r| json!({ "reason": r }).to_string().into_bytes()),
+            "[\\x00-\\x1f\\x7f-\\x9f\u{2060}-\u{206f}\u{e0000}-\u{e007f} ]{1,8}"
+                .prop_map(|r| json!({ "reason": r }).to_string().into_bytes()),
+            (0usize..1100, any::<char>()).prop_map(|(n, c)| {
+                json!({ "reason": c.to_string().repeat(n) })
+                    .to_string()
+                    .into_bytes()
+            }),
+            prop::collection::vec(any::<u8>(), 0..200),
+        ]
+    }
+
+    /// Any query on the two lists, any cursor, any reason: a 4xx JSON error or a success, never
+    /// a 5xx, and a 4xx changes nothing.
+    #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+    async fn no_query_cursor_or_reason_an_operator_sends_gets_a_5xx(
+        pool_opts: PgPoolOptions,
+        connect: PgConnectOptions,
+    ) {
+        let (pool, apis) = setup(pool_opts, connect).await;
+        let mut runner = TestRunner::new(Config::default());
+        let query = prop_oneof![
+            prop::collection::vec((name(), value()), 0..4),
+            cursor().prop_map(|c| vec![("cursor".to_owned(), c)]),
+        ];
+        let mut letter = seed_letter(&pool, &apis.queue.name, ErrorKind::Exhausted)
+            .await
+            .0;
+        for case in 0..600 {
+            let request = if case % 3 == 2 {
+                let route = if case % 2 == 0 { "discard" } else { "replay" };
+                let mut r = request("POST", &format!("{LETTERS}/{letter}/{route}"), ops());
+                r.body = generate(&mut runner, &reason_body());
+                r
+            } else {
+                let pairs = generate(&mut runner, &query);
+                let mut r = request("GET", if case % 3 == 0 { LETTERS } else { GROUPS }, ops());
+                r.query = pairs;
+                r
+            };
+            let before = fingerprint(&pool).await;
+            let response = apis.call(request.clone()).await;
+            let shown = format!(
+                "{:?} {:?}",
+                request.path,
+                request
+                    .query
+                    .iter()
+                    .map(|(k, v)| (
+                        k.chars().take(40).collect::<String>(),
+                        v.chars().take(60).collect::<String>()
+                    ))
+                    .collect::<Vec<_>>()
+            );
+            assert!(
+                response.status < 500,
+                "{shown} → {} {:#}",
+                response.status,
+                response.body
+            );
+            if response.status >= 400 {
+                assert!(
+                    response.body["error"]["code"].is_string(),
+                    "{shown} → {:#}",
+                    response.body
+                );
+                assert!(response.body["error"]["message"].is_string());
+                assert_eq!(
+                    fingerprint(&pool).await,
+                    before,
+                    "{shown}: a 4xx changed something"
+                );
+            } else if request.method == "POST" {
+                letter = seed_letter(&pool, &apis.queue.name, ErrorKind::Exhausted)
+                    .await
+                    .0;
+            }
+        }
+    }
 }

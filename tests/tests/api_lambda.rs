@@ -4,7 +4,9 @@
 
 use consumer::count_awards;
 use dead_letter_api::api::{ApiRequest, ROUTES, Scope};
-use e2e::api_client::{caller, fingerprint, request, seed_letter, seed_letter_for, with_body};
+use e2e::api_client::{
+    api_gateway_event, caller, fingerprint, request, seed_letter, seed_letter_for, with_body,
+};
 use e2e::stack::Stack;
 use serde_json::{Value, json};
 use shared::dead_letter::{ErrorKind, letters_for_job};
@@ -249,4 +251,126 @@ async fn a_replay_that_fails_again_is_a_new_letter_linked_to_the_first(
         .await;
     assert_eq!(got.body["failed_replays"], json!([letters[1].id]));
     assert_eq!(count_awards(&pool, job_id).await.unwrap(), 0);
+}
+
+/// Issue 22, item 7: the event as API Gateway passes it, byte for byte: a raw query string the
+/// gateway does not re-encode (quotes, spaces, bytes that are not UTF-8, 70 KB of it), a body
+/// marked base64 that is not, a path with a space. Each is the caller's input: a 4xx JSON error
+/// naming what is wrong, never a crashed invocation (API Gateway's 500).
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn a_raw_request_as_the_gateway_passes_it_is_a_4xx_not_a_500(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let (pool, stack) = setup(pool_opts, connect).await;
+    let (letter, _) = seed_letter(&pool, &stack.jobs.name, ErrorKind::Exhausted).await;
+    let before = fingerprint(&pool).await;
+    let ops = || Some(caller("ops-1", &ALL));
+    let list = request("GET", "/v1/core/dead-letters", ops());
+    let groups = request("GET", "/v1/core/dead-letter-groups", ops());
+    let discard = with_body(
+        request(
+            "POST",
+            &format!("/v1/core/dead-letters/{letter}/discard"),
+            ops(),
+        ),
+        r#"{"reason": "x"}"#,
+    );
+    let raw = |req: &ApiRequest, query: &str| {
+        let mut event = api_gateway_event(req);
+        event["rawQueryString"] = json!(query);
+        event
+    };
+    let long = format!("correlation_id={}", "x".repeat(70_000));
+    // (what the refusal names, or None for a value the API takes as it is, the request, the event)
+    let mut cases: Vec<(Option<&str>, &ApiRequest, Value)> = vec![
+        (None, &list, raw(&list, "correlation_id=\"x\"")),
+        (None, &list, raw(&list, "correlation_id={x}&limit=5")),
+        (Some("`queue`"), &list, raw(&list, "queue=a b")),
+        (Some("`queue`"), &list, raw(&list, "queue=%FF")),
+        (
+            Some("`correlation_id`"),
+            &list,
+            raw(&list, "correlation_id=%C3%28"),
+        ),
+        (
+            Some("`message_id`"),
+            &list,
+            raw(&list, "message_id=%ED%A0%80"),
+        ),
+        (Some("`queue`"), &list, raw(&list, "queue=%00")),
+        (Some("`queue`"), &list, raw(&list, "queue=é")),
+        (Some("`queue`"), &groups, raw(&groups, "queue=%FF%FE")),
+        (Some("more than once"), &list, raw(&list, "limit=5&limit=6")),
+        (
+            Some("more than once"),
+            &groups,
+            raw(&groups, "limit=5&limit=5"),
+        ),
+        (Some("`limit`"), &list, raw(&list, "limit=5#6")),
+        (Some("`cursor`"), &list, raw(&list, "cursor=%")),
+        (Some("`cursor`"), &groups, raw(&groups, "cursor=%zz{}")),
+        (Some("`correlation_id`"), &list, raw(&list, &long)),
+        (Some("query parameter"), &list, raw(&list, "%FF=1")),
+        (Some("query parameter"), &list, raw(&list, "\u{0}=1")),
+    ];
+    let mut base64 = api_gateway_event(&discard);
+    base64["isBase64Encoded"] = json!(true);
+    base64["body"] = json!("!!! not base64 !!!");
+    cases.push((Some("base64"), &discard, base64));
+    let mut spaced = api_gateway_event(&list);
+    spaced["rawPath"] = json!(format!("/v1/core/dead-letters/{letter} x"));
+    cases.push((Some("id"), &list, spaced));
+    let mut host = api_gateway_event(&list);
+    host["headers"]["host"] = json!("not a host name/\\");
+    host["rawQueryString"] = json!("queue=%FF");
+    cases.push((Some("`queue`"), &list, host));
+    // Only `queryStringParameters`, as a hand-made event may carry: duplicates joined by commas.
+    let mut joined = api_gateway_event(&list);
+    joined.as_object_mut().unwrap().remove("rawQueryString");
+    joined["queryStringParameters"] = json!({"limit": "5,6"});
+    cases.push((Some("`limit`"), &list, joined));
+    for (needle, req, event) in &cases {
+        let what = format!(
+            "{} {:?}",
+            req.path,
+            event["rawQueryString"]
+                .as_str()
+                .map(|q| q.chars().take(40).collect::<String>())
+        );
+        let response = stack
+            .api
+            .serving(req)
+            .invoke(event)
+            .await
+            .unwrap_or_else(|e| {
+                panic!("{what}: the invocation failed (API Gateway answers 500): {e}")
+            });
+        let status = response["statusCode"].as_u64().unwrap_or_default();
+        let body: Value = serde_json::from_str(response["body"].as_str().unwrap_or("null"))
+            .unwrap_or_else(|e| panic!("{what}: not JSON: {e}: {response}"));
+        let Some(needle) = needle else {
+            assert_eq!(status, 200, "{what}: {body:#}");
+            assert_eq!(body["items"], json!([]), "{what}");
+            continue;
+        };
+        assert!((400..500).contains(&status), "{what}: {status} {body:#}");
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(body["error"]["code"].is_string(), "{what}: {body:#}");
+        assert!(
+            message.contains(needle),
+            "{what}: names {needle}: {message}"
+        );
+        assert!(message.len() <= 600, "{what}: {} bytes", message.len());
+    }
+    assert_eq!(fingerprint(&pool).await, before);
+    // The same values percent-encoded as a client should: a query the API takes as meant.
+    let mut ok = api_gateway_event(&list);
+    ok["rawQueryString"] =
+        json!("correlation_id=api-test&limit=5&queue=".to_owned() + &stack.jobs.name);
+    let response = stack.api.serving(&list).invoke(&ok).await.unwrap();
+    let body: Value = serde_json::from_str(response["body"].as_str().unwrap()).unwrap();
+    assert_eq!(response["statusCode"], 200, "{body:#}");
+    assert_eq!(body["items"].as_array().unwrap().len(), 1, "{body:#}");
+    assert_eq!(body["limit"], 5);
 }

@@ -237,3 +237,78 @@ fn the_group_schema_has_exactly_the_fields_the_api_sends() {
         .collect();
     assert_eq!(strings(&schema["properties"]["status"]["enum"]), statuses);
 }
+
+/// Issue 22, item 7: the bounds the document states are the ones the API enforces, and the
+/// throttle it names is the template's and the dlq tool's ceiling.
+#[test]
+fn the_documented_bounds_are_the_ones_the_api_and_the_tool_enforce() {
+    use dead_letter_api::api::MAX_BODY_BYTES;
+    use dead_letter_api::api::list_query::{MAX_CURSOR_CHARS, MAX_QUEUE_CHARS, MAX_TEXT_BYTES};
+    let doc = document();
+    let param = |path: &str, name: &str| -> Value {
+        doc["paths"][path]["get"]["parameters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| resolve(&doc, p))
+            .find(|p| p["name"] == name)
+            .unwrap_or_else(|| panic!("{path} documents {name}"))["schema"]
+            .clone()
+    };
+    for path in ["/v1/core/dead-letters", "/v1/core/dead-letter-groups"] {
+        assert_eq!(param(path, "queue")["maxLength"], MAX_QUEUE_CHARS, "{path}");
+        assert_eq!(
+            param(path, "consumer")["maxLength"],
+            128,
+            "{path}: as ConsumerName"
+        );
+        assert_eq!(
+            param(path, "cursor")["maxLength"],
+            MAX_CURSOR_CHARS,
+            "{path}"
+        );
+    }
+    for name in ["correlation_id", "message_id"] {
+        assert_eq!(
+            param("/v1/core/dead-letters", name)["maxLength"],
+            MAX_TEXT_BYTES
+        );
+    }
+    assert_eq!(
+        param("/v1/core/dead-letters", "group_id")["maximum"],
+        i64::MAX
+    );
+    for route in ["replay", "discard"] {
+        let operation = &doc["paths"][format!("/v1/core/dead-letters/{{id}}/{route}")]["post"];
+        let reason = &operation["requestBody"]["content"]["application/json"]["schema"]["properties"]
+            ["reason"];
+        assert_eq!(reason["maxLength"], MAX_REASON_CHARS, "{route}");
+        assert!(keys(&operation["responses"]).contains("413"), "{route}");
+    }
+    let too_large = doc["components"]["responses"]["TooLarge"]["description"]
+        .as_str()
+        .unwrap();
+    assert!(
+        too_large.contains(&MAX_BODY_BYTES.to_string()),
+        "{too_large}"
+    );
+    let template =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../template.yaml")).unwrap();
+    let throttle: f64 = template
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("ThrottlingRateLimit:"))
+        .expect("the API's throttle in template.yaml")
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(
+        throttle,
+        dlq::args::MAX_RATE,
+        "dlq --rate stays within the throttle"
+    );
+    let description = doc["info"]["description"].as_str().unwrap();
+    assert!(
+        description.contains(&format!("{throttle} requests/s")),
+        "{description}"
+    );
+}

@@ -525,3 +525,99 @@ async fn the_local_stack_serves_the_api_over_http_with_its_development_tokens(
     assert!(!env_file.exists(), "stack.env goes with the stack");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue 22, item 7: `dlq replay --rate 1e-20` passed the tool's check and panicked when the
+/// run began. The real binary now refuses every number out of its bounds (and a reason the API
+/// would refuse) before it asks the API anything: exit 2, a message naming the flag, no panic.
+#[test]
+fn the_dlq_binary_refuses_a_number_out_of_bounds_with_a_message_not_a_panic() {
+    let long = "x".repeat(1001);
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec![
+                "replay", "--group", "1", "--reason", "r", "--yes", "--rate", "1e-20",
+            ],
+            "--rate",
+        ),
+        (
+            vec![
+                "replay",
+                "--group",
+                "1",
+                "--reason",
+                "r",
+                "--yes",
+                "--rate=-1",
+            ],
+            "--rate",
+        ),
+        (
+            vec![
+                "discard", "--group", "1", "--reason", "r", "--yes", "--rate", "NaN",
+            ],
+            "--rate",
+        ),
+        (
+            vec![
+                "discard", "--group", "1", "--reason", "r", "--yes", "--rate", "inf",
+            ],
+            "--rate",
+        ),
+        (
+            vec![
+                "replay", "--group", "1", "--reason", "r", "--yes", "--rate", "21",
+            ],
+            "--rate",
+        ),
+        (vec!["list", "--limit", "0"], "--limit"),
+        (vec!["list", "--limit", "18446744073709551616"], "--limit"),
+        (vec!["groups", "--limit", "201"], "--limit"),
+        (vec!["group", "0"], "<ID>"),
+        (vec!["list", "--group", "9223372036854775808"], "--group"),
+        (
+            vec![
+                "replay",
+                "--group",
+                "1",
+                "--reason",
+                "\u{1}\u{2}\u{3}\u{7}",
+                "--yes",
+            ],
+            "--reason",
+        ),
+        (
+            vec!["discard", "--group", "1", "--reason", &long, "--yes"],
+            "--reason",
+        ),
+        (
+            vec![
+                "replay",
+                "--queue",
+                "q",
+                "--before",
+                "+275760-09-13T00:00:00Z",
+                "--dry-run",
+            ],
+            "--before",
+        ),
+    ];
+    for (args, flag) in cases {
+        let started = std::time::Instant::now();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_local-dlq"))
+            .args(&args)
+            // Nothing listens here: a refusal must come before any request.
+            .env("DLQ_API_URL", "http://127.0.0.1:9")
+            .env("DLQ_TOKEN", "unused")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("dlq runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(flag), "{args:?}: names {flag}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{args:?}: refused at once, not after retries"
+        );
+    }
+}

@@ -87,13 +87,24 @@ pub fn authorize(caller: Option<&Caller>, scope: Scope) -> Result<Option<&str>, 
             "this needs the scope `{scope}`, which the token does not grant"
         )));
     }
-    if scope != Scope::Read && caller.subject.is_none() {
-        return Err(ApiError::unauthenticated(
-            "the token has no `sub` claim, and a review must record who made it",
-        ));
+    if scope != Scope::Read {
+        let Some(subject) = caller.subject.as_deref() else {
+            return Err(ApiError::unauthenticated(
+                "the token has no `sub` claim, and a review must record who made it",
+            ));
+        };
+        if subject.chars().count() > MAX_SUBJECT_CHARS || subject.chars().any(char::is_control) {
+            return Err(ApiError::unauthenticated(format!(
+                "the token's `sub` claim is not a name a review can record (at most \
+                 {MAX_SUBJECT_CHARS} printable characters)"
+            )));
+        }
     }
     Ok(caller.subject.as_deref())
 }
+
+/// The longest `sub` claim a review records as its reviewer.
+pub const MAX_SUBJECT_CHARS: usize = 256;
 
 #[cfg(test)]
 mod tests {
@@ -124,5 +135,12 @@ mod tests {
         let anonymous_replayer = Caller::from_claims([("scope", "core.dead_letters.replay")], None);
         let err = authorize(Some(&anonymous_replayer), Scope::Replay).unwrap_err();
         assert_eq!((err.status, err.code), (401, "unauthenticated"));
+        let long = "s".repeat(MAX_SUBJECT_CHARS + 1);
+        for sub in ["ops\u{0}1", "ops\u{1b}[2J", long.as_str()] {
+            let odd =
+                Caller::from_claims([("sub", sub), ("scope", "core.dead_letters.discard")], None);
+            let err = authorize(Some(&odd), Scope::Discard).unwrap_err();
+            assert_eq!((err.status, err.code), (401, "unauthenticated"), "{sub:?}");
+        }
     }
 }

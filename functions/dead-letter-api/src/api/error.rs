@@ -41,6 +41,11 @@ impl ApiError {
         Self::new(422, "invalid_body", message)
     }
 
+    /// 413: the body is larger than any this API accepts.
+    pub fn body_too_large(message: impl Into<String>) -> Self {
+        Self::new(413, "body_too_large", message)
+    }
+
     /// 401: no authorizer context, or a token without a subject.
     pub fn unauthenticated(message: impl Into<String>) -> Self {
         Self::new(401, "unauthenticated", message)

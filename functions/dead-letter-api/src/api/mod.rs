@@ -18,7 +18,7 @@ pub mod list_query;
 
 pub use auth::{Caller, Scope};
 pub use error::ApiError;
-pub use handlers::MAX_REASON_CHARS;
+pub use handlers::{MAX_BODY_BYTES, MAX_REASON_CHARS};
 
 use serde_json::Value;
 use shared::clock::Clock;
@@ -197,9 +197,23 @@ impl Api {
 
     /// Routes, authorizes, validates and runs one request.
     pub async fn handle(&self, request: &ApiRequest) -> ApiResponse {
+        self.handle_unless(request, None).await
+    }
+
+    /// [`Api::handle`] for a request its transport could not read whole (`problem`: a query
+    /// string that is not UTF-8 once decoded, a body that is not the base64 it claims to be):
+    /// routed and authorized as any other, then refused with `problem` before anything runs.
+    pub async fn handle_unless(
+        &self,
+        request: &ApiRequest,
+        problem: Option<ApiError>,
+    ) -> ApiResponse {
         let outcome = async {
             let (route, id) = self.route(&request.method, &request.path)?;
             let actor = auth::authorize(request.caller.as_ref(), route.scope)?;
+            if let Some(problem) = problem {
+                return Err(problem);
+            }
             handlers::run(self, route, id, actor, request).await
         }
         .await;
@@ -220,6 +234,7 @@ impl Api {
                 }
             }
         }
+        let (method, path) = (list_query::shown(method), list_query::shown(path));
         Err(if path_matched {
             ApiError::method_not_allowed(format!("{method} is not allowed on {path}"))
         } else {
