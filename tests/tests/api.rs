@@ -271,14 +271,13 @@ async fn a_poison_letter_without_a_job_id_cannot_be_replayed(
     connect: PgConnectOptions,
 ) {
     let (pool, apis) = setup(pool_opts, connect).await;
-    let payload = json!("not json at all");
     let letter = NewDeadLetter {
         job_id: None,
         tenant_id: None,
         consumer: &e2e::consumer_name(),
         queue: &apis.queue.name,
         message_id: "m-poison",
-        payload: &payload,
+        body: "not json at all",
         attempts: 1,
         kind: ErrorKind::Poison,
         last_error: "not JSON",

@@ -150,6 +150,7 @@ fn the_letter_schemas_have_exactly_the_fields_the_api_sends() {
         queue: "q".into(),
         message_id: "m".into(),
         payload: Value::Null,
+        body: None,
         attempts: 1,
         error_kind: shared::dead_letter::ErrorKind::Poison,
         last_error: "e".into(),

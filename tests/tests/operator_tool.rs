@@ -398,7 +398,7 @@ async fn an_interrupted_bulk_replay_resumed_finishes_the_rest_without_touching_t
             consumer: &e2e::consumer_name(),
             queue: &s.stack.jobs.name,
             message_id: &message_id,
-            payload: &payload,
+            body: &payload.to_string(),
             attempts: 2,
             kind: shared::dead_letter::ErrorKind::Exhausted,
             last_error: &sample.replace("partner-0", "partner-late"),
