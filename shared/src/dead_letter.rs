@@ -184,11 +184,7 @@ async fn record_stored(
     .bind(i32::try_from(letter.attempts).unwrap_or(i32::MAX))
     .bind(letter.kind)
     .bind(storable_error(letter.last_error))
-    .bind(
-        letter
-            .correlation_id
-            .map(|c| without_nul(truncate(c, id_bytes))),
-    )
+    .bind(letter.correlation_id.map(|c| without_nul(truncate(c, id_bytes))))
     .bind(letter.replay_of.map(|r| r.0))
     .bind(now)
     .fetch_optional(&mut *conn)
@@ -224,6 +220,12 @@ pub fn bounded_id<'s>(id: &'s str, if_blank: &'static str) -> std::borrow::Cow<'
         without_nul(truncate(id, MAX_ID_BYTES - 48))
     )
     .into()
+}
+
+/// A correlation id as a letter (and every log line of its job) keeps it: its first
+/// [`MAX_ID_BYTES`] at a character boundary, NUL replaced. The body keeps it whole.
+pub fn bounded_correlation_id(id: &str) -> std::borrow::Cow<'_, str> {
+    without_nul(truncate(id, MAX_ID_BYTES))
 }
 
 /// Whether PostgreSQL refused a letter for what it holds rather than for its own state: a data

@@ -72,7 +72,9 @@ fn record_ids(ids: &PartialIds) {
         span.record("tenant_id", tracing::field::display(tenant_id));
     }
     if let Some(correlation_id) = &ids.correlation_id {
-        span.record("correlation_id", correlation_id.as_str());
+        // Bounded as the letter keeps it: every log line of the job carries it.
+        let bounded = crate::dead_letter::bounded_correlation_id(correlation_id);
+        span.record("correlation_id", &*bounded);
     }
 }
 
