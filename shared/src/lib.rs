@@ -8,7 +8,9 @@
 //! Successes write nothing but their fence; counts go to [`metrics`].
 //!
 //! Everything that touches core SQL lives in this crate; a consumer's `main` is
-//! [`run::run_consumer`], and its tests can use the test kit (feature `testkit`).
+//! [`run::run_consumer`], and its tests can use the test kit (the crate `shared-testkit`, in
+//! `shared/testkit/`, as a dev-dependency; this crate has no features, so what deploys is what
+//! is tested).
 #![warn(missing_docs)]
 
 pub mod alerting;
@@ -37,8 +39,6 @@ pub mod secrets;
 pub mod sqs;
 pub mod sweeper;
 pub mod telemetry;
-#[cfg(feature = "testkit")]
-pub mod testkit;
 
 use sqlx::migrate::Migrator;
 use std::sync::LazyLock;

@@ -554,5 +554,5 @@ async fn through_a_commit_cutter(
 
 async fn record_transient_failures(pool: &PgPool, job_id: JobId, n: u32) {
     let error = Some("simulated provider timeout");
-    shared::testkit::charge_executions(pool, job_id, &consumer_name(), n, error).await;
+    shared_testkit::charge_executions(pool, job_id, &consumer_name(), n, error).await;
 }

@@ -1,11 +1,14 @@
-//! Cross-crate test support: a consumer that misbehaves on purpose right after the reference
-//! consumer's real effect, a harness for tests, and the local demo runner.
+//! Cross-crate test support: the reference consumer failing on request ([`faulty_award`], which
+//! `local-consumer` runs), a consumer that misbehaves on purpose right after the reference
+//! consumer's real effect, a harness for tests, and the local demo runner. Fault injection lives
+//! here only, never in a crate that deploys.
 
 pub mod alert_receiver;
 pub mod api_client;
 pub mod bench;
 pub mod demo;
 pub mod event_source;
+pub mod faulty_award;
 pub mod gateway;
 pub mod lambda_host;
 pub mod local_stack;
@@ -139,8 +142,7 @@ pub async fn charge_executions(
     executions: u32,
     last_error: Option<&str>,
 ) {
-    shared::testkit::charge_executions(pool, job_id, &consumer_name(), executions, last_error)
-        .await;
+    shared_testkit::charge_executions(pool, job_id, &consumer_name(), executions, last_error).await;
 }
 
 /// The letters of `job_id` for the consumer every test here fences under, oldest first.

@@ -7,6 +7,7 @@
 use chrono::{DateTime, TimeZone, Utc};
 use consumer::{AwardPoints, count_awards};
 use e2e::alert_receiver::AlertReceiver;
+use e2e::faulty_award::AwardPointsWithFaults;
 use serde_json::json;
 use shared::alerting::{Alerter, BetterStack, Route, Routes};
 use shared::clock::{Clock, ManualClock, SystemClock};
@@ -41,8 +42,13 @@ fn alerter(pool: &PgPool, url: &str, clock: Arc<dyn Clock>) -> Alerter {
     alerter_with(pool, url, clock, Routes::default())
 }
 
-fn harness(pool: &PgPool, alerter: Alerter) -> Harness<AwardPoints> {
-    e2e::harness(pool.clone(), AwardPoints::new(e2e::consumer_name())).with_alerter(Some(alerter))
+/// The reference consumer, failing on request (`demo_fault`), with `alerter`.
+fn harness(pool: &PgPool, alerter: Alerter) -> Harness<AwardPointsWithFaults> {
+    e2e::harness(
+        pool.clone(),
+        AwardPointsWithFaults::new(e2e::consumer_name()),
+    )
+    .with_alerter(Some(alerter))
 }
 
 fn message(body: &str, receive_count: u32) -> IncomingMessage {

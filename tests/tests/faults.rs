@@ -245,7 +245,10 @@ async fn a_refused_change_message_visibility_still_brings_the_message_back(pool:
             .endpoint_url("http://127.0.0.1:1")
             .build(),
     );
-    let harness = e2e::harness(pool.clone(), AwardPoints::new(e2e::consumer_name()));
+    let harness = e2e::harness(
+        pool.clone(),
+        e2e::faulty_award::AwardPointsWithFaults::new(e2e::consumer_name()),
+    );
     let records = receive(&sqs, &queue).await;
     let failed = failed_ids(&harness, &SqsVisibility(broken), records.clone()).await;
     assert_eq!(

@@ -4,10 +4,12 @@
 //! Its effect table has no unique constraint on `job_id` on purpose: only the fence prevents a
 //! double award, so a broken fence shows up as two rows.
 //!
-//! `demo_fault` makes a job fail on purpose, so the demo and end-to-end runs can show every path.
-//! It exists only with the `demo-faults` feature, which the test crate's local binaries enable:
-//! the deployed consumer has no such field, so a message asking for a fault is poison there and
-//! nobody who can send to the queue can make the consumer crash itself.
+//! This crate has no features, so what deploys is what its tests run. Failures on request (the
+//! demo's and the end-to-end tests' `demo_fault`) live in the test crate
+//! (`tests/src/faulty_award.rs`): a consumer of its own under the same name, which reuses the
+//! effect here ([`award`], [`award_batch`]). The payload here has no such field, so a message
+//! asking for a fault is poison and nobody who can send to the queue can make the consumer
+//! fail or crash itself.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -23,26 +25,26 @@ pub struct PointsAward {
     pub account_id: String,
     /// How many points; must be positive, or the job is poison.
     pub points: i64,
-    /// A failure to simulate, for demos and end-to-end tests (this crate's feature `demo-faults` only).
-    #[cfg(feature = "demo-faults")]
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub demo_fault: Option<DemoFault>,
 }
 
-/// A failure the reference consumer simulates on request (this crate's feature `demo-faults` only).
-#[cfg(feature = "demo-faults")]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DemoFault {
-    /// Fails transiently (after writing its effect, which must roll back) on attempts before
-    /// this one, then succeeds.
-    TransientUntilAttempt(u32),
-    /// Fails transiently on every attempt.
-    AlwaysTransient,
-    /// Fails permanently.
-    Permanent,
-    /// Ends its own process after writing its effect, before the commit.
-    CrashBeforeCommit,
+/// What an award job asks for, whatever else its payload carries: the effect's input. The
+/// reference payload is one; a test consumer's payload with more fields is another, and reuses
+/// [`award`] and [`award_batch`] as they are.
+pub trait Award {
+    /// The account credited.
+    fn account_id(&self) -> &str;
+    /// How many points.
+    fn points(&self) -> i64;
+}
+
+impl Award for PointsAward {
+    fn account_id(&self) -> &str {
+        &self.account_id
+    }
+
+    fn points(&self) -> i64 {
+        self.points
+    }
 }
 
 /// The reference consumer.
@@ -70,21 +72,7 @@ impl Consumer for AwardPoints {
         job: &Job<PointsAward>,
         tx: &mut PgConnection,
     ) -> Result<(), ProcessError> {
-        let award = &job.envelope.payload;
-        validate(award)?;
-        insert_award(
-            tx,
-            job.envelope.job_id,
-            job.envelope.tenant_id,
-            &award.account_id,
-            award.points,
-            job.started_at,
-        )
-        .await?;
-        #[cfg(feature = "demo-faults")]
-        return simulate(award.demo_fault, job);
-        #[cfg(not(feature = "demo-faults"))]
-        Ok(())
+        award(job, tx).await
     }
 
     /// Batch mode: the batch's awards in one statement. A job that is not valid fails the
@@ -94,34 +82,57 @@ impl Consumer for AwardPoints {
         jobs: &[Job<PointsAward>],
         tx: &mut PgConnection,
     ) -> Result<(), ProcessError> {
-        for job in jobs {
-            validate(&job.envelope.payload)?;
-        }
-        insert_awards(tx, jobs).await?;
-        #[cfg(feature = "demo-faults")]
-        for job in jobs {
-            simulate(job.envelope.payload.demo_fault, job)?;
-        }
-        Ok(())
+        award_batch(jobs, tx).await
     }
 }
 
+/// The reference consumer's work for one job, on the harness's transaction: the award is
+/// validated (poison if meaningless), then written.
+pub async fn award<P: Award>(job: &Job<P>, tx: &mut PgConnection) -> Result<(), ProcessError> {
+    let award = &job.envelope.payload;
+    validate(award)?;
+    insert_award(
+        tx,
+        job.envelope.job_id,
+        job.envelope.tenant_id,
+        award.account_id(),
+        award.points(),
+        job.started_at,
+    )
+    .await?;
+    Ok(())
+}
+
+/// The reference consumer's work for a batch, on one transaction: every award is validated,
+/// then all are written in one statement. A job that is not valid fails the batch (the harness
+/// then runs its jobs one at a time).
+pub async fn award_batch<P: Award>(
+    jobs: &[Job<P>],
+    tx: &mut PgConnection,
+) -> Result<(), ProcessError> {
+    for job in jobs {
+        validate(&job.envelope.payload)?;
+    }
+    insert_awards(tx, jobs).await?;
+    Ok(())
+}
+
 /// What makes an award meaningless (poison): the same checks job by job and in a batch.
-fn validate(award: &PointsAward) -> Result<(), ProcessError> {
-    if award.points <= 0 {
+pub fn validate(award: &impl Award) -> Result<(), ProcessError> {
+    if award.points() <= 0 {
         return Err(ProcessError::poison(format!(
             "points must be positive, got {}",
-            award.points
+            award.points()
         )));
     }
-    if award.account_id.trim().is_empty() {
+    if award.account_id().trim().is_empty() {
         return Err(ProcessError::poison("account_id is blank"));
     }
     Ok(())
 }
 
 /// Writes the awards of `jobs` on the caller's transaction, in one statement.
-pub async fn insert_awards(tx: &mut PgConnection, jobs: &[Job<PointsAward>]) -> sqlx::Result<()> {
+pub async fn insert_awards<P: Award>(tx: &mut PgConnection, jobs: &[Job<P>]) -> sqlx::Result<()> {
     let mut job_ids = Vec::with_capacity(jobs.len());
     let mut tenants = Vec::with_capacity(jobs.len());
     let mut accounts = Vec::with_capacity(jobs.len());
@@ -130,8 +141,8 @@ pub async fn insert_awards(tx: &mut PgConnection, jobs: &[Job<PointsAward>]) -> 
     for job in jobs {
         job_ids.push(job.envelope.job_id.0);
         tenants.push(job.envelope.tenant_id.0);
-        accounts.push(job.envelope.payload.account_id.as_str());
-        points.push(job.envelope.payload.points);
+        accounts.push(job.envelope.payload.account_id());
+        points.push(job.envelope.payload.points());
         at.push(job.started_at);
     }
     sqlx::query(
@@ -146,25 +157,6 @@ pub async fn insert_awards(tx: &mut PgConnection, jobs: &[Job<PointsAward>]) -> 
     .execute(tx)
     .await
     .map(drop)
-}
-
-#[cfg(feature = "demo-faults")]
-fn simulate(fault: Option<DemoFault>, job: &Job<PointsAward>) -> Result<(), ProcessError> {
-    match fault {
-        None => Ok(()),
-        Some(DemoFault::TransientUntilAttempt(n)) if job.attempt >= n => Ok(()),
-        Some(DemoFault::TransientUntilAttempt(_)) | Some(DemoFault::AlwaysTransient) => {
-            Err(ProcessError::transient(format!(
-                "simulated provider timeout on attempt {}",
-                job.attempt
-            )))
-        }
-        Some(DemoFault::Permanent) => Err(ProcessError::permanent("simulated: account is closed")),
-        Some(DemoFault::CrashBeforeCommit) => {
-            tracing::error!(job_id = %job.envelope.job_id, "simulated crash before commit");
-            std::process::exit(137)
-        }
-    }
 }
 
 /// Writes one award on the caller's transaction.

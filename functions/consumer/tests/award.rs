@@ -5,7 +5,7 @@ use serde_json::json;
 use shared::dead_letter::ErrorKind;
 use shared::harness::RecordOutcome;
 use shared::metrics::Metric;
-use shared::testkit::{TestKit, consumer_name};
+use shared_testkit::{TestKit, consumer_name};
 use sqlx::PgPool;
 
 fn kit(pool: &PgPool) -> TestKit<AwardPoints> {

@@ -6,7 +6,7 @@ use serde_json::json;
 use shared::dead_letter::ErrorKind;
 use shared::harness::RecordOutcome;
 use shared::retry::RetryPolicy;
-use shared::testkit::{TestKit, consumer_name};
+use shared_testkit::{TestKit, consumer_name};
 use sqlx::PgPool;
 use std::time::Duration;
 

@@ -166,7 +166,7 @@ pub async fn table_counts(pool: &PgPool) -> std::collections::BTreeMap<String, i
 
 /// Charges `n` executions to `job_id` that ended without an outcome (as crashes leave them).
 pub async fn charge_crashed_executions(pool: &PgPool, job_id: JobId, n: u32) {
-    shared::testkit::charge_executions(pool, job_id, &consumer_name(), n, None).await;
+    shared_testkit::charge_executions(pool, job_id, &consumer_name(), n, None).await;
 }
 
 /// A TCP proxy in front of PostgreSQL that can cut one connection at its `COMMIT`, for the

@@ -1,7 +1,12 @@
-//! The consumer function, built as a binary of this package so that the end-to-end tests always
-//! run the current code (`CARGO_BIN_EXE_local-consumer`). Same code as `functions/consumer`.
+//! The consumer function as the demo, the soak and the end-to-end tests run it: the reference
+//! consumer's harness and effect, current code (`CARGO_BIN_EXE_local-consumer`), with failures on
+//! request ([`e2e::faulty_award`]). The deployed `consumer` binary has no such failures; see
+//! `tests/tests/deployed_consumer.rs`.
 
 #[tokio::main]
 async fn main() -> Result<(), lambda_runtime::Error> {
-    Box::pin(consumer::run()).await
+    Box::pin(shared::run::run_consumer(
+        e2e::faulty_award::AwardPointsWithFaults::new,
+    ))
+    .await
 }

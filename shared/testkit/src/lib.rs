@@ -1,5 +1,6 @@
-//! The test kit for consumer authors (feature `testkit`): run jobs through the real harness
-//! against a real, migrated PostgreSQL database, and look at what they left.
+//! The test kit for consumer authors (crate `shared-testkit`, a dev-dependency): run jobs
+//! through the real harness against a real, migrated PostgreSQL database, and look at what they
+//! left.
 //!
 //! ```ignore
 //! #[sqlx::test(migrator = "my_consumer::MIGRATOR_WITH_CORE")]
@@ -17,18 +18,19 @@
 //! Invariant: nothing here goes around the harness. A delivery is [`Harness::process`] on an
 //! [`IncomingMessage`] as the SQS path builds it; time is a [`ManualClock`], the backoff's RNG
 //! is seeded, so every run is the same.
+#![warn(missing_docs)]
 
-use crate::clock::{Clock, ManualClock};
-use crate::consumer::Consumer;
-use crate::dead_letter::{DeadLetter, letters_for_job};
-use crate::fence::fence_exists;
-use crate::harness::{CommitMode, Harness, HarnessSettings, IncomingMessage, RecordOutcome};
-use crate::ids::{ConsumerName, JobId, TenantId};
-use crate::retry::RetryPolicy;
 use chrono::{DateTime, TimeZone, Utc};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use serde_json::{Value, json};
+use shared::clock::{Clock, ManualClock};
+use shared::consumer::Consumer;
+use shared::dead_letter::{DeadLetter, letters_for_job};
+use shared::fence::fence_exists;
+use shared::harness::{CommitMode, Harness, HarnessSettings, IncomingMessage, RecordOutcome};
+use shared::ids::{ConsumerName, JobId, TenantId};
+use shared::retry::RetryPolicy;
 use sqlx::PgPool;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -120,7 +122,7 @@ impl<C: Consumer> TestKit<C> {
 
     /// A message whose body is `body` as it is (for malformed messages).
     pub fn raw(&self, body: &str) -> TestJob {
-        let ids = crate::envelope::read_ids(body);
+        let ids = shared::envelope::read_ids(body);
         Self::job_with_body(
             ids.job_id.unwrap_or(JobId(Uuid::nil())),
             ids.tenant_id.unwrap_or(TenantId(Uuid::nil())),
