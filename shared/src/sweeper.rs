@@ -1,8 +1,10 @@
 //! The TTL sweep of `core.processed_jobs`.
 //!
 //! Invariants: a row is deleted only when its `expires_at` is before the injected `now` (the TTL
-//! floor guarantees no copy of its job can still arrive) and no dead letter of its job is
-//! pending review (a replay of that letter must still find the fence, however late it comes);
+//! floor guarantees no copy of its job can still arrive), no dead letter of its job is pending
+//! review (a replay of that letter must still find the fence, however late it comes), and no
+//! replay of its job is queued (recorded but not yet sent: the send may come at any time, and
+//! the job may have committed through an earlier send whose record was lost);
 //! one sweep runs at a time (a session
 //! advisory lock; an overlapping run steps aside at once instead of waiting), so the batches
 //! need no row locks; each batch is one short statement, and consumers, which only insert fresh
@@ -14,6 +16,18 @@ use sqlx::{PgExecutor, PgPool};
 use std::time::Duration;
 use tokio::time::Instant;
 
+/// Whether the fence `p` may go once expired: no letter of its job is pending review, and no
+/// replay of its job is queued. Two anti-joins, each matching a partial index's predicate
+/// exactly (`dead_letters_pending_job_idx`, `dead_letters_queued_job_idx`): one index probe
+/// each per expired fence, however many letters there are. One probe with an `OR` in it could
+/// use neither index.
+const SWEEPABLE: &str = "NOT EXISTS (SELECT 1 FROM core.dead_letters d
+                                     WHERE d.job_id = p.job_id AND d.consumer = p.consumer
+                                       AND d.status = 'pending_review')
+                         AND NOT EXISTS (SELECT 1 FROM core.dead_letters q
+                                         WHERE q.job_id = p.job_id AND q.consumer = p.consumer
+                                           AND q.replay_outcome = 'queued')";
+
 /// Deletes up to `limit` fences that expired before `now`, oldest first, starting at `from`
 /// (a keyset cursor, `None` for the start: the index scan skips what earlier batches deleted but vacuum has not yet
 /// reclaimed). Returns how many, and the latest `expires_at` deleted (the next batch's `from`).
@@ -23,38 +37,35 @@ pub async fn sweep_expired(
     from: Option<DateTime<Utc>>,
     limit: i64,
 ) -> sqlx::Result<(u64, Option<DateTime<Utc>>)> {
-    let (deleted, last): (i64, Option<DateTime<Utc>>) = sqlx::query_as(
-        "WITH gone AS (
+    let (deleted, last): (i64, Option<DateTime<Utc>>) =
+        sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "WITH gone AS (
              DELETE FROM core.processed_jobs
              WHERE ctid IN (SELECT ctid FROM core.processed_jobs p
                             WHERE expires_at >= coalesce($3, '-infinity') AND expires_at < $1
-                              AND NOT EXISTS (SELECT 1 FROM core.dead_letters d
-                                              WHERE d.job_id = p.job_id AND d.consumer = p.consumer
-                                                AND d.status = 'pending_review')
+                              AND {SWEEPABLE}
                             ORDER BY expires_at LIMIT $2)
              RETURNING expires_at)
-         SELECT count(*), max(expires_at) FROM gone",
-    )
-    .bind(now)
-    .bind(limit)
-    .bind(from)
-    .fetch_one(db)
-    .await?;
+         SELECT count(*), max(expires_at) FROM gone"
+        )))
+        .bind(now)
+        .bind(limit)
+        .bind(from)
+        .fetch_one(db)
+        .await?;
     Ok((deleted as u64, last))
 }
 
 /// The sweepable fence that expires first: (`processed_at`, `expires_at`), if any. Fences kept
-/// for a letter pending review are not backlog.
+/// for a letter pending review or a queued replay are not backlog.
 pub async fn oldest_fence(
     db: impl PgExecutor<'_>,
 ) -> sqlx::Result<Option<(DateTime<Utc>, DateTime<Utc>)>> {
-    sqlx::query_as(
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT processed_at, expires_at FROM core.processed_jobs p
-         WHERE NOT EXISTS (SELECT 1 FROM core.dead_letters d
-                           WHERE d.job_id = p.job_id AND d.consumer = p.consumer
-                             AND d.status = 'pending_review')
-         ORDER BY expires_at LIMIT 1",
-    )
+         WHERE {SWEEPABLE}
+         ORDER BY expires_at LIMIT 1"
+    )))
     .fetch_optional(db)
     .await
 }

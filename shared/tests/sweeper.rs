@@ -246,3 +246,85 @@ async fn sweep_batches(pool: &PgPool) -> u64 {
         }
     }
 }
+
+/// A letter of `job_id`, replayed by an operator at `t0()`, whose message no queue has taken
+/// yet (`replay_outcome = queued`).
+async fn queued_replay(pool: &PgPool, job_id: shared::ids::JobId) -> shared::ids::DeadLetterId {
+    use shared::dead_letter::{ErrorKind, NewDeadLetter, record_dead_letter};
+    use shared::review::{ReplayOutcome, Verdict, lock_letter};
+    let body = serde_json::json!({"job_id": job_id, "payload": {}}).to_string();
+    let letter = NewDeadLetter {
+        job_id: Some(job_id),
+        tenant_id: None,
+        consumer: &consumer_name(),
+        queue: QUEUE,
+        message_id: &uuid::Uuid::new_v4().to_string(),
+        body: &body,
+        attempts: 5,
+        kind: ErrorKind::Exhausted,
+        last_error: "timeout",
+        correlation_id: None,
+        replay_of: None,
+    };
+    let id = record_dead_letter(&mut pool.acquire().await.unwrap(), &letter, t0())
+        .await
+        .unwrap()
+        .id();
+    let mut locked = lock_letter(pool, id, Duration::from_secs(1))
+        .await
+        .unwrap()
+        .unwrap();
+    let verdict = Verdict::Replayed {
+        outcome: ReplayOutcome::Queued,
+        reason: Some("the ledger is back".into()),
+    };
+    locked.mark(&verdict, "ops-1", t0()).await.unwrap();
+    locked.commit().await.unwrap();
+    id
+}
+
+/// Issue 22, item 3: a replay recorded but not yet sent (its queue refused it) may be sent at
+/// any later time. If its job committed meanwhile (the replay's first send went out, and only
+/// its record was lost), the fence is what makes that late send a no-op: it is kept while the
+/// replay is queued, and it is not backlog. Once the replay is sent, the fence expires as any.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn the_fence_of_a_job_whose_replay_is_queued_is_never_swept(pool: PgPool) {
+    let job_id = shared::ids::JobId(uuid::Uuid::new_v4());
+    let letter = queued_replay(&pool, job_id).await;
+    let expired = t0() - Span::days(30);
+    sqlx::query(
+        "INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, processed_at, expires_at)
+         VALUES ($1, $2, gen_random_uuid(), $3 - interval '7 days', $3)",
+    )
+    .bind(job_id.0)
+    .bind(consumer_name().as_str())
+    .bind(expired)
+    .execute(&pool)
+    .await
+    .unwrap();
+    seed(&pool, 3, expired).await; // fences nothing waits for
+
+    let report = sweep(&pool, &ManualClock::new(t0()), ALL_AT_ONCE, None)
+        .await
+        .unwrap();
+    assert_eq!(report.deleted, 3, "{report:?}");
+    assert!(
+        fence_exists(&pool, job_id, &consumer_name()).await.unwrap(),
+        "kept while its replay is queued"
+    );
+    assert_eq!(
+        report.backlog,
+        Duration::ZERO,
+        "a fence kept for a queued replay is not backlog"
+    );
+
+    shared::review::record_replay_sent(&pool, letter, "m-1", t0())
+        .await
+        .unwrap()
+        .expect("was queued");
+    let report = sweep(&pool, &ManualClock::new(t0()), ALL_AT_ONCE, None)
+        .await
+        .unwrap();
+    assert_eq!(report.deleted, 1, "sent: the fence expires as any other");
+    assert!(!fence_exists(&pool, job_id, &consumer_name()).await.unwrap());
+}
