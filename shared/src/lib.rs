@@ -54,9 +54,15 @@ pub static MIGRATOR: LazyLock<Migrator> =
 
 /// `migrator` recording itself in `<schema>._sqlx_migrations` (the schema is created first if
 /// missing), so each owner's migrations are tracked apart from everyone else's.
+///
+/// It accepts applied migrations it does not know: migrations are additive, so the code of a
+/// previous release (a CloudFormation rollback, or an older version deployed again) runs on the
+/// newer schema, and its migrate function must succeed there. An applied migration it does know
+/// is still checked against its checksum: a changed migration is refused.
 pub fn own_migrations(mut migrator: Migrator, schema: &'static str) -> Migrator {
     migrator.dangerous_set_table_name(format!("{schema}._sqlx_migrations"));
     migrator.create_schema(schema);
+    migrator.set_ignore_missing(true);
     migrator
 }
 

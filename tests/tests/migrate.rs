@@ -2,13 +2,17 @@
 //! resource requests, its answers PUT to a local server standing in for the pre-signed URL. It
 //! applies the whole schema to a fresh database, in tracking tables of each owner's own schema
 //! (never the database's default `_sqlx_migrations`), is a no-op the second time, fails the
-//! deploy with the migration's error, and never drops anything on delete.
+//! deploy with the migration's error, and never drops anything on delete. A rollback and a
+//! re-deploy of an older version succeed (issue 22, item 5): the function accepts applied
+//! migrations of a newer release it does not know, still refuses a known one whose content
+//! changed, and repairs an index an interrupted concurrent build left invalid.
 
 use e2e::alert_receiver::{AlertReceiver, Received};
 use e2e::lambda_host::{FunctionSpec, LambdaHost};
 use serde_json::{Value, json};
-use sqlx::PgPool;
+use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{Executor, PgPool, SqlSafeStr};
 use std::time::Duration;
 
 fn function(connect: &PgConnectOptions) -> LambdaHost {
@@ -154,4 +158,224 @@ async fn invoked_by_hand_it_migrates_and_reports(_: PgPoolOptions, connect: PgCo
         .expect("a report");
     assert!(report["Applied"].as_u64().unwrap() > 10, "{report}");
     assert_eq!(report["Migrations"][0]["owner"], "core");
+}
+
+/// `base` and one migration of a newer release after it, recorded where `base` records its own.
+fn newer_release(base: &Migrator, schema: &'static str, sql: &'static str) -> (Migrator, i64) {
+    let version = base.iter().map(|m| m.version).max().unwrap() + 1;
+    let mut migrations: Vec<Migration> = base.iter().cloned().collect();
+    migrations.push(Migration::new(
+        version,
+        "a newer release's".into(),
+        MigrationType::Simple,
+        sql.into_sql_str(),
+        false,
+    ));
+    let migrator = shared::own_migrations(Migrator::with_migrations(migrations), schema);
+    (migrator, version)
+}
+
+/// The database as a newer release left it: this code's migrations, then one more of core's
+/// and one more of the reference consumer's, which this code does not know. Their versions.
+async fn migrated_by_a_newer_release(host: &LambdaHost, pool: &PgPool) -> (i64, i64) {
+    let created = deploy(host, "Create").await;
+    assert_eq!(created.body["Status"], "SUCCESS", "{:#}", created.body);
+    let (core, core_version) = newer_release(
+        &shared::MIGRATOR,
+        "core",
+        "CREATE TABLE core.from_a_newer_release (id int)",
+    );
+    let (reference, reference_version) = newer_release(
+        &consumer::MIGRATOR,
+        "reference",
+        "CREATE TABLE reference.from_a_newer_release (id int)",
+    );
+    core.run(pool).await.unwrap();
+    reference.run(pool).await.unwrap();
+    (core_version, reference_version)
+}
+
+/// A CloudFormation rollback: the previous release's migrate function (this code) answers the
+/// `Update` on a schema a newer release migrated further. It succeeds, applies nothing, names
+/// what it does not know, and leaves the newer release's objects in place.
+#[sqlx::test(migrations = false)]
+async fn a_rollback_migrates_a_schema_a_newer_release_migrated_further(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let pool = pool_opts.connect_with(connect.clone()).await.unwrap();
+    let host = function(&connect);
+    let (core_version, reference_version) = migrated_by_a_newer_release(&host, &pool).await;
+
+    let rollback = deploy(&host, "Update").await;
+    assert_eq!(rollback.body["Status"], "SUCCESS", "{:#}", rollback.body);
+    assert_eq!(rollback.body["Data"]["Applied"], 0, "{:#}", rollback.body);
+    assert_eq!(
+        rollback.body["Data"]["UnknownApplied"],
+        json!([
+            {"owner": "core", "version": core_version},
+            {"owner": "award-points (reference consumer)", "version": reference_version},
+        ]),
+        "{:#}",
+        rollback.body
+    );
+    for table in [
+        "core.from_a_newer_release",
+        "reference.from_a_newer_release",
+    ] {
+        let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+            .bind(table)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert!(exists, "{table} is left in place");
+    }
+    // And deployed again (the older version re-deployed): the same.
+    let again = deploy(&host, "Update").await;
+    assert_eq!(again.body["Status"], "SUCCESS", "{:#}", again.body);
+}
+
+/// Accepting a newer release's migrations is not accepting anything: a migration this code
+/// knows, recorded with other content than this code's, still fails the deploy, by its version.
+#[sqlx::test(migrations = false)]
+async fn a_known_migration_whose_content_changed_is_still_refused_beside_newer_ones(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let pool = pool_opts.connect_with(connect.clone()).await.unwrap();
+    let host = function(&connect);
+    migrated_by_a_newer_release(&host, &pool).await;
+    let changed = shared::MIGRATOR.iter().map(|m| m.version).max().unwrap();
+    sqlx::query("UPDATE core._sqlx_migrations SET checksum = '\\x00'::bytea WHERE version = $1")
+        .bind(changed)
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    let answer = deploy(&host, "Update").await;
+    assert_eq!(answer.body["Status"], "FAILED", "{:#}", answer.body);
+    let reason = answer.body["Reason"].as_str().unwrap();
+    for needle in [
+        "core migrations failed".to_owned(),
+        changed.to_string(),
+        "has been modified".to_owned(),
+    ] {
+        assert!(reason.contains(&needle), "{needle:?} missing from {reason}");
+    }
+}
+
+async fn index_valid(pool: &PgPool, index: &str) -> Option<bool> {
+    sqlx::query_scalar("SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)")
+        .bind(index)
+        .fetch_optional(pool)
+        .await
+        .unwrap()
+}
+
+/// The migration of `shared::MIGRATOR` that creates `index`.
+fn creating_migration(index: &str) -> &'static Migration {
+    shared::MIGRATOR
+        .iter()
+        .find(|m| m.sql.as_str().contains(&format!("IF NOT EXISTS {index}")))
+        .unwrap_or_else(|| panic!("no migration creates {index}"))
+}
+
+/// `CREATE INDEX CONCURRENTLY IF NOT EXISTS` skips an invalid index, so a rerun alone never
+/// repairs what an interrupted build left. Three such states, then one run of the function:
+/// - the deploy of a concurrent-index migration interrupted for real (a statement timeout while
+///   the build waits for an old snapshot): the index invalid, the migration not recorded;
+/// - an index invalid under a migration already recorded (a rerun that skipped it);
+/// - the transient `_ccnew` index of an interrupted rebuild.
+///
+/// After the run every index is valid, the leftover is gone, and the report names each.
+#[sqlx::test(migrations = false)]
+async fn an_index_an_interrupted_concurrent_build_left_invalid_is_repaired_on_the_next_run(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let pool = pool_opts.connect_with(connect.clone()).await.unwrap();
+    let host = function(&connect);
+    let created = deploy(&host, "Create").await;
+    assert_eq!(created.body["Status"], "SUCCESS", "{:#}", created.body);
+
+    // 1. The deploy of the by-message index, interrupted half-way.
+    let interrupted = "core.dead_letters_message_idx";
+    let migration = creating_migration("dead_letters_message_idx");
+    assert!(migration.no_tx);
+    sqlx::query("DROP INDEX core.dead_letters_message_idx")
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query("DELETE FROM core._sqlx_migrations WHERE version = $1")
+        .bind(migration.version)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut reader = pool.acquire().await.unwrap();
+    reader
+        .execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM core.dead_letters")
+        .await
+        .unwrap();
+    let mut builder = pool.acquire().await.unwrap();
+    builder
+        .execute("SET statement_timeout = '1s'")
+        .await
+        .unwrap();
+    let build = builder.execute(migration.sql.clone()).await;
+    assert!(
+        build.unwrap_err().to_string().contains("statement timeout"),
+        "the build is interrupted"
+    );
+    reader.execute("ROLLBACK").await.unwrap();
+    builder.execute("RESET statement_timeout").await.unwrap();
+    drop((reader, builder));
+    assert_eq!(index_valid(&pool, interrupted).await, Some(false));
+
+    // 2. An invalid index under a recorded migration.
+    let recorded_invalid = "core.dead_letters_tenant_created_idx";
+    // 3. The leftover of an interrupted REINDEX CONCURRENTLY.
+    let leftover = "core.dead_letters_tenant_created_idx_ccnew";
+    sqlx::raw_sql(
+        "CREATE INDEX dead_letters_tenant_created_idx_ccnew ON core.dead_letters (tenant_id);
+         UPDATE pg_index SET indisvalid = false
+         WHERE indexrelid IN ('core.dead_letters_tenant_created_idx'::regclass,
+                              'core.dead_letters_tenant_created_idx_ccnew'::regclass)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    assert_eq!(index_valid(&pool, recorded_invalid).await, Some(false));
+
+    let rerun = deploy(&host, "Update").await;
+    assert_eq!(rerun.body["Status"], "SUCCESS", "{:#}", rerun.body);
+    assert_eq!(rerun.body["Data"]["Applied"], 1, "{:#}", rerun.body);
+    assert_eq!(
+        rerun.body["Data"]["Migrations"][0]["version"],
+        migration.version
+    );
+    for index in [interrupted, recorded_invalid] {
+        assert_eq!(
+            index_valid(&pool, index).await,
+            Some(true),
+            "{index} repaired"
+        );
+    }
+    assert_eq!(
+        index_valid(&pool, leftover).await,
+        None,
+        "the leftover is dropped"
+    );
+    assert_eq!(
+        rerun.body["Data"]["RepairedIndexes"],
+        json!([
+            {"index": leftover, "action": "dropped"},
+            {"index": interrupted, "action": "rebuilt"},
+            {"index": recorded_invalid, "action": "rebuilt"},
+        ]),
+        "{:#}",
+        rerun.body
+    );
+    // Nothing left to repair the next time.
+    let again = deploy(&host, "Update").await;
+    assert_eq!(again.body["Data"]["RepairedIndexes"], json!([]));
 }

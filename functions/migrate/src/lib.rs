@@ -9,7 +9,9 @@
 //! by hand.
 //!
 //! Invariant: migrations are additive (see `docs/deploy.md`), so the old functions keep working
-//! while a deploy rolls out; the schema is never dropped, deleting the stack included.
+//! while a deploy rolls out, and the old migrate function accepts the newer schema on a rollback
+//! (it refuses only a known migration whose content changed); the schema is never dropped,
+//! deleting the stack included.
 
 pub mod custom_resource;
 pub mod schema;
@@ -26,7 +28,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// Time kept free before the Lambda deadline to answer CloudFormation.
 pub const ANSWER_MARGIN: Duration = Duration::from_secs(15);
 
-/// Migrates, within `budget`: the applied migrations as JSON, or the reason it failed.
+/// Migrates, within `budget`: what it applied, the invalid indexes it repaired and the applied
+/// migrations it does not know (a newer release's, on a rollback) as JSON, or the reason it
+/// failed.
 pub async fn migrate(database: &Database, budget: Duration) -> Result<Value, String> {
     let work = async {
         database
@@ -38,8 +42,13 @@ pub async fn migrate(database: &Database, budget: Duration) -> Result<Value, Str
             .acquire()
             .await
             .map_err(|e| format!("no database connection: {e}"))?;
-        let applied = schema::apply(&mut conn).await.map_err(|e| e.to_string())?;
-        Ok::<_, String>(json!({ "Applied": applied.len(), "Migrations": applied }))
+        let report = schema::apply(&mut conn).await.map_err(|e| e.to_string())?;
+        Ok::<_, String>(json!({
+            "Applied": report.applied.len(),
+            "Migrations": report.applied,
+            "RepairedIndexes": report.repaired,
+            "UnknownApplied": report.unknown,
+        }))
     };
     match tokio::time::timeout(budget, AssertUnwindSafe(work).catch_unwind()).await {
         Ok(Ok(outcome)) => outcome,

@@ -2,13 +2,19 @@
 //! consumer's own. Each owner records its migrations in its own schema's tracking table
 //! (`core._sqlx_migrations`, `reference._sqlx_migrations`, …), never the database's default one.
 //!
-//! Invariant: applying is idempotent (what is recorded is never run again) and serialized (sqlx
-//! holds an advisory lock while it migrates, so two deploys cannot run one migration twice). A
-//! migration waits at most [`LOCK_TIMEOUT`] for a lock live traffic holds: a deploy that cannot
-//! get it fails, instead of stalling the consumers behind it.
+//! Invariant: applying is idempotent (what is recorded is never run again) and serialized (the
+//! run holds sqlx's migration advisory lock throughout, so two deploys cannot run one migration
+//! twice, nor repair one index twice). A migration waits at most [`LOCK_TIMEOUT`] for a lock live
+//! traffic holds: a deploy that cannot get it fails, instead of stalling the consumers behind it.
+//!
+//! Invariant: a rollback and a re-deploy of an older version succeed. Migrations are additive,
+//! so applied migrations this code does not know (a newer release's) are accepted and reported
+//! ([`Report::unknown`]); a known migration whose recorded checksum differs is still refused.
+//! An index that an interrupted `CREATE INDEX CONCURRENTLY` left invalid (which `IF NOT EXISTS`
+//! would skip for ever) is rebuilt before the migrations run ([`repair_invalid_indexes`]).
 
 use serde::Serialize;
-use sqlx::migrate::Migrator;
+use sqlx::migrate::{Migrate, Migrator};
 use sqlx::{PgConnection, Postgres};
 use std::time::Duration;
 
@@ -57,6 +63,37 @@ pub struct Applied {
     pub description: String,
 }
 
+/// An applied migration this code does not know: a newer release's, seen on a rollback or a
+/// re-deploy of an older version. Accepted (migrations are additive), and reported.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Unknown {
+    /// The owner whose tracking table records it.
+    pub owner: &'static str,
+    /// Its version.
+    pub version: i64,
+}
+
+/// An index a run found invalid (left by an interrupted concurrent build) and repaired.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Repaired {
+    /// `schema.index`.
+    pub index: String,
+    /// `rebuilt` (`REINDEX INDEX CONCURRENTLY`), or `dropped` (the leftover `_ccnew`/`_ccold`
+    /// index of an interrupted rebuild).
+    pub action: &'static str,
+}
+
+/// What a run did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Report {
+    /// The migrations it applied (empty when the schema was up to date).
+    pub applied: Vec<Applied>,
+    /// The invalid indexes it repaired.
+    pub repaired: Vec<Repaired>,
+    /// Applied migrations it does not know (a newer release's).
+    pub unknown: Vec<Unknown>,
+}
+
 /// Why a run stopped.
 #[derive(Debug, thiserror::Error)]
 #[error("{owner} migrations failed: {error}")]
@@ -85,9 +122,9 @@ async fn recorded(conn: &mut PgConnection, schema: &str) -> sqlx::Result<Vec<i64
 }
 
 /// Applies every owner's pending migrations, in order, on `conn` (with [`LOCK_TIMEOUT`] set on
-/// it for the session); returns what it applied (empty when the schema was up to date). Stops
+/// it for the session), after repairing the owners' invalid indexes; returns what it did. Stops
 /// at the first failure, which names the owner and the version.
-pub async fn apply(conn: &mut PgConnection) -> Result<Vec<Applied>, MigrateError> {
+pub async fn apply(conn: &mut PgConnection) -> Result<Report, MigrateError> {
     let setting = format!("SET lock_timeout = '{}ms'", LOCK_TIMEOUT.as_millis());
     sqlx::raw_sql(sqlx::AssertSqlSafe(setting))
         .execute(&mut *conn)
@@ -96,7 +133,35 @@ pub async fn apply(conn: &mut PgConnection) -> Result<Vec<Applied>, MigrateError
             owner: "core",
             error: e.into(),
         })?;
-    let mut applied = Vec::new();
+    // sqlx's own migration lock (session-level, so each migrator's run takes it again), held
+    // from the repair to the last owner.
+    conn.lock().await.map_err(|error| MigrateError {
+        owner: "core",
+        error,
+    })?;
+    let report = apply_locked(conn).await;
+    // Every advisory lock of the session: sqlx's runs leave theirs taken when they fail, and the
+    // connection goes back to the pool.
+    let unlocked = sqlx::query("SELECT pg_advisory_unlock_all()")
+        .execute(&mut *conn)
+        .await;
+    let report = report?;
+    unlocked.map_err(|e| MigrateError {
+        owner: "core",
+        error: e.into(),
+    })?;
+    Ok(report)
+}
+
+async fn apply_locked(conn: &mut PgConnection) -> Result<Report, MigrateError> {
+    let mut report = Report::default();
+    let schemas: Vec<&str> = owners().iter().map(|o| o.schema).collect();
+    report.repaired = repair_invalid_indexes(conn, &schemas)
+        .await
+        .map_err(|e| MigrateError {
+            owner: "core",
+            error: e.into(),
+        })?;
     for owner in owners() {
         let failed = |error| MigrateError {
             owner: owner.name,
@@ -105,8 +170,17 @@ pub async fn apply(conn: &mut PgConnection) -> Result<Vec<Applied>, MigrateError
         let before = recorded(conn, owner.schema)
             .await
             .map_err(|e| failed(e.into()))?;
+        report.unknown.extend(
+            before
+                .iter()
+                .filter(|v| !owner.migrator.version_exists(**v))
+                .map(|&version| Unknown {
+                    owner: owner.name,
+                    version,
+                }),
+        );
         owner.migrator.run(&mut *conn).await.map_err(failed)?;
-        applied.extend(
+        report.applied.extend(
             owner
                 .migrator
                 .iter()
@@ -119,5 +193,94 @@ pub async fn apply(conn: &mut PgConnection) -> Result<Vec<Applied>, MigrateError
                 }),
         );
     }
-    Ok(applied)
+    if !report.unknown.is_empty() {
+        tracing::warn!(unknown = ?report.unknown, "applied migrations this release does not know \
+            (a newer release's: a rollback or an older version deployed); accepted, as migrations \
+            are additive");
+    }
+    Ok(report)
+}
+
+/// Repairs every invalid index in `schemas`, which an interrupted `CREATE INDEX CONCURRENTLY`
+/// (a deploy that timed out, a lock timeout, a killed session) leaves behind: the migration's
+/// `IF NOT EXISTS` skips it on the rerun, which then records the migration as applied over an
+/// index that is never used. Each is rebuilt with `REINDEX INDEX CONCURRENTLY` (from its own
+/// definition, so the index is never missing while it is rebuilt); a leftover of an interrupted
+/// rebuild (`…_ccnew`, `…_ccold`) is dropped, concurrently. An index another session is building
+/// right now is left to it. Returns what it repaired.
+///
+/// Needs `conn` outside a transaction block (both statements refuse to run in one).
+pub async fn repair_invalid_indexes(
+    conn: &mut PgConnection,
+    schemas: &[&str],
+) -> sqlx::Result<Vec<Repaired>> {
+    let schemas: Vec<String> = schemas.iter().map(|s| (*s).to_owned()).collect();
+    let invalid: Vec<(String, String)> = sqlx::query_as(
+        "SELECT n.nspname::text, c.relname::text
+         FROM pg_index i
+         JOIN pg_class c ON c.oid = i.indexrelid
+         JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE NOT i.indisvalid AND n.nspname = ANY($1)
+           AND NOT EXISTS (SELECT 1 FROM pg_stat_progress_create_index p
+                           WHERE p.index_relid = i.indexrelid)
+         -- leftovers of an interrupted rebuild first, then the indexes to rebuild
+         ORDER BY c.relname !~ '_cc(new|old)[0-9]*$', n.nspname, c.relname",
+    )
+    .bind(&schemas)
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut repaired = Vec::with_capacity(invalid.len());
+    for (schema, index) in invalid {
+        let name = format!("{}.{}", quote_ident(&schema), quote_ident(&index));
+        let leftover = is_rebuild_leftover(&index);
+        let (statement, action) = if leftover {
+            (
+                format!("DROP INDEX CONCURRENTLY IF EXISTS {name}"),
+                "dropped",
+            )
+        } else {
+            (format!("REINDEX INDEX CONCURRENTLY {name}"), "rebuilt")
+        };
+        tracing::warn!(index = %format!("{schema}.{index}"), action, "repairing an invalid index");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
+            .execute(&mut *conn)
+            .await?;
+        repaired.push(Repaired {
+            index: format!("{schema}.{index}"),
+            action,
+        });
+    }
+    Ok(repaired)
+}
+
+/// Whether `index` is the transient index of a `REINDEX CONCURRENTLY` that did not finish.
+fn is_rebuild_leftover(index: &str) -> bool {
+    ["_ccnew", "_ccold"].iter().any(|suffix| {
+        index.rfind(suffix).is_some_and(|at| {
+            index[at + suffix.len()..]
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        })
+    })
+}
+
+/// `ident` as a quoted SQL identifier.
+fn quote_ident(ident: &str) -> String {
+    format!("\"{}\"", ident.replace('"', "\"\""))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_transient_indexes_of_a_rebuild_are_leftovers() {
+        for leftover in ["x_ccnew", "x_ccnew1", "x_ccold", "x_ccold12"] {
+            assert!(is_rebuild_leftover(leftover), "{leftover}");
+        }
+        for index in ["x", "x_ccnewer", "ccnew_x", "dead_letters_message_idx"] {
+            assert!(!is_rebuild_leftover(index), "{index}");
+        }
+        assert_eq!(quote_ident(r#"a"b"#), r#""a""b""#);
+    }
 }
