@@ -3,13 +3,16 @@
 //! Invariants: a dead letter is committed before any alert is tried; an alert never blocks
 //! processing longer than its time budget; a step that could not be delivered stays due in
 //! PostgreSQL and the scheduled run delivers it. A group's incident is opened once, updated with
-//! the group's count at most every `update_every`, and resolved when the group is. The API token
-//! never appears in logs or `Debug`.
+//! the group's count at most every `update_every`, and resolved when the group is; one a person
+//! resolves in BetterStack while the group's letters are still pending is found by the
+//! scheduled run (it reads open incidents back every [`INCIDENT_CHECK_INTERVAL`]) and raised
+//! again. The API token never appears in logs or `Debug`.
 
 use crate::clock::Clock;
 use crate::groups::{
-    Group, IncidentStep, claim_due, record_delivery_failed, record_opened, record_resolved,
-    record_updated,
+    Group, IncidentStep, claim_due, claim_incident_checks, previous_incident,
+    record_delivery_failed, record_incident_checked, record_opened, record_resolved,
+    record_resolved_by_hand, record_updated,
 };
 use crate::secrets::Secret;
 use serde::Deserialize;
@@ -23,6 +26,10 @@ use tokio::time::Instant;
 
 /// How long a sender holds a claimed group before another may try it.
 const LEASE: Duration = Duration::from_secs(60);
+
+/// How often the scheduled run reads an open group's incident back from BetterStack, to find
+/// one a person resolved there while the group's letters are still pending.
+pub const INCIDENT_CHECK_INTERVAL: Duration = Duration::from_secs(300);
 
 /// Whom a queue's incidents page: a BetterStack escalation policy and/or team.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -177,10 +184,43 @@ impl BetterStack {
         }
     }
 
-    /// POSTs `body` to `path`, retrying 429 and 5xx with backoff (or `Retry-After`) while
-    /// `budget` lasts. A refused token read from Secrets Manager is read again and tried once
-    /// more (it may have been rotated). Returns the answer's JSON (`null` if it has none).
+    /// Whether the incident is resolved in BetterStack (`GET /api/v3/incidents/{id}`: its
+    /// `resolved_at`), by the harness or by a person. One BetterStack no longer knows (404,
+    /// deleted there) counts as resolved: it pages nobody either.
+    pub async fn incident_resolved(
+        &self,
+        incident_id: &str,
+        budget: Duration,
+    ) -> Result<bool, AlertError> {
+        let path = format!("/api/v3/incidents/{incident_id}");
+        match self
+            .request(reqwest::Method::GET, &path, None, budget)
+            .await
+        {
+            Ok(incident) => Ok(!incident["data"]["attributes"]["resolved_at"].is_null()
+                || incident["data"]["attributes"]["status"] == "Resolved"),
+            Err(AlertError::Status { status: 404, .. }) => Ok(true),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// POSTs `body` to `path`; see [`Self::request`].
     async fn send(&self, path: &str, body: &Value, budget: Duration) -> Result<Value, AlertError> {
+        self.request(reqwest::Method::POST, path, Some(body), budget)
+            .await
+    }
+
+    /// Sends `method path` (with `body` as JSON, if any), retrying 429 and 5xx with backoff (or
+    /// `Retry-After`) while `budget` lasts. A refused token read from Secrets Manager is read
+    /// again and tried once more (it may have been rotated). Returns the answer's JSON (`null`
+    /// if it has none).
+    async fn request(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&Value>,
+        budget: Duration,
+    ) -> Result<Value, AlertError> {
         let deadline = Instant::now() + budget;
         let url = format!("{}{path}", self.base_url);
         let mut delay = Duration::from_millis(100);
@@ -195,14 +235,15 @@ impl BetterStack {
             if left.is_zero() {
                 return Err(AlertError::OutOfTime(budget));
             }
-            let sent = self
+            let mut request = self
                 .http
-                .post(&url)
+                .request(method.clone(), &url)
                 .bearer_auth(&token)
-                .timeout(left)
-                .json(body)
-                .send()
-                .await;
+                .timeout(left);
+            if let Some(body) = body {
+                request = request.json(body);
+            }
+            let sent = request.send().await;
             let retry_after = match sent {
                 Ok(response) if response.status().is_success() => {
                     return Ok(response.json().await.unwrap_or_default());
@@ -328,6 +369,18 @@ pub fn update_comment(group: &Group) -> String {
     )
 }
 
+/// What a group's new incident says when its previous one was resolved by hand.
+pub fn raised_again_note(group: &Group, previous: &str) -> String {
+    format!(
+        "Raised again: incident {previous} was resolved in BetterStack while {pending} letter(s) \
+         of group {id} were still pending review. This incident stays open until they are \
+         replayed or discarded (dlq replay|discard --group {id}); the harness resolves it then. \
+         Resolving it by hand raises it again.",
+        pending = group.pending_count,
+        id = group.id,
+    )
+}
+
 fn clip(s: &str, chars: usize) -> String {
     let mut clipped: String = s.chars().take(chars).collect();
     if clipped.len() < s.len() {
@@ -349,6 +402,9 @@ pub struct Delivery {
     pub failed: usize,
     /// Of those, refused for the token (401/403): the alert path is broken until it is fixed.
     pub rejected: usize,
+    /// Incidents found resolved by hand in BetterStack while their group was still open: each
+    /// group is due a new incident (opened by the same round, or the next).
+    pub raised_again: usize,
 }
 
 impl Delivery {
@@ -463,6 +519,71 @@ impl Alerter {
         delivery
     }
 
+    /// Reads back from BetterStack up to `limit` open groups' incidents not read for
+    /// [`INCIDENT_CHECK_INTERVAL`], within the budget. One resolved there (by a person) while
+    /// its group's letters are still pending leaves the group without an incident, so the next
+    /// delivery round raises it again ([`raised_again_note`]). Returns how many were (in
+    /// `raised_again`) and the reads that failed (in `failed`, retried by a later run). Never
+    /// returns an error.
+    pub async fn raise_again_resolved_by_hand(&self, limit: i64) -> Delivery {
+        let started = Instant::now();
+        let now = self.clock.now();
+        let checked_before = now
+            - chrono::Duration::from_std(INCIDENT_CHECK_INTERVAL).unwrap_or(chrono::Duration::MAX);
+        let claimed = async {
+            claim_incident_checks(
+                &mut *self.pool.acquire().await?,
+                now,
+                checked_before,
+                LEASE,
+                limit,
+            )
+            .await
+        };
+        let groups = match tokio::time::timeout(self.budget, claimed).await {
+            Ok(Ok(groups)) => groups,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "could not read the open incidents to check");
+                return Delivery::default();
+            }
+            Err(_) => return Delivery::default(),
+        };
+        let mut delivery = Delivery::default();
+        for group in groups {
+            let incident = incident_id(&group);
+            let left = self.budget.saturating_sub(started.elapsed());
+            let recorded = match self.client.incident_resolved(incident, left).await {
+                Ok(true) => {
+                    tracing::warn!(group = %group.id, incident, pending = group.pending_count,
+                        "the group's incident was resolved in BetterStack while its letters are pending; raising it again");
+                    match record_resolved_by_hand(&self.pool, group.id, incident, now).await {
+                        Ok(true) => {
+                            delivery.raised_again += 1;
+                            Ok(())
+                        }
+                        Ok(false) => record_incident_checked(&self.pool, group.id, now).await,
+                        Err(e) => Err(e),
+                    }
+                }
+                Ok(false) => record_incident_checked(&self.pool, group.id, now).await,
+                Err(error) => {
+                    delivery.failed += 1;
+                    if matches!(error, AlertError::Rejected { .. }) {
+                        delivery.rejected += 1;
+                    }
+                    tracing::warn!(group = %group.id, incident, %error,
+                        "could not read the group's incident back; read again later");
+                    record_incident_checked(&self.pool, group.id, now).await
+                }
+            };
+            if let Err(e) = recorded {
+                tracing::warn!(group = %group.id, error = %e,
+                    "could not record the incident's check; its lease expires and it is read again");
+            }
+        }
+        delivery
+    }
+
     /// Delivers one step and records it. The record's own failure is logged, not returned: the
     /// step went out, and a lease that expires only repeats it.
     async fn deliver(
@@ -476,10 +597,20 @@ impl Alerter {
         let recorded = match step {
             IncidentStep::Open => {
                 let route = self.routes.for_queue(&group.queue);
-                let incident = self
-                    .client
-                    .create_incident(&incident_body(group, route), budget)
-                    .await?;
+                let mut body = incident_body(group, route);
+                match previous_incident(&self.pool, group.id).await {
+                    Ok(Some(previous)) => {
+                        body["description"] = json!(format!(
+                            "{}\n\n{}",
+                            raised_again_note(group, &previous),
+                            body["description"].as_str().unwrap_or_default()
+                        ))
+                    }
+                    Ok(None) => {}
+                    Err(e) => tracing::warn!(group = %group.id, error = %e,
+                        "could not read the group's previous incident; opening without it"),
+                }
+                let incident = self.client.create_incident(&body, budget).await?;
                 tracing::info!(group = %group.id, incident, letters = group.letter_count, "incident opened");
                 record_opened(
                     &self.pool,

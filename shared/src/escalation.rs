@@ -4,7 +4,8 @@
 //! (group, step) pages once. The step is claimed in a committed row before its page is sent and
 //! marked sent after, so nothing is locked while BetterStack answers: a review of the group's
 //! letters never waits on an escalation. A page that fails is retried by a later run; a claim
-//! whose sender died is taken over when its lease ends.
+//! whose sender died is taken over when its lease ends. A run pages only until its `until`:
+//! what is left is paged by the next run.
 
 use crate::alerting::{BetterStack, Route, with_route};
 use crate::ids::GroupId;
@@ -12,6 +13,7 @@ use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use std::time::Duration;
+use tokio::time::Instant;
 
 /// How long a claimed step is left to its sender before another run may page it.
 const LEASE: Duration = Duration::from_secs(120);
@@ -74,9 +76,16 @@ pub struct EscalationReport {
     pub letters: u64,
     /// Pages that failed (left for a later run).
     pub failed: usize,
+    /// Incidents opened for queues whose replays stay unsent past the bound.
+    pub unsent_opened: usize,
+    /// Such incidents resolved (every replay of their queue sent, or none past the bound).
+    pub unsent_resolved: usize,
+    /// Pages not sent for lack of time in this run (the next run sends them).
+    pub deferred: usize,
 }
 
-/// Pages every due (group, step) once: claims it, pages, marks it paged.
+/// Pages every due (group, step) once: claims it, pages, marks it paged. A page is started only
+/// with a whole `budget` left before `until`; the others wait for the next run.
 pub async fn escalate(
     pool: &PgPool,
     client: &BetterStack,
@@ -84,10 +93,15 @@ pub async fn escalate(
     now: DateTime<Utc>,
     after: Duration,
     budget: Duration,
+    until: Instant,
 ) -> sqlx::Result<EscalationReport> {
     let mut report = EscalationReport::default();
-    let until = now + chrono::Duration::from_std(LEASE).unwrap_or_default();
+    let lease_end = now + chrono::Duration::from_std(LEASE).unwrap_or_default();
     for group in due_groups(pool, now, after).await? {
+        if Instant::now() + budget > until {
+            report.deferred += 1;
+            continue;
+        }
         let claimed: Option<i32> = sqlx::query_scalar(
             "INSERT INTO core.dead_letter_group_escalations AS e (group_id, step, claimed_until)
              VALUES ($1, $2, $4)
@@ -98,7 +112,7 @@ pub async fn escalate(
         .bind(group.id.0)
         .bind(group.step)
         .bind(now)
-        .bind(until)
+        .bind(lease_end)
         .fetch_optional(pool)
         .await?;
         if claimed.is_none() {
@@ -157,4 +171,16 @@ fn page(group: &DueGroup, after: Duration) -> Value {
             pattern = group.pattern, pending = group.pending_count,
             oldest = group.oldest.to_rfc3339(), step = group.step),
     })
+}
+
+impl EscalationReport {
+    /// Adds `other`'s counts to these.
+    pub fn add(&mut self, other: EscalationReport) {
+        self.pages += other.pages;
+        self.letters += other.letters;
+        self.failed += other.failed;
+        self.unsent_opened += other.unsent_opened;
+        self.unsent_resolved += other.unsent_resolved;
+        self.deferred += other.deferred;
+    }
 }

@@ -396,6 +396,96 @@ pub async fn record_resolved(
     .map(drop)
 }
 
+/// Claims, for `lease`, up to `limit` open groups whose incident is open and was last read back
+/// from BetterStack (or opened) at or before `checked_before`: their incident is to be read
+/// again, in case a person resolved it there while the group's letters are still pending.
+pub async fn claim_incident_checks(
+    conn: &mut PgConnection,
+    now: DateTime<Utc>,
+    checked_before: DateTime<Utc>,
+    lease: Duration,
+    limit: i64,
+) -> sqlx::Result<Vec<Group>> {
+    let until = now + chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::MAX);
+    let rows: Vec<GroupRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "UPDATE core.dead_letter_groups SET claimed_until = $2
+         WHERE id IN (SELECT id FROM core.dead_letter_groups
+                      WHERE resolved_at IS NULL AND incident_id IS NOT NULL
+                        AND incident_resolved_at IS NULL
+                        AND coalesce(incident_checked_at, incident_opened_at) <= $3
+                        AND (claimed_until IS NULL OR claimed_until < $1)
+                      ORDER BY coalesce(incident_checked_at, incident_opened_at), id
+                      LIMIT $4 FOR UPDATE SKIP LOCKED)
+         RETURNING {COLUMNS}"
+    )))
+    .bind(now)
+    .bind(until)
+    .bind(checked_before)
+    .bind(limit)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows.into_iter().map(Group::from).collect())
+}
+
+/// Records that `group`'s incident was read back at `now` (still open, or the read failed) and
+/// ends the claim.
+pub async fn record_incident_checked(
+    db: impl PgExecutor<'_>,
+    group: GroupId,
+    now: DateTime<Utc>,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "UPDATE core.dead_letter_groups SET incident_checked_at = $2, claimed_until = NULL
+         WHERE id = $1",
+    )
+    .bind(group.0)
+    .bind(now)
+    .execute(db)
+    .await
+    .map(drop)
+}
+
+/// Records that `incident_id`, the incident of the still open `group`, was resolved in
+/// BetterStack by hand: the group no longer has an incident, so it is due a new one at once
+/// (the next delivery opens it, saying why). `false` if the group resolved or changed
+/// incident meanwhile (nothing is changed then but the end of the claim).
+pub async fn record_resolved_by_hand(
+    db: impl PgExecutor<'_>,
+    group: GroupId,
+    incident_id: &str,
+    now: DateTime<Utc>,
+) -> sqlx::Result<bool> {
+    sqlx::query_scalar(
+        "UPDATE core.dead_letter_groups
+         SET previous_incident_id = incident_id, incidents_raised_again = incidents_raised_again + 1,
+             incident_id = NULL, incident_opened_at = NULL, incident_count = NULL,
+             incident_updated_at = NULL, incident_checked_at = $3, claimed_until = NULL,
+             next_delivery_at = '-infinity', delivery_failures = 0, last_delivery_error = NULL
+         WHERE id = $1 AND incident_id = $2 AND resolved_at IS NULL
+           AND incident_resolved_at IS NULL
+         RETURNING true",
+    )
+    .bind(group.0)
+    .bind(incident_id)
+    .bind(now)
+    .fetch_optional(db)
+    .await
+    .map(|raised: Option<bool>| raised.is_some())
+}
+
+/// The group's last incident resolved in BetterStack by hand while its letters were still
+/// pending (the group was raised again as a new incident since), if any.
+pub async fn previous_incident(
+    db: impl PgExecutor<'_>,
+    group: GroupId,
+) -> sqlx::Result<Option<String>> {
+    sqlx::query_scalar("SELECT previous_incident_id FROM core.dead_letter_groups WHERE id = $1")
+        .bind(group.0)
+        .fetch_optional(db)
+        .await
+        .map(Option::flatten)
+}
+
 /// Records a failed delivery and when to try again.
 pub async fn record_delivery_failed(
     db: impl PgExecutor<'_>,

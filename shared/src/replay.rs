@@ -4,6 +4,7 @@
 //! Invariant: the body sent is the body received, byte for byte where it was JSON (same `job_id`,
 //! so the consumer's fence makes the replay a no-op if the job already succeeded). The message
 //! carries [`REPLAY_OF_ATTRIBUTE`], so a replay that fails again is linked to this letter.
+//! A replay the queue refused stays `queued`, with a send state ([`crate::replay_sends`]).
 
 use crate::dead_letter::DeadLetter;
 use crate::sqs::REPLAY_OF_ATTRIBUTE;

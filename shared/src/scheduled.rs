@@ -1,26 +1,43 @@
 //! The scheduled run (EventBridge): send replays that were recorded but not sent, deliver the
-//! incident steps still due, escalate unreviewed groups, sweep expired fences, and measure what
-//! waits (letters pending review, incidents not delivered). Each step is bounded; a failing step
-//! is reported and does not stop the others.
+//! incident steps still due (and raise again those resolved by hand while their group is
+//! open), escalate unreviewed groups and replays unsent past their bound, sweep expired fences,
+//! and measure what waits (letters pending review, incidents not delivered, replays unsent).
+//! Each step is bounded; a failing step is reported and does not stop the others.
+//!
+//! Invariant: the sweep, the alerts and the escalations always get their turn. With a Lambda
+//! deadline, the replay step may spend at most a quarter of the time left at its start (and
+//! never more than [`REPLAY_BUDGET`]) and the escalation step a quarter of what is left then
+//! ([`ESCALATION_BUDGET`] at most); every send and page is bounded by what its step has left.
 
 use crate::alerting::{Alerter, Delivery};
 use crate::clock::Clock;
 use crate::escalation::{EscalationReport, escalate};
 use crate::groups::{DeliveryBacklog, delivery_backlog, pending_review};
 use crate::metrics::emf_line;
+use crate::replay_sends::{Unsent, due_replays, record_send_refused, unsent};
 use crate::sweeper::{SweepReport, SweepSettings, sweep};
+use crate::unsent_replays::page_unsent_replays;
 use serde_json::{Value, json};
 use sqlx::PgPool;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
 /// Unsent alert groups retried per run.
 const ALERT_RETRIES_PER_RUN: i64 = 100;
-/// Queued replays sent per run.
+/// Open groups whose incident is read back per run.
+const INCIDENT_CHECKS_PER_RUN: i64 = 20;
+/// Queued replays tried per run, the one due longest first.
 const REPLAYS_PER_RUN: i64 = 500;
 /// A queued replay younger than this is left to the replay request that recorded it.
 const REPLAY_GRACE: Duration = Duration::from_secs(60);
+/// The most the replay step may take (without a deadline, all of it).
+pub const REPLAY_BUDGET: Duration = Duration::from_secs(60);
+/// The most the escalation step may take.
+pub const ESCALATION_BUDGET: Duration = Duration::from_secs(60);
+/// The default of [`ScheduledRun::replay_alert_after`] (`REPLAY_UNSENT_ALERT_SECONDS`).
+pub const REPLAY_ALERT_AFTER: Duration = Duration::from_secs(3_600);
 
 /// What the scheduled run works with.
 pub struct ScheduledRun {
@@ -38,6 +55,9 @@ pub struct ScheduledRun {
     pub page_budget: Duration,
     /// Sends replays that were recorded but not sent; `None` leaves them queued.
     pub replayer: Option<crate::replay::Replayer>,
+    /// A replay recorded this long ago and still unsent alerts: a metric, an incident for its
+    /// queue, and a failed heartbeat.
+    pub replay_alert_after: Duration,
     /// Pinged at the end of every run, so a scheduler that stopped pages someone.
     pub heartbeat: Option<Heartbeat>,
 }
@@ -85,7 +105,8 @@ impl Heartbeat {
 pub struct ReplaySends {
     /// Sent and recorded.
     pub sent: u64,
-    /// Still queued.
+    /// Refused (or not tried, their queue having refused one this run): still queued, each
+    /// due again after its backoff.
     pub failed: u64,
 }
 
@@ -98,6 +119,8 @@ pub struct Waiting {
     pub oldest_pending: Duration,
     /// Incidents still to be opened or resolved.
     pub undelivered: DeliveryBacklog,
+    /// Replays recorded and not yet sent, and those past the bound.
+    pub unsent: Unsent,
 }
 
 /// What one scheduled run did.
@@ -118,45 +141,52 @@ pub struct ScheduledReport {
 }
 
 impl ScheduledRun {
-    /// Runs the three steps; the sweep stops before `deadline`.
+    /// Runs the steps; with a `deadline` (the invocation's, less a margin), each stops in time
+    /// for the next, and the sweep stops before it.
     pub async fn run(&self, deadline: Option<Instant>) -> ScheduledReport {
-        let replays = self.send_queued_replays().await.map_err(|e| e.to_string());
+        let replays = self
+            .send_queued_replays(step_budget(deadline, REPLAY_BUDGET))
+            .await
+            .map_err(|e| e.to_string());
         let alerts = match &self.alerter {
-            Some(alerter) => alerter.deliver_pending(ALERT_RETRIES_PER_RUN).await,
+            Some(alerter) => {
+                let checked = alerter
+                    .raise_again_resolved_by_hand(INCIDENT_CHECKS_PER_RUN)
+                    .await;
+                let mut delivered = alerter.deliver_pending(ALERT_RETRIES_PER_RUN).await;
+                delivered.raised_again = checked.raised_again;
+                delivered.failed += checked.failed;
+                delivered.rejected += checked.rejected;
+                delivered
+            }
             None => Delivery::default(),
         };
-        let escalation = match &self.alerter {
-            Some(alerter) => {
-                let routes = alerter.routes();
-                escalate(
-                    &self.pool,
-                    alerter.client(),
-                    routes.escalation.as_ref().unwrap_or(&routes.default),
-                    self.clock.now(),
-                    self.escalate_after,
-                    self.page_budget,
-                )
-                .await
-            }
-            None => Ok(EscalationReport::default()),
-        }
-        .map_err(|e| e.to_string());
+        let escalation = self
+            .escalate(Instant::now() + step_budget(deadline, ESCALATION_BUDGET))
+            .await
+            .map_err(|e| e.to_string());
         let sweep = sweep(&self.pool, self.clock.as_ref(), self.sweep, deadline)
             .await
             .map_err(|e| e.to_string());
         let waiting = self.waiting().await.map_err(|e| e.to_string());
+        let replays_failing = replays_failing(&replays, &waiting);
         for (step, error) in [
-            ("replays", replays.as_ref().err()),
-            ("escalation", escalation.as_ref().err()),
-            ("sweep", sweep.as_ref().err()),
-            ("waiting", waiting.as_ref().err()),
+            ("replays", replays.as_ref().err().map(String::as_str)),
+            (
+                "replays",
+                (replays.is_ok() && replays_failing)
+                    .then_some("queued replays are refused, or unsent past their bound"),
+            ),
+            ("escalation", escalation.as_ref().err().map(String::as_str)),
+            ("sweep", sweep.as_ref().err().map(String::as_str)),
+            ("waiting", waiting.as_ref().err().map(String::as_str)),
         ] {
             if let Some(error) = error {
                 tracing::error!(step, error, "scheduled step failed");
             }
         }
         let failed = [
-            replays.is_err(),
+            replays_failing,
             escalation.is_err(),
             sweep.is_err(),
             waiting.is_err(),
@@ -179,6 +209,38 @@ impl ScheduledRun {
         }
     }
 
+    /// Pages unreviewed groups, then queues whose replays stay unsent, until `until`.
+    async fn escalate(&self, until: Instant) -> sqlx::Result<EscalationReport> {
+        let Some(alerter) = &self.alerter else {
+            return Ok(EscalationReport::default());
+        };
+        let routes = alerter.routes();
+        let now = self.clock.now();
+        let mut report = escalate(
+            &self.pool,
+            alerter.client(),
+            routes.escalation.as_ref().unwrap_or(&routes.default),
+            now,
+            self.escalate_after,
+            self.page_budget,
+            until,
+        )
+        .await?;
+        report.add(
+            page_unsent_replays(
+                &self.pool,
+                alerter.client(),
+                routes,
+                now,
+                self.replay_alert_after,
+                self.page_budget,
+                until,
+            )
+            .await?,
+        );
+        Ok(report)
+    }
+
     async fn waiting(&self) -> sqlx::Result<Waiting> {
         let now = self.clock.now();
         let (pending_letters, oldest_pending) = pending_review(&self.pool, now).await?;
@@ -186,26 +248,54 @@ impl ScheduledRun {
             pending_letters,
             oldest_pending,
             undelivered: delivery_backlog(&self.pool, now).await?,
+            unsent: unsent(&self.pool, now, self.replay_alert_after).await?,
         })
     }
 
     /// Sends the replays recorded over a minute ago that no queue accepted yet (the replay's own
-    /// send failed, or its process died right after the commit). A message sent twice is
-    /// harmless: it carries the same job id, and the consumer's fence applies it once.
-    async fn send_queued_replays(&self) -> sqlx::Result<ReplaySends> {
+    /// send failed, or its process died right after the commit), the one due longest first,
+    /// within `budget`. A refusal is recorded on the replay with its backoff; a queue that
+    /// refused one is not asked again in this run (its other replays back off with the same
+    /// error), so a dead queue costs one call per run, not one per replay. A message sent twice
+    /// is harmless: it carries the same job id, and the consumer's fence applies it once.
+    async fn send_queued_replays(&self, budget: Duration) -> sqlx::Result<ReplaySends> {
         let Some(replayer) = &self.replayer else {
             return Ok(ReplaySends::default());
         };
-        let before =
-            self.clock.now() - chrono::Duration::from_std(REPLAY_GRACE).unwrap_or_default();
+        let started = Instant::now();
+        let now = self.clock.now();
+        let before = now - chrono::Duration::from_std(REPLAY_GRACE).unwrap_or_default();
+        let mut refused: HashMap<String, String> = HashMap::new();
         let mut sends = ReplaySends::default();
-        for letter in crate::review::queued_replays(&self.pool, before, REPLAYS_PER_RUN).await? {
-            let id = letter.id;
-            match replayer.send(&letter).await {
+        for due in due_replays(&self.pool, now, before, REPLAYS_PER_RUN).await? {
+            let letter = &due.letter;
+            let attempts = u32::try_from(due.send_attempts).unwrap_or(0) + 1;
+            let result = match refused.get(&letter.queue) {
+                Some(error) => Err(format!(
+                    "not tried: its queue refused another replay in the same run: {error}"
+                )),
+                None => {
+                    let left = budget.saturating_sub(started.elapsed());
+                    if left.is_zero() {
+                        tracing::warn!(
+                            ?budget,
+                            "replay step out of time; the rest is sent by the next run"
+                        );
+                        break;
+                    }
+                    match tokio::time::timeout(left, replayer.send(letter)).await {
+                        Ok(sent) => sent,
+                        Err(_) => Err(format!(
+                            "the send did not finish within the replay step's {budget:?}"
+                        )),
+                    }
+                }
+            };
+            match result {
                 Ok(sent) => {
                     crate::review::record_replay_sent(
                         &self.pool,
-                        id,
+                        letter.id,
                         &sent.message_id,
                         self.clock.now(),
                     )
@@ -213,13 +303,36 @@ impl ScheduledRun {
                     sends.sent += 1;
                 }
                 Err(error) => {
-                    tracing::error!(letter = %id, error, "queued replay still not sent");
+                    tracing::error!(letter = %letter.id, queue = letter.queue, attempts, error,
+                        "queued replay still not sent");
+                    record_send_refused(&self.pool, letter.id, attempts, &error, self.clock.now())
+                        .await?;
+                    refused.entry(letter.queue.clone()).or_insert(error);
                     sends.failed += 1;
                 }
             }
         }
         Ok(sends)
     }
+}
+
+/// What a step may spend: `cap`, and with a deadline at most a quarter of the time left.
+fn step_budget(deadline: Option<Instant>, cap: Duration) -> Duration {
+    match deadline {
+        Some(deadline) => cap.min(deadline.saturating_duration_since(Instant::now()) / 4),
+        None => cap,
+    }
+}
+
+/// Whether sending replays is failing: the step failed, a due send was refused this run, or a
+/// replay is unsent past its bound.
+fn replays_failing(
+    replays: &Result<ReplaySends, String>,
+    waiting: &Result<Waiting, String>,
+) -> bool {
+    let refused = replays.as_ref().map_or(true, |r| r.failed > 0);
+    let overdue = waiting.as_ref().is_ok_and(|w| w.unsent.overdue > 0);
+    refused || overdue
 }
 
 impl ScheduledReport {
@@ -231,18 +344,23 @@ impl ScheduledReport {
         });
         let waiting = self.waiting.as_ref().map(|w| {
             json!({"pending_letters": w.pending_letters, "oldest_pending_seconds": w.oldest_pending.as_secs(),
-                   "undelivered_incidents": w.undelivered.groups, "oldest_undelivered_seconds": w.undelivered.oldest.as_secs()})
+                   "undelivered_incidents": w.undelivered.groups, "oldest_undelivered_seconds": w.undelivered.oldest.as_secs(),
+                   "queued_replays": w.unsent.queued, "oldest_queued_replay_seconds": w.unsent.oldest.as_secs(),
+                   "overdue_replays": w.unsent.overdue})
         });
         let a = &self.alerts;
         json!({
-            "alerts": {"opened": a.opened, "updated": a.updated, "resolved": a.resolved, "failed": a.failed, "rejected": a.rejected},
+            "alerts": {"opened": a.opened, "updated": a.updated, "resolved": a.resolved, "failed": a.failed,
+                       "rejected": a.rejected, "raised_again": a.raised_again},
             "waiting": waiting.unwrap_or_else(|e| json!({"error": e})),
             "heartbeat": match &self.heartbeat {
                 None => Value::Null,
                 Some(Ok(())) => json!("sent"),
                 Some(Err(e)) => json!({"error": e}),
             },
-            "escalation": self.escalation.as_ref().map(|e| json!({"pages": e.pages, "letters": e.letters, "failed": e.failed})).unwrap_or_else(|e| json!({"error": e})),
+            "escalation": self.escalation.as_ref().map(|e| json!({"pages": e.pages, "letters": e.letters, "failed": e.failed,
+                "unsent_replay_incidents_opened": e.unsent_opened, "unsent_replay_incidents_resolved": e.unsent_resolved,
+                "deferred": e.deferred})).unwrap_or_else(|e| json!({"error": e})),
             "sweep": sweep.unwrap_or_else(|e| json!({"error": e})),
             "replays": self.replays.as_ref().map(|r| json!({"sent": r.sent, "failed": r.failed})).unwrap_or_else(|e| json!({"error": e})),
         })
@@ -266,7 +384,7 @@ impl ScheduledReport {
         let failed_steps = f64::from(
             u8::from(self.escalation.is_err())
                 + u8::from(self.sweep.is_err())
-                + u8::from(self.replays.is_err())
+                + u8::from(replays_failing(&self.replays, &self.waiting))
                 + u8::from(self.waiting.is_err()),
         );
         let replays = self.replays.clone().unwrap_or_default();
@@ -310,6 +428,22 @@ impl ScheduledReport {
             ("ScheduledStepsFailed", failed_steps, "Count"),
             ("QueuedReplaysSent", replays.sent as f64, "Count"),
             ("QueuedReplaysFailed", replays.failed as f64, "Count"),
+            ("QueuedReplays", waiting.unsent.queued as f64, "Count"),
+            (
+                "OldestQueuedReplaySeconds",
+                waiting.unsent.oldest.as_secs() as f64,
+                "Seconds",
+            ),
+            (
+                "QueuedReplaysOverdue",
+                waiting.unsent.overdue as f64,
+                "Count",
+            ),
+            (
+                "IncidentsRaisedAgain",
+                self.alerts.raised_again as f64,
+                "Count",
+            ),
         ];
         emf_line(namespace, ("Function", "scheduled"), &values, at)
     }

@@ -1,6 +1,7 @@
 //! A local HTTP server standing in for BetterStack's Uptime API: it records every request and
 //! answers as BetterStack does (an incident created with its id, a comment added, an incident
-//! resolved), or with the statuses it was told to answer first.
+//! resolved, an incident read with its state), or with the statuses it was told to answer first.
+//! An incident can be resolved by hand, as a person does in BetterStack's UI.
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -35,6 +36,10 @@ struct State {
     refuse: VecDeque<u16>,
     latency: std::time::Duration,
     token: Option<String>,
+    /// Incidents created, those resolved through the API, and those resolved by hand.
+    created: std::collections::HashSet<String>,
+    resolved: std::collections::HashSet<String>,
+    by_hand: std::collections::HashSet<String>,
 }
 
 /// The running receiver; stops when dropped.
@@ -93,6 +98,22 @@ impl AlertReceiver {
         self.state.lock().unwrap().refuse.clear();
     }
 
+    /// Resolves incident `id` as a person does in BetterStack: a later read of it says so, and
+    /// resolving it through the API answers 409.
+    pub fn resolve_by_hand(&self, id: &str) {
+        self.state.lock().unwrap().by_hand.insert(id.to_owned());
+    }
+
+    /// The reads of an incident (`GET /api/v3/incidents/{id}`, answered).
+    pub fn reads(&self) -> Vec<Received> {
+        self.received()
+            .into_iter()
+            .filter(|r| {
+                r.method == "GET" && r.status < 300 && r.path.starts_with("/api/v3/incidents/")
+            })
+            .collect()
+    }
+
     /// Every request so far.
     pub fn received(&self) -> Vec<Received> {
         self.state.lock().unwrap().received.clone()
@@ -146,7 +167,20 @@ async fn answer(
     } else {
         state.refuse.pop_front()
     };
-    let ok = if path.ends_with("/resolve") { 200 } else { 201 };
+    let incident = path
+        .strip_prefix("/api/v3/incidents/")
+        .map(|rest| rest.trim_end_matches("/resolve").to_owned());
+    let read = method == "GET" && incident.is_some();
+    let refused = refused.or_else(|| match &incident {
+        Some(id) if read && !state.created.contains(id) => Some(404),
+        Some(id) if path.ends_with("/resolve") && state.by_hand.contains(id) => Some(409),
+        _ => None,
+    });
+    let ok = if path.ends_with("/resolve") || read {
+        200
+    } else {
+        201
+    };
     let id = state.received.len() + 1;
     state.received.push(Received {
         method,
@@ -160,6 +194,25 @@ async fn answer(
     } else {
         "incident"
     };
+    let data = match (&incident, refused) {
+        (Some(id), None) => {
+            if path.ends_with("/resolve") {
+                state.resolved.insert(id.clone());
+            }
+            let resolved = state.resolved.contains(id) || state.by_hand.contains(id);
+            json!({"id": id, "type": "incident", "attributes": {
+                "status": if resolved { "Resolved" } else { "Started" },
+                "resolved_at": resolved.then_some("2026-11-30T12:00:00.000Z"),
+                "resolved_by": resolved.then_some("someone@example.com"),
+            }})
+        }
+        _ => {
+            if refused.is_none() && path == "/api/v3/incidents" {
+                state.created.insert(id.to_string());
+            }
+            json!({"id": id.to_string(), "type": kind})
+        }
+    };
     let response = match refused {
         Some(code) => Response::builder()
             .status(code)
@@ -167,9 +220,7 @@ async fn answer(
         None => Response::builder()
             .status(ok)
             .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(
-                json!({"data": {"id": id.to_string(), "type": kind}}).to_string(),
-            ))),
+            .body(Full::new(Bytes::from(json!({"data": data}).to_string()))),
     };
     Ok(response.expect("response"))
 }

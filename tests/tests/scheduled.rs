@@ -10,8 +10,9 @@ use shared::alerting::{Alerter, BetterStack, Routes};
 use shared::clock::{Clock, ManualClock};
 use shared::dead_letter::{ErrorKind, NewDeadLetter, record_dead_letter};
 use shared::ids::{DeadLetterId, JobId};
+use shared::replay::Replayer;
 use shared::review::{Verdict, lock_letter};
-use shared::scheduled::ScheduledRun;
+use shared::scheduled::{Heartbeat, ScheduledRun};
 use shared::sweeper::SweepSettings;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -36,7 +37,7 @@ async fn letter(
         consumer: &e2e::consumer_name(),
         queue,
         message_id: &Uuid::new_v4().to_string(),
-        payload: &payload,
+        body: &payload.to_string(),
         attempts: 5,
         kind,
         last_error: "timeout",
@@ -73,6 +74,7 @@ fn scheduled(pool: &PgPool, receiver: &AlertReceiver, clock: Arc<ManualClock>) -
         page_budget: Duration::from_secs(5),
         replayer: None,
         heartbeat: None,
+        replay_alert_after: Duration::from_secs(3_600),
     }
 }
 
@@ -260,4 +262,313 @@ async fn the_sweeper_function_deletes_expired_fences_when_invoked(
     assert_eq!(response["sweep"]["stop"], "Done");
     tokio::time::sleep(Duration::from_millis(200)).await; // the EMF line is read from its stdout
     assert_eq!(host.metrics().get("FencesDeleted"), Some(&2500));
+}
+
+/// A queue name no other test uses.
+fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}", &Uuid::new_v4().simple().to_string()[..12])
+}
+
+/// `n` letters of `queue`, replayed by an operator at `reviewed_at`, whose message no queue has
+/// taken yet (`replay_outcome = queued`): the replay's own send was refused.
+async fn queued_replays(
+    pool: &PgPool,
+    queue: &str,
+    n: i64,
+    reviewed_at: DateTime<Utc>,
+) -> Vec<Uuid> {
+    let ids: Vec<Uuid> = sqlx::query_scalar(
+        "INSERT INTO core.dead_letters (job_id, consumer, queue, message_id, payload, attempts,
+                                        error_kind, last_error, created_at)
+         SELECT j, 'award-points', $1, gen_random_uuid()::text,
+                jsonb_build_object('job_id', j, 'tenant_id', gen_random_uuid(),
+                                   'payload', jsonb_build_object('account_id', 'acct-1', 'points', 1)),
+                5, 'exhausted', 'partner ledger offline', $3 - interval '1 hour'
+         FROM (SELECT gen_random_uuid() AS j FROM generate_series(1, $2)) AS jobs
+         RETURNING id",
+    )
+    .bind(queue)
+    .bind(n)
+    .bind(reviewed_at)
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "UPDATE core.dead_letters
+         SET status = 'replayed', reviewed_by = 'ops-1', reviewed_at = $2,
+             replay_outcome = 'queued', replay_reason = 'the ledger is back'
+         WHERE id = ANY ($1)",
+    )
+    .bind(&ids)
+    .bind(reviewed_at)
+    .execute(pool)
+    .await
+    .unwrap();
+    ids
+}
+
+async fn outcomes(pool: &PgPool, ids: &[Uuid]) -> Vec<(String, i64)> {
+    sqlx::query_as(
+        "SELECT replay_outcome, count(*) FROM core.dead_letters WHERE id = ANY ($1)
+         GROUP BY replay_outcome ORDER BY replay_outcome",
+    )
+    .bind(ids)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+/// Issue 22, item 3: 500 replays queued for a queue that no longer exists (a decommissioned
+/// consumer's) used to be retried first on every run, so a replay queued after them was never
+/// sent. Each refused replay now backs off on its own (its attempts, its last error, its next
+/// attempt recorded), and a replay still due is sent by the next run, not after them.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn a_replay_that_cannot_be_sent_backs_off_and_does_not_block_the_others(pool: PgPool) {
+    let sqs = e2e::event_source::sqs_client().await;
+    let live = e2e::event_source::create_queue(&sqs, &unique("live"), &[]).await;
+    let gone = unique("gone"); // never created
+    let receiver = AlertReceiver::start().await;
+    let clock = Arc::new(ManualClock::new(t0()));
+    let stuck = queued_replays(&pool, &gone, 500, t0() - Span::minutes(30)).await;
+    let waiting = queued_replays(&pool, &live.name, 1, t0() - Span::minutes(10)).await;
+    let mut run = scheduled(&pool, &receiver, clock.clone());
+    run.replayer = Some(Replayer::new(sqs.clone()));
+
+    let first = run.run(None).await.replays.unwrap();
+    assert_eq!(first.failed, 500, "the oldest 500 are due first: {first:?}");
+
+    clock.advance(Span::seconds(30));
+    let second = run.run(None).await.replays.unwrap();
+    assert_eq!(
+        (second.sent, second.failed),
+        (1, 0),
+        "the refused ones wait out their backoff; the one behind them is sent"
+    );
+    assert_eq!(e2e::event_source::depth(&sqs, &live).await, 1);
+    assert_eq!(outcomes(&pool, &waiting).await, [("sent".into(), 1)]);
+    assert_eq!(outcomes(&pool, &stuck).await, [("queued".into(), 500)]);
+
+    // Each refused replay carries its own state: one attempt, the error, its next attempt a
+    // minute after the refusal; then two minutes after the next one.
+    let state = |id: Uuid| shared::replay_sends::send_state(&pool, DeadLetterId(id));
+    let one = state(stuck[0])
+        .await
+        .unwrap()
+        .expect("queued: it has a send state");
+    assert_eq!(
+        (one.attempts, one.next_attempt_at),
+        (1, t0() + Span::minutes(1))
+    );
+    let error = one.last_error.unwrap();
+    assert!(error.contains(&gone), "{error}");
+    assert!(
+        state(waiting[0]).await.unwrap().is_none(),
+        "a sent replay has no send state"
+    );
+    clock.advance(Span::seconds(31)); // t0 + 61 s: due again
+    let third = run.run(None).await.replays.unwrap();
+    assert_eq!(third.failed, 500);
+    let two = state(stuck[499]).await.unwrap().unwrap();
+    assert_eq!(
+        (two.attempts, two.next_attempt_at),
+        (2, clock.now() + Span::minutes(2))
+    );
+}
+
+/// Issue 22, item 3: a replay its queue keeps refusing used to wait in silence (its letter left
+/// `pending_review`, so its group resolved). Past `REPLAY_UNSENT_ALERT_SECONDS` it is a metric
+/// the template's alarm watches and a BetterStack incident for its queue, and the run reports
+/// failure to the heartbeat; once it is sent, the incident is resolved.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn a_replay_unsent_past_its_bound_alerts(pool: PgPool) {
+    let sqs = e2e::event_source::sqs_client().await;
+    let queue = unique("refusing");
+    let receiver = AlertReceiver::start().await;
+    let clock = Arc::new(ManualClock::new(t0()));
+    let ids = queued_replays(&pool, &queue, 2, t0() - Span::hours(2)).await;
+    let mut run = scheduled(&pool, &receiver, clock.clone());
+    run.replayer = Some(Replayer::new(sqs.clone()));
+    run.heartbeat = Some(Heartbeat::new(format!("{}/heartbeat", receiver.url)));
+    let heartbeats = || -> Vec<String> {
+        receiver
+            .received()
+            .into_iter()
+            .filter(|r| r.path.starts_with("/heartbeat"))
+            .map(|r| r.path)
+            .collect()
+    };
+
+    let refused = run.run(None).await;
+    assert_eq!(refused.replays.clone().unwrap().failed, 2, "{refused:?}");
+    let emf = refused.emf("JobHarness", clock.now());
+    assert_eq!(emf["QueuedReplaysOverdue"], 2, "{emf}");
+    assert_eq!(emf["OldestQueuedReplaySeconds"], 7200, "{emf}");
+    let incidents: Vec<_> = receiver
+        .incidents()
+        .into_iter()
+        .filter(|r| {
+            r.body["name"]
+                .as_str()
+                .unwrap()
+                .starts_with("Replays not sent")
+        })
+        .collect();
+    assert_eq!(incidents.len(), 1, "{:?}", receiver.received());
+    assert_eq!(
+        incidents[0].body["name"],
+        format!("Replays not sent: {queue}")
+    );
+    let summary = incidents[0].body["summary"].as_str().unwrap();
+    assert!(summary.starts_with("2 replay(s) to "), "{summary}");
+    assert_eq!(heartbeats(), ["/heartbeat/fail"], "sends are failing");
+
+    clock.advance(Span::minutes(10)); // still refused: no second incident
+    run.run(None).await;
+    assert_eq!(
+        receiver
+            .incidents()
+            .iter()
+            .filter(|r| r.body["name"]
+                .as_str()
+                .unwrap()
+                .starts_with("Replays not sent"))
+            .count(),
+        1
+    );
+
+    // The queue is back: the replays go once their backoff is over, and the incident resolves.
+    let back = e2e::event_source::create_queue(&sqs, &queue, &[]).await;
+    clock.advance(Span::hours(2));
+    let sent = run.run(None).await;
+    assert_eq!(sent.replays.clone().unwrap().sent, 2, "{sent:?}");
+    assert_eq!(e2e::event_source::depth(&sqs, &back).await, 2);
+    assert_eq!(outcomes(&pool, &ids).await, [("sent".into(), 2)]);
+    let emf = sent.emf("JobHarness", clock.now());
+    assert_eq!(emf["QueuedReplaysOverdue"], 0);
+    assert_eq!(receiver.resolutions().len(), 1, "{:?}", receiver.received());
+    assert_eq!(heartbeats().last().unwrap(), "/heartbeat");
+}
+
+/// Issue 22, item 7: the replay step ran before the sweep, alerts and escalation with no bound
+/// of its own, so during an SQS outage (every call timing out after 3 s) a run could pass its
+/// Lambda timeout without sweeping. The real binary, its SQS endpoint a server that never
+/// answers: the replay step stops within its share of the invocation, and the sweep runs.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn the_scheduled_run_keeps_time_for_the_sweep_during_an_sqs_outage(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let pool = pool_opts.connect_with(connect.clone()).await.unwrap();
+    // An SQS endpoint that accepts connections and never answers.
+    let black_hole = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", black_hole.local_addr().unwrap());
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((stream, _)) = black_hole.accept().await {
+            open.push(stream);
+        }
+    });
+    let queues = 20;
+    for _ in 0..queues {
+        queued_replays(&pool, &unique("outage"), 1, Utc::now() - Span::minutes(10)).await;
+    }
+    sqlx::query(
+        "INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, processed_at, expires_at)
+         SELECT gen_random_uuid(), 'c', gen_random_uuid(), now() - interval '8 days', now() - interval '1 day'
+         FROM generate_series(1, 2500)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let host = LambdaHost::new(FunctionSpec {
+        name: "scheduled".into(),
+        binary: env!("CARGO_BIN_EXE_local-scheduled").into(),
+        env: vec![
+            ("DATABASE_URL".into(), e2e::test_database_url(&connect)),
+            ("ALERTING_DISABLED".into(), "true".into()),
+            ("SWEEP_BATCH_SIZE".into(), "1000".into()),
+            ("AWS_ENDPOINT_URL_SQS".into(), endpoint),
+        ],
+        // 20 sends of 3 s each would take 60 s.
+        timeout: Duration::from_secs(40),
+        log_file: None,
+        deadline_as_duration: false,
+    });
+    let scheduled_event = json!({"version": "0", "id": "e", "detail-type": "Scheduled Event", "source": "aws.events",
+        "account": "123456789012", "time": "2026-11-30T12:00:00Z", "region": "us-east-1", "resources": [], "detail": {}});
+    let response = host
+        .invoke(&scheduled_event)
+        .await
+        .expect("the run ends before its timeout");
+    assert_eq!(response["sweep"]["deleted"], 2500, "{response}");
+    assert_eq!(response["sweep"]["stop"], "Done", "{response}");
+    let failed = response["replays"]["failed"].as_u64().unwrap();
+    assert!(
+        (1..queues).contains(&failed),
+        "some sends tried, the rest left for the next run: {response}"
+    );
+    held.abort();
+}
+
+/// Issue 22, item 7: a group's incident resolved by hand in BetterStack while its letters are
+/// still pending used to silence the group until its escalation (days). The scheduled run reads
+/// the incidents of open groups; one resolved by hand is raised again, as a new incident that
+/// says why, and it is that one the harness resolves when the group is reviewed.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn an_incident_resolved_by_hand_while_letters_are_pending_is_raised_again(pool: PgPool) {
+    let receiver = AlertReceiver::start().await;
+    let clock = Arc::new(ManualClock::new(t0()));
+    let pending = letter(&pool, "jobs-a", ErrorKind::Exhausted, t0() - Span::hours(1)).await;
+    let run = scheduled(&pool, &receiver, clock.clone());
+    assert_eq!(run.run(None).await.alerts.opened, 1);
+    let first = receiver.incidents()[0].clone();
+    let first_id = "1"; // the receiver's first answer
+    assert_eq!(
+        first.body["name"],
+        "Dead letters: award-points / exhausted on jobs-a"
+    );
+
+    receiver.resolve_by_hand(first_id);
+    clock.advance(Span::minutes(10));
+    run.run(None).await;
+    let incidents = receiver.incidents();
+    assert_eq!(
+        incidents.len(),
+        2,
+        "raised again: {:?}",
+        receiver.received()
+    );
+    assert_eq!(incidents[1].body["name"], first.body["name"]);
+    let description = incidents[1].body["description"].as_str().unwrap();
+    assert!(
+        description.contains(&format!("incident {first_id} was resolved in BetterStack")),
+        "{description}"
+    );
+
+    clock.advance(Span::minutes(10));
+    run.run(None).await;
+    assert_eq!(
+        receiver.incidents().len(),
+        2,
+        "the new one is open: raised once"
+    );
+
+    let mut locked = lock_letter(&pool, pending, Duration::from_secs(1))
+        .await
+        .unwrap()
+        .unwrap();
+    let verdict = Verdict::Discarded {
+        reason: "the partner fixed it".into(),
+    };
+    locked.mark(&verdict, "ops-1", clock.now()).await.unwrap();
+    locked.commit().await.unwrap();
+    clock.advance(Span::minutes(1));
+    run.run(None).await;
+    let resolutions = receiver.resolutions();
+    assert_eq!(resolutions.len(), 1, "{:?}", receiver.received());
+    assert_ne!(
+        resolutions[0].path,
+        format!("/api/v3/incidents/{first_id}/resolve"),
+        "the open incident is resolved, not the one resolved by hand"
+    );
 }

@@ -1,6 +1,8 @@
 //! The scheduled function (EventBridge): sends queued replays, delivers incident steps still due,
-//! escalates failure groups nobody reviewed, and sweeps expired fences. Wiring only; the steps are `shared::scheduled`. It
-//! refuses to start when `FENCE_TTL_SECONDS` is below the floor, naming the variable.
+//! escalates failure groups nobody reviewed and replays unsent past their bound, and sweeps
+//! expired fences, each step within its share of the invocation's deadline. Wiring only; the
+//! steps are `shared::scheduled`. It refuses to start when `FENCE_TTL_SECONDS` is below the
+//! floor, naming the variable.
 
 use lambda_runtime::{Error, LambdaEvent, service_fn};
 use serde_json::Value;
@@ -9,9 +11,10 @@ use shared::config::{Env, ScheduledConfig, or_exit};
 use shared::db::Database;
 use shared::scheduled::{Heartbeat, ScheduledRun};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-/// Time kept free before the Lambda deadline: the sweep stops this much earlier.
+/// Time kept free before the Lambda deadline: the steps share what is left before it (the sweep
+/// stops there), and the measurements and the heartbeat (3 s at most) run in it.
 const DEADLINE_MARGIN: Duration = Duration::from_secs(10);
 
 /// Builds everything once from the environment, then serves scheduled invocations.
@@ -36,6 +39,7 @@ pub async fn run() -> Result<(), Error> {
             &sdk,
         ))),
         heartbeat: config.heartbeat_url.clone().map(Heartbeat::new),
+        replay_alert_after: config.replay_alert_after,
     };
     let (scheduled, config, database) = (&scheduled, &config, &database);
 
@@ -43,14 +47,13 @@ pub async fn run() -> Result<(), Error> {
         if let Err(e) = database.ready().await {
             tracing::error!(error = %e, "the database is not ready");
         }
-        let deadline_ms = Duration::from_millis(event.context.deadline);
-        let left = deadline_ms.saturating_sub(
-            SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap_or_default(),
-        );
-        let deadline = tokio::time::Instant::now() + left.saturating_sub(DEADLINE_MARGIN);
-        let report = scheduled.run(Some(deadline)).await;
+        // A deadline already past cannot be real (a local emulator sends a duration): none then.
+        let now = scheduled.clock.now();
+        let deadline = shared::sqs::invocation_deadline(event.context.deadline, now).map(|at| {
+            let left = (at - now).to_std().unwrap_or_default();
+            tokio::time::Instant::now() + left.saturating_sub(DEADLINE_MARGIN)
+        });
+        let report = scheduled.run(deadline).await;
         println!(
             "{}",
             report.emf(&config.metrics_namespace, scheduled.clock.now())

@@ -19,6 +19,8 @@ pub struct ScheduledConfig {
     pub metrics_namespace: String,
     /// The heartbeat each run pings, if any.
     pub heartbeat_url: Option<String>,
+    /// A replay recorded this long ago and still unsent alerts ([`REPLAY_UNSENT_ALERT_SECONDS`]).
+    pub replay_alert_after: Duration,
 }
 
 impl ScheduledConfig {
@@ -38,6 +40,20 @@ impl ScheduledConfig {
                 problem: format!("must be a positive number of days, got {days}"),
             });
         }
+        let replay_alert_after = env.seconds(
+            REPLAY_UNSENT_ALERT_SECONDS,
+            crate::scheduled::REPLAY_ALERT_AFTER,
+        )?;
+        if !(120..=7 * 86_400).contains(&replay_alert_after.as_secs()) {
+            return Err(ConfigError {
+                variable: REPLAY_UNSENT_ALERT_SECONDS,
+                problem: format!(
+                    "must be 120 to 604800 seconds (past the first retries of a replay, within \
+                     a fence's lifetime), got {}",
+                    replay_alert_after.as_secs()
+                ),
+            });
+        }
         let database = DatabaseConfig::from_env(env)?;
         let fence = FenceConfig::from_env(env)?;
         let heartbeat_url = env.get(BETTERSTACK_HEARTBEAT_URL);
@@ -52,6 +68,7 @@ impl ScheduledConfig {
         Ok(Self {
             database,
             heartbeat_url,
+            replay_alert_after,
             sweep: crate::sweeper::SweepSettings {
                 batch_size,
                 budget: env.seconds(SWEEP_TIME_BUDGET_SECONDS, Duration::from_secs(240))?,

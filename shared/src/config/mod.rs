@@ -90,6 +90,9 @@ pub const SWEEP_TIME_BUDGET_SECONDS: &str = "SWEEP_TIME_BUDGET_SECONDS";
 pub const SWEEP_PAUSE_MS: &str = "SWEEP_PAUSE_MS";
 /// Days a dead letter may stay `pending_review` before it is escalated (and again every as many).
 pub const ESCALATE_AFTER_DAYS: &str = "ESCALATE_AFTER_DAYS";
+/// Scheduled: seconds a replay may stay recorded but unsent before it alerts (metric, incident,
+/// failed heartbeat).
+pub const REPLAY_UNSENT_ALERT_SECONDS: &str = "REPLAY_UNSENT_ALERT_SECONDS";
 
 /// Unwraps a configuration, or stops the process with the error (which names the variable).
 /// A Lambda function that stops here fails its init, and the message is in its log.

@@ -1,0 +1,204 @@
+//! The send state of replays recorded but not yet accepted by their queue
+//! (`replay_outcome = queued`), in `core.replay_sends`: a row per such replay, created with the
+//! review that queues it and removed with the record that the queue took it (triggers, whichever
+//! code does either), so the letters' append-only guard stays as it is.
+//!
+//! Invariant: a refused replay backs off on its own (its attempts, its last error, its next
+//! attempt: [`send_backoff`]), and the scheduled run takes the ones due longest first
+//! ([`due_replays`]): a replay that can never be sent is tried less and less often and never
+//! keeps the others from being sent. One unsent past a bound is counted ([`unsent`]) and paged
+//! per queue ([`crate::unsent_replays`]).
+
+use crate::dead_letter::DeadLetter;
+use crate::ids::DeadLetterId;
+use chrono::{DateTime, Utc};
+use sqlx::PgExecutor;
+use std::time::Duration;
+
+/// The wait after a queued replay's first refused send by the scheduled run; each refusal
+/// doubles it, up to [`SEND_BACKOFF_CAP`].
+pub const SEND_BACKOFF_BASE: Duration = Duration::from_secs(60);
+/// The longest wait between two sends of a queued replay.
+pub const SEND_BACKOFF_CAP: Duration = Duration::from_secs(3_600);
+
+/// The wait after the `attempts`-th refused send: 1, 2, 4, … minutes, at most an hour.
+pub fn send_backoff(attempts: u32) -> Duration {
+    let doublings = attempts.saturating_sub(1).min(16);
+    SEND_BACKOFF_BASE
+        .saturating_mul(1 << doublings)
+        .min(SEND_BACKOFF_CAP)
+}
+
+/// Where a queued replay's sending stands (`core.replay_sends`).
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct SendState {
+    /// The letter whose replay it is.
+    pub letter_id: DeadLetterId,
+    /// Where it goes.
+    pub queue: String,
+    /// When the replay was recorded.
+    pub queued_at: DateTime<Utc>,
+    /// It is not tried before this.
+    pub next_attempt_at: DateTime<Utc>,
+    /// Sends the queue refused.
+    pub attempts: i32,
+    /// The last refusal.
+    pub last_error: Option<String>,
+    /// When it was last tried.
+    pub last_attempt_at: Option<DateTime<Utc>>,
+}
+
+/// The send state of `letter`'s replay, while it is queued.
+pub async fn send_state(
+    db: impl PgExecutor<'_>,
+    letter: DeadLetterId,
+) -> sqlx::Result<Option<SendState>> {
+    sqlx::query_as("SELECT * FROM core.replay_sends WHERE letter_id = $1")
+        .bind(letter.0)
+        .fetch_optional(db)
+        .await
+}
+
+/// A queued replay due for a send, with its letter.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct DueReplay {
+    /// The letter.
+    #[sqlx(flatten)]
+    pub letter: DeadLetter,
+    /// Sends the queue refused so far.
+    pub send_attempts: i32,
+}
+
+/// Up to `limit` queued replays due at `now` and recorded before `recorded_before`, the one due
+/// longest first: a replay the queue keeps refusing waits out its backoff behind the others.
+pub async fn due_replays(
+    db: impl PgExecutor<'_>,
+    now: DateTime<Utc>,
+    recorded_before: DateTime<Utc>,
+    limit: i64,
+) -> sqlx::Result<Vec<DueReplay>> {
+    sqlx::query_as(
+        "SELECT d.*, s.attempts AS send_attempts
+         FROM core.replay_sends s JOIN core.dead_letters d ON d.id = s.letter_id
+         WHERE s.next_attempt_at <= $1 AND s.queued_at < $2 AND d.replay_outcome = 'queued'
+         ORDER BY s.next_attempt_at, s.letter_id
+         LIMIT $3",
+    )
+    .bind(now)
+    .bind(recorded_before)
+    .bind(limit)
+    .fetch_all(db)
+    .await
+}
+
+/// Records that the queue refused `letter`'s replay at `now` (its `attempts`-th refusal) with
+/// `error`; it is due again after [`send_backoff`].
+pub async fn record_send_refused(
+    db: impl PgExecutor<'_>,
+    letter: DeadLetterId,
+    attempts: u32,
+    error: &str,
+    now: DateTime<Utc>,
+) -> sqlx::Result<()> {
+    let next = now + chrono::Duration::from_std(send_backoff(attempts)).unwrap_or_default();
+    sqlx::query(
+        "UPDATE core.replay_sends
+         SET attempts = $2, last_error = $3, last_attempt_at = $4, next_attempt_at = $5
+         WHERE letter_id = $1",
+    )
+    .bind(letter.0)
+    .bind(i32::try_from(attempts).unwrap_or(i32::MAX))
+    .bind(crate::dead_letter::storable_error(error).as_ref())
+    .bind(now)
+    .bind(next)
+    .execute(db)
+    .await
+    .map(drop)
+}
+
+/// What waits to be sent at `now`: the replays queued, how long the oldest has waited, and how
+/// many have waited longer than `bound` (those alert).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Unsent {
+    /// Replays queued.
+    pub queued: i64,
+    /// How long the oldest of them has waited.
+    pub oldest: Duration,
+    /// Of those, queued longer than the bound.
+    pub overdue: i64,
+}
+
+/// The [`Unsent`] replays at `now`, with `bound`.
+pub async fn unsent(
+    db: impl PgExecutor<'_>,
+    now: DateTime<Utc>,
+    bound: Duration,
+) -> sqlx::Result<Unsent> {
+    let (queued, overdue, oldest): (i64, i64, Option<DateTime<Utc>>) = sqlx::query_as(
+        "SELECT count(*), count(*) FILTER (WHERE queued_at < $1), min(queued_at)
+         FROM core.replay_sends",
+    )
+    .bind(overdue_before(now, bound))
+    .fetch_one(db)
+    .await?;
+    Ok(Unsent {
+        queued,
+        overdue,
+        oldest: oldest
+            .and_then(|t| (now - t).to_std().ok())
+            .unwrap_or_default(),
+    })
+}
+
+/// Replays recorded before this are past `bound` at `now`.
+pub fn overdue_before(now: DateTime<Utc>, bound: Duration) -> DateTime<Utc> {
+    now.checked_sub_signed(chrono::Duration::from_std(bound).unwrap_or(chrono::Duration::MAX))
+        .unwrap_or(DateTime::<Utc>::MIN_UTC)
+}
+
+/// The replays of one queue unsent past the bound.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct UnsentQueue {
+    /// The queue.
+    pub queue: String,
+    /// Its replays queued past the bound.
+    pub replays: i64,
+    /// When the oldest was recorded.
+    pub oldest: DateTime<Utc>,
+    /// The most sends any of them was refused.
+    pub attempts: i32,
+    /// The latest refusal.
+    pub last_error: Option<String>,
+}
+
+/// The queues with replays recorded before `overdue_before` still unsent, up to `limit`, the
+/// one waiting longest first.
+pub async fn unsent_by_queue(
+    db: impl PgExecutor<'_>,
+    overdue_before: DateTime<Utc>,
+    limit: i64,
+) -> sqlx::Result<Vec<UnsentQueue>> {
+    sqlx::query_as(
+        "SELECT queue, count(*) AS replays, min(queued_at) AS oldest, max(attempts) AS attempts,
+                (array_agg(last_error ORDER BY last_attempt_at DESC NULLS LAST))[1] AS last_error
+         FROM core.replay_sends WHERE queued_at < $1
+         GROUP BY queue ORDER BY min(queued_at) LIMIT $2",
+    )
+    .bind(overdue_before)
+    .bind(limit)
+    .fetch_all(db)
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_replay_waits_twice_as_long_each_time_up_to_an_hour() {
+        let minutes: Vec<u64> = (1..=9).map(|n| send_backoff(n).as_secs() / 60).collect();
+        assert_eq!(minutes, [1, 2, 4, 8, 16, 32, 60, 60, 60]);
+        assert_eq!(send_backoff(0), SEND_BACKOFF_BASE);
+        assert_eq!(send_backoff(u32::MAX), SEND_BACKOFF_CAP);
+    }
+}
