@@ -8,7 +8,9 @@
 //! Successes write nothing but their fence; counts go to [`metrics`].
 //!
 //! Everything that touches core SQL lives in this crate; a consumer's `main` is
-//! [`run::run_consumer`], and its tests can use the test kit (feature `testkit`).
+//! [`run::run_consumer`], and its tests can use the test kit (the crate `shared-testkit`, in
+//! `shared/testkit/`, as a dev-dependency; this crate has no features, so what deploys is what
+//! is tested).
 #![warn(missing_docs)]
 
 pub mod alerting;
@@ -39,8 +41,6 @@ pub mod sqs;
 pub mod sweeper;
 pub mod telemetry;
 pub mod unsent_replays;
-#[cfg(feature = "testkit")]
-pub mod testkit;
 
 use sqlx::migrate::Migrator;
 use std::sync::LazyLock;
@@ -56,9 +56,15 @@ pub static MIGRATOR: LazyLock<Migrator> =
 
 /// `migrator` recording itself in `<schema>._sqlx_migrations` (the schema is created first if
 /// missing), so each owner's migrations are tracked apart from everyone else's.
+///
+/// It accepts applied migrations it does not know: migrations are additive, so the code of a
+/// previous release (a CloudFormation rollback, or an older version deployed again) runs on the
+/// newer schema, and its migrate function must succeed there. An applied migration it does know
+/// is still checked against its checksum: a changed migration is refused.
 pub fn own_migrations(mut migrator: Migrator, schema: &'static str) -> Migrator {
     migrator.dangerous_set_table_name(format!("{schema}._sqlx_migrations"));
     migrator.create_schema(schema);
+    migrator.set_ignore_missing(true);
     migrator
 }
 
