@@ -41,6 +41,8 @@ pub const RETRY_OVERRIDE_RATIONALE: &str = "RETRY_OVERRIDE_RATIONALE";
 pub const FENCE_TTL_SECONDS: &str = "FENCE_TTL_SECONDS";
 /// The job queue's `MessageRetentionPeriod`, in seconds.
 pub const QUEUE_RETENTION_SECONDS: &str = "QUEUE_RETENTION_SECONDS";
+/// The job queue's DLQ's `MessageRetentionPeriod`, in seconds.
+pub const DLQ_RETENTION_SECONDS: &str = "DLQ_RETENTION_SECONDS";
 /// How long a copy of a job waits for a concurrent copy's fence, in milliseconds.
 pub const FENCE_LOCK_TIMEOUT_MS: &str = "FENCE_LOCK_TIMEOUT_MS";
 /// The CloudWatch namespace of the EMF metrics.
