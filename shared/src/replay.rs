@@ -51,7 +51,7 @@ impl Replayer {
             .client
             .send_message()
             .queue_url(&queue_url)
-            .message_body(original_body(&letter.payload))
+            .message_body(letter_body(letter))
             .message_attributes(REPLAY_OF_ATTRIBUTE, attribute)
             .send()
             .await
@@ -80,8 +80,17 @@ impl Replayer {
     }
 }
 
-/// The message body a letter was written from: a JSON body as JSON, a body that was not JSON
-/// (stored as a JSON string) as that string.
+/// The message body a letter was written from, exactly as received; for a letter older than
+/// the stored body, rebuilt from its payload ([`original_body`]).
+pub fn letter_body(letter: &DeadLetter) -> String {
+    match &letter.body {
+        Some(body) => body.clone(),
+        None => original_body(&letter.payload),
+    }
+}
+
+/// The message body a letter's payload was made from: a JSON body as JSON, a body that was not
+/// JSON (stored as a JSON string) as that string.
 pub fn original_body(payload: &Value) -> String {
     match payload {
         Value::String(raw) => raw.clone(),

@@ -75,7 +75,7 @@ async fn letter(pool: &PgPool, queue: &str, error: &str, at: DateTime<Utc>) -> D
         consumer: &e2e::consumer_name(),
         queue,
         message_id: &message_id,
-        payload: &payload,
+        body: &payload.to_string(),
         attempts: 5,
         kind: ErrorKind::Exhausted,
         last_error: error,
