@@ -7,7 +7,8 @@
 //! ack was lost) finds it instead of writing a second one. The table is append-only; the
 //! database rejects anything but the review transition.
 
-use crate::fence::{FenceClaim, FenceError, claim_fence};
+use crate::envelope::JobDigest;
+use crate::fence::{FenceClaim, FenceError, claim_job_fence};
 use crate::ids::{ConsumerName, DeadLetterId, JobId, TenantId};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -150,12 +151,13 @@ pub async fn record_dead_letter(
     letter: &NewDeadLetter<'_>,
     now: DateTime<Utc>,
 ) -> sqlx::Result<Recorded> {
-    record_stored(conn, letter, now, Storage::Parsed).await
+    record_stored(conn, letter, None, now, Storage::Parsed).await
 }
 
 async fn record_stored(
     conn: &mut PgConnection,
     letter: &NewDeadLetter<'_>,
+    digest: Option<&JobDigest>,
     now: DateTime<Utc>,
     storage: Storage,
 ) -> sqlx::Result<Recorded> {
@@ -166,11 +168,13 @@ async fn record_stored(
     let message_id = bounded_id(letter.message_id, "message");
     let inserted: Option<uuid::Uuid> = sqlx::query_scalar(
         "INSERT INTO core.dead_letters (job_id, tenant_id, consumer, queue, message_id, payload,
-             body, attempts, error_kind, last_error, correlation_id, replay_of, created_at)
+             body, attempts, error_kind, last_error, correlation_id, replay_of, created_at,
+             job_digest)
          -- replay_of comes from a message attribute any producer can set: it links only to a
          -- letter of the same job, so a stray id can never make the letter unwritable.
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11,
-                 (SELECT id FROM core.dead_letters WHERE id = $12 AND job_id IS NOT DISTINCT FROM $1), $13)
+                 (SELECT id FROM core.dead_letters WHERE id = $12 AND job_id IS NOT DISTINCT FROM $1), $13,
+                 $14)
          ON CONFLICT ON CONSTRAINT dead_letters_one_per_message DO NOTHING
          RETURNING id",
     )
@@ -184,9 +188,10 @@ async fn record_stored(
     .bind(i32::try_from(letter.attempts).unwrap_or(i32::MAX))
     .bind(letter.kind)
     .bind(storable_error(letter.last_error))
-    .bind(letter.correlation_id.map(|c| without_nul(truncate(c, id_bytes))))
+    .bind(letter.correlation_id.map(|c| storable(c, id_bytes)))
     .bind(letter.replay_of.map(|r| r.0))
     .bind(now)
+    .bind(digest.map(|d| d.0.as_slice()))
     .fetch_optional(&mut *conn)
     .await?;
     if let Some(id) = inserted {
@@ -215,17 +220,13 @@ pub fn bounded_id<'s>(id: &'s str, if_blank: &'static str) -> std::borrow::Cow<'
     use sha2::Digest;
     let digest = sha2::Sha256::digest(id.as_bytes());
     let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "{}~sha256:{hex}",
-        without_nul(truncate(id, MAX_ID_BYTES - 48))
-    )
-    .into()
+    format!("{}~sha256:{hex}", storable(id, MAX_ID_BYTES - 48)).into()
 }
 
 /// A correlation id as a letter (and every log line of its job) keeps it: its first
 /// [`MAX_ID_BYTES`] at a character boundary, NUL replaced. The body keeps it whole.
 pub fn bounded_correlation_id(id: &str) -> std::borrow::Cow<'_, str> {
-    without_nul(truncate(id, MAX_ID_BYTES))
+    storable(id, MAX_ID_BYTES)
 }
 
 /// Whether PostgreSQL refused a letter for what it holds rather than for its own state: a data
@@ -245,6 +246,9 @@ fn refused_for_its_content(e: &FenceError) -> bool {
 pub enum Settled {
     /// The job's effect had not committed: the letter is written (or already was).
     Recorded(Recorded),
+    /// Another job committed under this job id (its fence keeps another digest): this one never
+    /// ran, and its letter is written as a `conflict` (or already was).
+    Conflict(Recorded),
     /// The job's effect committed (through this message or another copy): no letter.
     AlreadyProcessed,
 }
@@ -253,7 +257,9 @@ pub enum Settled {
 /// job's fence first (waiting at most `wait` for a copy still inside its transaction), writes
 /// the letter while holding it, then removes the claim, and the job's execution ledger with it.
 /// A letter without a job id (unreadable poison) is written as it is. A wait that runs out is
-/// [`FenceError::Contended`]: nothing is written, try again later.
+/// [`FenceError::Contended`]: nothing is written, try again later. With the job's `digest`
+/// (kept with the letter), a fence of another job under the same id is no commit of this one:
+/// the letter is written as a [`ErrorKind::Conflict`].
 ///
 /// A letter PostgreSQL refuses for what it holds (see [`Storage::AsReceived`]) is written again
 /// as received, its body a JSON string and its error saying why: a message is never handed
@@ -261,10 +267,11 @@ pub enum Settled {
 pub async fn record_unless_processed(
     pool: &sqlx::PgPool,
     letter: &NewDeadLetter<'_>,
+    digest: Option<&JobDigest>,
     now: DateTime<Utc>,
     wait: std::time::Duration,
 ) -> Result<Settled, FenceError> {
-    record_with_fallback(pool, letter, now, Some(wait)).await
+    record_with_fallback(pool, letter, digest, now, Some(wait)).await
 }
 
 /// Writes `letter` without settling through the fence, with [`record_unless_processed`]'s
@@ -273,23 +280,25 @@ pub async fn record_unless_processed(
 pub async fn record_without_settling(
     pool: &sqlx::PgPool,
     letter: &NewDeadLetter<'_>,
+    digest: Option<&JobDigest>,
     now: DateTime<Utc>,
 ) -> Result<Recorded, FenceError> {
-    match record_with_fallback(pool, letter, now, None).await? {
-        Settled::Recorded(recorded) => Ok(recorded),
+    match record_with_fallback(pool, letter, digest, now, None).await? {
+        Settled::Recorded(recorded) | Settled::Conflict(recorded) => Ok(recorded),
         Settled::AlreadyProcessed => unreachable!("nothing was settled"),
     }
 }
 
-/// Settles through the fence waiting at most `settle` (or not at, for `None`), then writes the
-/// letter; as received if PostgreSQL refuses it as parsed.
+/// Settles through the fence waiting at most `settle` (or not at all, for `None`), then writes
+/// the letter; as received if PostgreSQL refuses it as parsed.
 async fn record_with_fallback(
     pool: &sqlx::PgPool,
     letter: &NewDeadLetter<'_>,
+    digest: Option<&JobDigest>,
     now: DateTime<Utc>,
     settle: Option<std::time::Duration>,
 ) -> Result<Settled, FenceError> {
-    match settle_and_record(pool, letter, now, settle, Storage::Parsed).await {
+    match settle_and_record(pool, letter, digest, now, settle, Storage::Parsed).await {
         Err(refused) if refused_for_its_content(&refused) => {
             tracing::warn!(message_id = letter.message_id, error = %refused,
                 "the letter was refused as parsed; writing it as received");
@@ -301,48 +310,94 @@ async fn record_with_fallback(
                 last_error: &error,
                 ..letter.clone()
             };
-            settle_and_record(pool, &as_received, now, settle, Storage::AsReceived).await
+            settle_and_record(pool, &as_received, digest, now, settle, Storage::AsReceived).await
         }
         settled => settled,
     }
 }
 
+/// One transaction: the settle, then the letter. Whatever fails, its `ROLLBACK` has been
+/// answered before this returns, so a caller that tries again (the as-received fallback, the
+/// next delivery) never meets this attempt's placeholder fence.
 async fn settle_and_record(
     pool: &sqlx::PgPool,
     letter: &NewDeadLetter<'_>,
+    digest: Option<&JobDigest>,
     now: DateTime<Utc>,
     settle: Option<std::time::Duration>,
     storage: Storage,
 ) -> Result<Settled, FenceError> {
     let mut tx = pool.begin().await?;
-    if let (Some(job_id), Some(wait)) = (letter.job_id, settle) {
-        // The claim is a placeholder: it exists only inside this transaction, so any copy of the
-        // job that tries to claim meanwhile waits and then finds no fence.
-        let tenant = letter.tenant_id.unwrap_or(TenantId(uuid::Uuid::nil()));
-        let ttl = std::time::Duration::from_secs(60);
-        match claim_fence(&mut tx, job_id, letter.consumer, tenant, now, ttl, wait).await? {
-            FenceClaim::Duplicate | FenceClaim::Conflict => {
-                tx.rollback().await?;
-                return Ok(Settled::AlreadyProcessed);
-            }
-            FenceClaim::Claimed => {}
+    match settle_in(&mut tx, letter, digest, now, settle, storage).await {
+        Ok(Settled::AlreadyProcessed) => {
+            tx.rollback().await?;
+            Ok(Settled::AlreadyProcessed)
         }
-        let recorded = record_stored(&mut tx, letter, now, storage).await?;
-        sqlx::query(
-            "WITH claim AS (DELETE FROM core.processed_jobs WHERE job_id = $1 AND consumer = $2)
-             DELETE FROM core.job_executions WHERE job_id = $1 AND consumer = $2",
-        )
-        .bind(job_id.0)
-        .bind(letter.consumer.as_str())
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        return Ok(Settled::Recorded(recorded));
+        Ok(settled) => {
+            tx.commit().await?;
+            Ok(settled)
+        }
+        Err(e) => {
+            if let Err(rollback) = tx.rollback().await {
+                tracing::warn!(error = %rollback, "a letter's ROLLBACK failed");
+            }
+            Err(e)
+        }
     }
-    let recorded = record_stored(&mut tx, letter, now, storage).await?;
-    tx.commit().await?;
-    Ok(Settled::Recorded(recorded))
 }
+
+async fn settle_in(
+    tx: &mut PgConnection,
+    letter: &NewDeadLetter<'_>,
+    digest: Option<&JobDigest>,
+    now: DateTime<Utc>,
+    settle: Option<std::time::Duration>,
+    storage: Storage,
+) -> Result<Settled, FenceError> {
+    let (Some(job_id), Some(wait)) = (letter.job_id, settle) else {
+        return Ok(Settled::Recorded(
+            record_stored(tx, letter, digest, now, storage).await?,
+        ));
+    };
+    // The claim is a placeholder: it exists only inside this transaction, so any copy of the
+    // job that tries to claim meanwhile waits and then finds no fence.
+    let tenant = letter.tenant_id.unwrap_or(TenantId(uuid::Uuid::nil()));
+    let ttl = std::time::Duration::from_secs(60);
+    let claim = claim_job_fence(tx, job_id, letter.consumer, tenant, digest, now, ttl, wait);
+    match claim.await? {
+        FenceClaim::Duplicate => Ok(Settled::AlreadyProcessed),
+        FenceClaim::Conflict => {
+            let error = format!(
+                "{CONFLICT_ERROR}; this job's own failure: {}",
+                truncate(letter.last_error, MAX_ERROR_BYTES / 2)
+            );
+            let conflict = NewDeadLetter {
+                kind: ErrorKind::Conflict,
+                last_error: &error,
+                ..letter.clone()
+            };
+            let recorded = record_stored(tx, &conflict, digest, now, storage).await?;
+            Ok(Settled::Conflict(recorded))
+        }
+        FenceClaim::Claimed => {
+            let recorded = record_stored(tx, letter, digest, now, storage).await?;
+            sqlx::query(
+                "WITH claim AS (DELETE FROM core.processed_jobs WHERE job_id = $1 AND consumer = $2)
+                 DELETE FROM core.job_executions WHERE job_id = $1 AND consumer = $2",
+            )
+            .bind(job_id.0)
+            .bind(letter.consumer.as_str())
+            .execute(&mut *tx)
+            .await?;
+            Ok(Settled::Recorded(recorded))
+        }
+    }
+}
+
+/// What a `conflict` letter says.
+pub const CONFLICT_ERROR: &str = "this job id was already processed with another payload (its \
+     fence keeps the digest of what made up the job): a producer reused the id for another job, \
+     which did not run; send it under a new job id, then discard this letter";
 
 /// A stored dead letter, read back as the domain's types.
 #[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
@@ -364,6 +419,9 @@ pub struct DeadLetter {
     /// The body exactly as received, what a replay sends (none for a letter older than it).
     #[serde(skip)]
     pub body: Option<String>,
+    /// The digest of the job it stands for (none where it was not known).
+    #[serde(skip)]
+    pub job_digest: Option<Vec<u8>>,
     /// The attempt on which it was written (executions; 0 for a redriven job that never ran).
     pub attempts: i32,
     /// Why.
@@ -421,18 +479,27 @@ pub async fn letter_for_message(
 ) -> sqlx::Result<Option<DeadLetter>> {
     sqlx::query_as("SELECT * FROM core.dead_letters WHERE consumer = $1 AND message_id = $2")
         .bind(consumer.as_str())
-        .bind(message_id)
+        .bind(&*bounded_id(message_id, "message"))
         .fetch_optional(db)
         .await
 }
 
 /// An error as a letter stores it: cut to [`MAX_ERROR_BYTES`], NUL replaced.
 pub fn storable_error(error: &str) -> std::borrow::Cow<'_, str> {
-    without_nul(truncate(error, MAX_ERROR_BYTES))
+    storable(error, MAX_ERROR_BYTES)
 }
 
 /// `s` with NUL replaced by U+FFFD: PostgreSQL text cannot store NUL, and a letter must be
 /// writable whatever the error or the message said.
+/// `s` with NUL replaced, then cut to `max` bytes at a character boundary (in that order: a
+/// replaced NUL takes three bytes).
+fn storable(s: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    match without_nul(s) {
+        std::borrow::Cow::Borrowed(clean) => truncate(clean, max).into(),
+        std::borrow::Cow::Owned(clean) => truncate(&clean, max).to_owned().into(),
+    }
+}
+
 fn without_nul(s: &str) -> std::borrow::Cow<'_, str> {
     if s.contains('\0') {
         s.replace('\0', "\u{fffd}").into()
@@ -455,6 +522,25 @@ fn truncate(s: &str, max: usize) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bounded_value_stays_within_its_bound_whatever_it_holds() {
+        let nuls = "\0".repeat(300);
+        assert_eq!(
+            bounded_correlation_id(&nuls).len(),
+            MAX_ID_BYTES - MAX_ID_BYTES % 3
+        );
+        assert!(bounded_id(&nuls, "m").len() <= MAX_ID_BYTES);
+        assert!(storable_error(&"\0".repeat(MAX_ERROR_BYTES)).len() <= MAX_ERROR_BYTES);
+        assert_eq!(bounded_id("   ", "blank"), "blank");
+        let long = "é".repeat(1_000);
+        let longer = format!("{long}x");
+        let (a, b) = (bounded_id(&long, "m"), bounded_id(&longer, "m"));
+        assert!(
+            a.len() <= MAX_ID_BYTES && a != b,
+            "two long ids stay two ids"
+        );
+    }
 
     #[test]
     fn truncation_respects_character_boundaries() {

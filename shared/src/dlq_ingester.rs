@@ -137,10 +137,12 @@ impl DlqIngester {
             if fence_exists(&self.pool, job, &self.consumer).await? {
                 Settled::AlreadyProcessed
             } else {
-                Settled::Recorded(record_without_settling(&self.pool, &letter, now).await?)
+                Settled::Recorded(record_without_settling(&self.pool, &letter, None, now).await?)
             }
         } else {
-            record_unless_processed(&self.pool, &letter, now, self.settle_wait).await?
+            // No digest: the ingester does not know which payload fields make up its
+            // consumer's jobs (docs/guarantees.md).
+            record_unless_processed(&self.pool, &letter, None, now, self.settle_wait).await?
         };
         match settled {
             Settled::AlreadyProcessed => {
@@ -148,7 +150,7 @@ impl DlqIngester {
                 tracing::info!(message_id = %msg.message_id, job_id = ?ids.job_id,
                     "redriven message of a job that committed: no letter");
             }
-            Settled::Recorded(recorded) => {
+            Settled::Recorded(recorded) | Settled::Conflict(recorded) => {
                 self.metrics.increment(Metric::DeadLettered(kind));
                 tracing::warn!(message_id = %msg.message_id, letter = %recorded.id(), %kind, "backstop dead letter");
             }

@@ -47,16 +47,18 @@ pub enum FenceError {
 /// - by the DLQ: up to the DLQ's retention after the *original* send (a standard queue's
 ///   redrive keeps the message's enqueue time);
 /// - by a redrive of the DLQ back to its source (SQS's DLQ redrive, or an operator moving the
-///   messages): the moved message is a new one, with the job queue's retention again, and the
-///   move can happen at the end of the DLQ's retention.
+///   messages): the moved message is a new one, sent again at the end of the DLQ's retention at
+///   the latest, and from then on it can arrive by the job queue (its retention) or, failing
+///   again, by the DLQ (its retention, counted from that new send).
 ///
-/// So: DLQ retention + job queue retention + the retry window + [`TTL_MARGIN`].
+/// So: DLQ retention + the longer of the two retentions + the retry window + [`TTL_MARGIN`].
+/// (A second move back is not covered: replay letters instead, which checks the fence.)
 pub fn ttl_floor(
     queue_retention: Duration,
     dlq_retention: Duration,
     policy: &RetryPolicy,
 ) -> Duration {
-    dlq_retention + queue_retention + policy.max_retry_window() + TTL_MARGIN
+    dlq_retention + queue_retention.max(dlq_retention) + policy.max_retry_window() + TTL_MARGIN
 }
 
 /// How old (from its own send) a copy of a job may be for its fence to be still there if the
@@ -128,47 +130,54 @@ pub fn conflicts(committed: Option<&JobDigest>, digest: &JobDigest) -> bool {
 /// swallowed an SQL error: PostgreSQL would answer its `COMMIT` with a silent `ROLLBACK`) fails
 /// here with SQLSTATE `25P02`; a handler that committed or rolled back by itself gets `false`.
 /// When true, the job's execution ledger is cleared and any letter still pending for the job
-/// is closed, all in the job's transaction (see `core.finish_job`).
+/// `digest` stands for is closed, all in the job's transaction (see `core.finish_job_of`); a
+/// letter of another job under the same id stays pending.
 pub async fn finish_job(
     tx: &mut PgConnection,
     job_id: JobId,
     consumer: &ConsumerName,
     message_id: &str,
+    digest: Option<&JobDigest>,
     now: DateTime<Utc>,
 ) -> sqlx::Result<bool> {
-    sqlx::query_scalar("SELECT core.finish_job($1, $2, $3, $4)")
+    sqlx::query_scalar("SELECT core.finish_job_of($1, $2, $3, $4, $5)")
         .bind(job_id.0)
         .bind(consumer.as_str())
-        .bind(message_id)
+        .bind(&*crate::dead_letter::bounded_id(message_id, "message"))
         .bind(now)
+        .bind(digest.map(|d| d.0.as_slice()))
         .fetch_one(tx)
         .await
 }
 
 /// Whether the job's effect committed, settled through its fence rather than read: a claim
 /// waits (at most `wait`) for a copy still inside its transaction, so an in-flight commit is
-/// seen as it ends. The claim is rolled back. For a `COMMIT` whose reply was lost.
+/// seen as it ends. The claim is rolled back. For a `COMMIT` whose reply was lost. With the
+/// job's `digest`, a fence of another job under its id is not this job committed.
 pub async fn settle_committed(
     pool: &sqlx::PgPool,
     job_id: JobId,
     consumer: &ConsumerName,
+    digest: Option<&JobDigest>,
     now: DateTime<Utc>,
     wait: Duration,
 ) -> Result<bool, FenceError> {
     let mut tx = pool.begin().await?;
     let placeholder = TenantId(uuid::Uuid::nil());
-    let claim = claim_fence(
+    let claim = claim_job_fence(
         &mut tx,
         job_id,
         consumer,
         placeholder,
+        digest,
         now,
         Duration::from_secs(60),
         wait,
     )
-    .await?;
+    .await;
+    // Answered before the caller goes on: a dropped transaction's ROLLBACK would go out later.
     tx.rollback().await?;
-    Ok(claim == FenceClaim::Duplicate)
+    Ok(claim? == FenceClaim::Duplicate)
 }
 
 /// Claims, in the caller's transaction and in job id order, the fences of a batch's jobs
@@ -231,10 +240,18 @@ fn lock_wait(wait: Duration) -> String {
 
 /// A claim that ran out of its wait is contended; anything else is the database's error.
 fn claim_error(e: sqlx::Error) -> FenceError {
-    match e.as_database_error().and_then(|d| d.code()) {
-        Some(code) if code == LOCK_NOT_AVAILABLE => FenceError::Contended,
-        _ => FenceError::Database(e),
+    if is_lock_timeout(&e) {
+        FenceError::Contended
+    } else {
+        FenceError::Database(e)
     }
+}
+
+/// Whether `e` is a bounded lock wait that ran out (`lock_not_available`).
+pub fn is_lock_timeout(e: &sqlx::Error) -> bool {
+    e.as_database_error()
+        .and_then(|d| d.code())
+        .is_some_and(|code| code == LOCK_NOT_AVAILABLE)
 }
 
 /// [`finish_job`] for a batch: the last statement before its `COMMIT`. It fails unless every
@@ -244,14 +261,16 @@ fn claim_error(e: sqlx::Error) -> FenceError {
 pub async fn finish_jobs(
     tx: &mut PgConnection,
     consumer: &ConsumerName,
-    jobs: &[JobId],
+    jobs: &[(JobId, Option<JobDigest>)],
     now: DateTime<Utc>,
 ) -> sqlx::Result<()> {
-    let ids: Vec<uuid::Uuid> = jobs.iter().map(|j| j.0).collect();
-    sqlx::query("SELECT core.finish_jobs($1, $2, $3)")
+    let ids: Vec<uuid::Uuid> = jobs.iter().map(|j| j.0.0).collect();
+    let digests: Vec<Option<Vec<u8>>> = jobs.iter().map(|j| j.1.map(|d| d.0.to_vec())).collect();
+    sqlx::query("SELECT core.finish_jobs_of($1, $2, $3, $4)")
         .bind(&ids)
         .bind(consumer.as_str())
         .bind(now)
+        .bind(&digests)
         .execute(tx)
         .await
         .map(drop)
@@ -348,10 +367,10 @@ mod tests {
     fn the_default_floor_fits_under_the_default_ttl_of_fourteen_days() {
         let floor = ttl_floor(
             Duration::from_secs(4 * 86_400),
-            Duration::from_secs(7 * 86_400),
+            Duration::from_secs(5 * 86_400),
             &RetryPolicy::default(),
         );
-        assert_eq!(floor, Duration::from_secs(12 * 86_400 + 675));
+        assert_eq!(floor, Duration::from_secs(11 * 86_400 + 675));
         assert!(floor < Duration::from_secs(14 * 86_400));
     }
 }

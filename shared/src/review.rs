@@ -257,6 +257,25 @@ pub async fn letter_fence_exists(
         .map(Some)
 }
 
+/// Whether the fence of `letter`'s job id stands for another job than the letter's: both
+/// digests known, and different (a producer reused the id; the other job committed).
+pub async fn fence_is_another_job(
+    db: impl PgExecutor<'_>,
+    letter: &DeadLetter,
+) -> sqlx::Result<bool> {
+    let (Some(job_id), Some(digest)) = (letter.job_id, letter.job_digest.as_deref()) else {
+        return Ok(false);
+    };
+    let committed: Option<Option<Vec<u8>>> = sqlx::query_scalar(
+        "SELECT payload_digest FROM core.processed_jobs WHERE job_id = $1 AND consumer = $2",
+    )
+    .bind(job_id.0)
+    .bind(letter.consumer.as_str())
+    .fetch_optional(db)
+    .await?;
+    Ok(matches!(committed, Some(Some(c)) if c != digest))
+}
+
 /// What a replay did, as the letter records it (`replay_outcome`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -348,6 +367,11 @@ impl LockedLetter {
     /// [`letter_fence_exists`] for the locked letter, inside the review's transaction.
     pub async fn fence_exists(&mut self) -> sqlx::Result<Option<bool>> {
         letter_fence_exists(&mut *self.tx, &self.letter).await
+    }
+
+    /// [`fence_is_another_job`] for the locked letter, inside the review's transaction.
+    pub async fn fence_is_another_job(&mut self) -> sqlx::Result<bool> {
+        fence_is_another_job(&mut *self.tx, &self.letter).await
     }
 
     /// Writes the verdict (not yet committed) and returns the letter as it now reads.

@@ -127,3 +127,155 @@ async fn hole8_only_the_fields_a_consumer_names_make_up_its_job(pool: PgPool) {
         Some(ErrorKind::Conflict)
     );
 }
+
+/// The other order (the reviewer's find): a job X fails under an id and gets its letter, then
+/// another job Y under the same id commits. Before, Y's commit closed X's letter as "the job
+/// committed through another delivery": X never ran, and its letter said it had. The letter
+/// keeps X's digest now, and Y's commit closes only letters of the same job.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn hole8_a_commit_of_another_job_under_the_id_leaves_the_first_jobs_letter_pending(
+    pool: PgPool,
+) {
+    for mode in [CommitMode::PerJob, CommitMode::Batch] {
+        let harness = harness_in(&pool, award_points(), mode);
+        let (job_id, x) = job(award(0)); // poison: points must be positive
+        assert_eq!(
+            deliver(&harness, &message(&x, 1)).await.dead_letter_kind(),
+            Some(ErrorKind::Poison)
+        );
+        let y = reused(&x, award(7));
+        assert_eq!(
+            deliver(&harness, &message(&y, 1)).await,
+            RecordOutcome::Processed
+        );
+        let letters = letters_for_job(&pool, job_id, &consumer_name())
+            .await
+            .unwrap();
+        assert_eq!(letters.len(), 1);
+        assert_eq!(
+            letters[0].status,
+            shared::review::ReviewStatus::PendingReview,
+            "{mode:?}: X's letter stays pending: X never ran"
+        );
+        assert!(
+            shared::review::fence_is_another_job(&pool, &letters[0])
+                .await
+                .unwrap(),
+            "{mode:?}: and a replay sees the id taken by another job"
+        );
+        // The same job committing through another copy still closes its letter.
+        let (same_job, first) = job(award(2));
+        let failing_copy = message(&first, 1);
+        let letter = shared::dead_letter::NewDeadLetter {
+            job_id: Some(same_job),
+            tenant_id: None,
+            consumer: &consumer_name(),
+            queue: QUEUE,
+            message_id: &failing_copy.message_id,
+            body: &first,
+            attempts: 5,
+            kind: ErrorKind::Exhausted,
+            last_error: "partner down",
+            correlation_id: None,
+            replay_of: None,
+        };
+        let digest = shared::envelope::Envelope::<Value>::parse_job(&first, &[])
+            .unwrap()
+            .1;
+        shared::dead_letter::record_unless_processed(
+            &pool,
+            &letter,
+            Some(&digest),
+            t0(),
+            std::time::Duration::from_secs(1),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            deliver(&harness, &message(&first, 1)).await,
+            RecordOutcome::Processed
+        );
+        let closed = letters_for_job(&pool, same_job, &consumer_name())
+            .await
+            .unwrap();
+        assert_eq!(
+            closed[0].status,
+            shared::review::ReviewStatus::Discarded,
+            "{mode:?}"
+        );
+    }
+}
+
+/// A letter settled through a fence that another job under the id committed (the last attempt
+/// racing the other job's commit, a lost `COMMIT` reply): before, the claim found the fence and
+/// acked the failed job with no letter at all. It is a `conflict` letter now.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn hole8_a_letter_settled_through_another_jobs_fence_is_a_conflict_not_a_silence(
+    pool: PgPool,
+) {
+    let harness = harness(&pool, award_points());
+    let (job_id, y) = job(award(7));
+    assert_eq!(
+        harness.process(&message(&y, 1)).await,
+        RecordOutcome::Processed
+    );
+    let x = reused(&y, award(3));
+    let x_msg = message(&x, 5);
+    let letter = shared::dead_letter::NewDeadLetter {
+        job_id: Some(job_id),
+        tenant_id: None,
+        consumer: &consumer_name(),
+        queue: QUEUE,
+        message_id: &x_msg.message_id,
+        body: &x,
+        attempts: 5,
+        kind: ErrorKind::Exhausted,
+        last_error: "partner down",
+        correlation_id: None,
+        replay_of: None,
+    };
+    let digest = shared::envelope::Envelope::<Value>::parse_job(&x, &[])
+        .unwrap()
+        .1;
+    let settled = shared::dead_letter::record_unless_processed(
+        &pool,
+        &letter,
+        Some(&digest),
+        t0(),
+        std::time::Duration::from_secs(1),
+    )
+    .await
+    .unwrap();
+    assert!(
+        matches!(settled, shared::dead_letter::Settled::Conflict(_)),
+        "{settled:?}"
+    );
+    let letters = letters_for_job(&pool, job_id, &consumer_name())
+        .await
+        .unwrap();
+    assert_eq!(letters[0].error_kind, ErrorKind::Conflict);
+    assert!(
+        letters[0].last_error.contains("partner down"),
+        "its own failure kept"
+    );
+    // Without the digest (an older caller, the ingester), the fence reads as the job's commit.
+    let y_copy = message(&y, 5);
+    let same = shared::dead_letter::NewDeadLetter {
+        message_id: &y_copy.message_id,
+        body: &y,
+        ..letter.clone()
+    };
+    let digest_y = shared::envelope::Envelope::<Value>::parse_job(&y, &[])
+        .unwrap()
+        .1;
+    let settled = shared::dead_letter::record_unless_processed(
+        &pool,
+        &same,
+        Some(&digest_y),
+        t0(),
+        std::time::Duration::from_secs(1),
+    )
+    .await
+    .unwrap();
+    assert_eq!(settled, shared::dead_letter::Settled::AlreadyProcessed);
+}

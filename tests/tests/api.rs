@@ -1386,3 +1386,51 @@ mod never_a_5xx {
         }
     }
 }
+
+/// Issue 22, hole 8: a letter of a job whose id another job then committed under was replayable,
+/// and the replay answered "already processed" (the other job's fence): a false record of a job
+/// that never ran. So was a `conflict` letter. Both are refused now, and nothing is marked.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn a_letter_whose_job_id_another_job_took_is_not_replayable(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let (pool, apis) = setup(pool_opts, connect).await;
+    let harness = e2e::harness(
+        pool.clone(),
+        consumer::AwardPoints::new(e2e::consumer_name()),
+    );
+    let job_id = Uuid::new_v4();
+    let envelope = |points: i64| {
+        json!({"job_id": job_id, "tenant_id": Uuid::new_v4(), "correlation_id": "c",
+            "payload": {"account_id": "a", "points": points}})
+        .to_string()
+    };
+    let message = |body: &str| shared::harness::IncomingMessage {
+        message_id: Uuid::new_v4().to_string(),
+        queue: apis.queue.name.clone(),
+        body: body.to_owned(),
+        receive_count: 1,
+        replay_of: None,
+    };
+    let x = envelope(0); // poison: points must be positive
+    assert!(harness.process(&message(&x)).await.is_ack());
+    let y = envelope(7);
+    assert_eq!(
+        harness.process(&message(&y)).await,
+        shared::harness::RecordOutcome::Processed
+    );
+    let z = envelope(9); // a third job under the id: a conflict letter
+    assert_eq!(
+        harness.process(&message(&z)).await.dead_letter_kind(),
+        Some(ErrorKind::Conflict)
+    );
+    let letters = e2e::letters(&pool, shared::ids::JobId(job_id)).await;
+    assert_eq!(letters.len(), 2);
+    let before = fingerprint(&pool).await;
+    for letter in &letters {
+        assert_error(&apis.call(replay(letter.id.0)).await, 409, "not_replayable");
+    }
+    assert_eq!(fingerprint(&pool).await, before);
+    assert_eq!(apis.sent().await, 0);
+}

@@ -151,6 +151,7 @@ fn the_letter_schemas_have_exactly_the_fields_the_api_sends() {
         message_id: "m".into(),
         payload: Value::Null,
         body: None,
+        job_digest: None,
         attempts: 1,
         error_kind: shared::dead_letter::ErrorKind::Poison,
         last_error: "e".into(),

@@ -231,13 +231,9 @@ async fn any_message_body_is_processed_once_or_dead_lettered_never_lost(pool: Pg
             replay_of: None,
         };
         let outcome = harness.process(&msg).await;
-        let letter = letter_for_message(
-            &pool,
-            &e2e::consumer_name(),
-            &shared::dead_letter::bounded_id(&message_id, "message"),
-        )
-        .await
-        .unwrap();
+        let letter = letter_for_message(&pool, &e2e::consumer_name(), &message_id)
+            .await
+            .unwrap();
         match &outcome {
             RecordOutcome::Processed => {
                 let job = JobId(

@@ -4,7 +4,10 @@
 
 use super::{Harness, IncomingMessage, RecordOutcome};
 use crate::consumer::{Consumer, Job, ProcessError};
-use crate::fence::{FenceClaim, FenceError, claim_job_fence, finish_job, settle_committed};
+use crate::envelope::JobDigest;
+use crate::fence::{
+    FenceClaim, FenceError, claim_job_fence, finish_job, is_lock_timeout, settle_committed,
+};
 use crate::ids::JobId;
 use futures_util::FutureExt;
 use std::panic::AssertUnwindSafe;
@@ -26,12 +29,14 @@ impl<C: Consumer> Harness<C> {
         &self,
         msg: &IncomingMessage,
         job_id: JobId,
+        digest: Option<&JobDigest>,
         commit_error: sqlx::Error,
     ) -> Result<RecordOutcome, ProcessError> {
         let settled = settle_committed(
             &self.pool,
             job_id,
             self.consumer.name(),
+            digest,
             self.clock.now(),
             self.settings.lock_timeout,
         )
@@ -123,6 +128,7 @@ impl<C: Consumer> Harness<C> {
                     envelope.job_id,
                     self.consumer.name(),
                     &msg.message_id,
+                    Some(&job.digest),
                     job.started_at,
                 )
                 .await;
@@ -137,6 +143,11 @@ impl<C: Consumer> Harness<C> {
                         "the handler returned Ok but ended the harness's transaction itself \
                          (COMMIT or ROLLBACK inside handle): the job's fence is not its own",
                     ),
+                    Err(e) if is_lock_timeout(&e) => ProcessError::transient(format!(
+                        "closing the letter still pending for this job waited past its lock \
+                         timeout: another session holds the letter's row (a review, an open \
+                         transaction) ({e})"
+                    )),
                     Err(e) => ProcessError::transient(format!(
                         "the handler returned Ok from a transaction that cannot commit: an SQL \
                          error inside handle was not returned ({e})"

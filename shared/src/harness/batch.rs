@@ -83,7 +83,7 @@ impl<C: Consumer> Harness<C> {
         for (i, msg) in msgs.iter().enumerate() {
             let first = jobs[i].and_then(|j| first_of.get(&j).copied());
             if let Some(committed) = jobs[i].and_then(|j| done.get(&j)) {
-                if committed.is_some_and(|c| conflicts(Some(&c), &self.digest_of(&msg.body))) {
+                if conflicts(committed.as_ref(), &self.digest_of(&msg.body)) {
                     conflicting.push(i);
                 } else {
                     tracing::debug!(message_id = %msg.message_id, "duplicate of a processed job");
@@ -137,7 +137,8 @@ impl<C: Consumer> Harness<C> {
         for i in conflicting {
             if may_start() {
                 let ids = crate::envelope::read_ids(&msgs[i].body);
-                let outcome = self.conflict(&msgs[i], &ids).await;
+                let digest = self.digest_of(&msgs[i].body);
+                let outcome = self.conflict(&msgs[i], &ids, &digest).await;
                 self.metrics.increment(outcome.metric());
                 outcomes[i] = Some(outcome);
             }
@@ -311,7 +312,10 @@ impl<C: Consumer> Harness<C> {
                 Ok(Err(error)) => return Err(error),
                 Err(_) => return Err(ProcessError::transient("the batch's work panicked")),
             }
-            let finished: Vec<JobId> = to_run.iter().map(|j| j.envelope.job_id).collect();
+            let finished: Vec<(JobId, Option<JobDigest>)> = to_run
+                .iter()
+                .map(|j| (j.envelope.job_id, Some(j.digest)))
+                .collect();
             finish_jobs(tx, consumer, &finished, started_at)
                 .await
                 .map_err(|e| {

@@ -12,10 +12,11 @@ use crate::alerting::Alerter;
 use crate::clock::Clock;
 use crate::consumer::{Consumer, Job, ProcessError};
 use crate::dead_letter::{
-    ErrorKind, NewDeadLetter, Recorded, Settled, record_unless_processed, record_without_settling,
+    CONFLICT_ERROR, ErrorKind, NewDeadLetter, Recorded, Settled, record_unless_processed,
+    record_without_settling,
 };
 use crate::decision::{Disposition, decide};
-use crate::envelope::{Envelope, PartialIds};
+use crate::envelope::{Envelope, JobDigest, PartialIds};
 use crate::execution::{Start, record_failure, start_execution, uncharge};
 use crate::fence::{FenceClaim, conflicts};
 use crate::metrics::Metrics;
@@ -185,7 +186,7 @@ impl<C: Consumer> Harness<C> {
                 return self
                     // Poison is never attempted, so its letter says 1 attempt even when crashes
                     // of its batch delivered it more than once.
-                    .dead_letter(msg, &poison.ids, 1, ErrorKind::Poison, poison.reason)
+                    .dead_letter(msg, &poison.ids, None, 1, ErrorKind::Poison, poison.reason)
                     .await;
             }
         };
@@ -209,7 +210,7 @@ impl<C: Consumer> Harness<C> {
                 Ok(Start::Run { attempt }) => attempt,
                 Ok(Start::AlreadyProcessed { committed }) => {
                     return if conflicts(committed.as_ref(), &digest) {
-                        self.conflict(msg, &envelope.ids()).await
+                        self.conflict(msg, &envelope.ids(), &digest).await
                     } else {
                         RecordOutcome::Duplicate
                     };
@@ -225,7 +226,14 @@ impl<C: Consumer> Harness<C> {
                     let context = format!("delivered {} times", msg.receive_count);
                     let (kind, error) = ledger.verdict(policy.max_attempts(), &context);
                     return self
-                        .dead_letter(msg, &envelope.ids(), ledger.executions, kind, error)
+                        .dead_letter(
+                            msg,
+                            &envelope.ids(),
+                            Some(&digest),
+                            ledger.executions,
+                            kind,
+                            error,
+                        )
                         .await;
                 }
                 Err(e) => {
@@ -247,7 +255,9 @@ impl<C: Consumer> Harness<C> {
         let failure = match self.attempt(&job, msg).await {
             Ok(FenceClaim::Claimed) => return RecordOutcome::Processed,
             Ok(FenceClaim::Duplicate) => return RecordOutcome::Duplicate,
-            Ok(FenceClaim::Conflict) => return self.conflict(msg, &job.envelope.ids()).await,
+            Ok(FenceClaim::Conflict) => {
+                return self.conflict(msg, &job.envelope.ids(), &job.digest).await;
+            }
             Err(AttemptError::Contended) => {
                 if charged {
                     // It never ran: take the charge back (best effort; a failure only costs
@@ -258,10 +268,12 @@ impl<C: Consumer> Harness<C> {
                     retry_after: self.settings.contended_retry_after,
                 };
             }
-            Err(AttemptError::CommitUnknown(e)) => match self.settle_commit(msg, job_id, e).await {
-                Ok(committed) => return committed,
-                Err(failure) => failure,
-            },
+            Err(AttemptError::CommitUnknown(e)) => {
+                match self.settle_commit(msg, job_id, Some(&job.digest), e).await {
+                    Ok(committed) => return committed,
+                    Err(failure) => failure,
+                }
+            }
             Err(AttemptError::Failed(failure)) => failure,
         };
         let attempt = match &failure {
@@ -290,8 +302,16 @@ impl<C: Consumer> Harness<C> {
                 error: failure.to_string(),
             },
             Disposition::DeadLetter(kind) => {
-                self.dead_letter(msg, &job.envelope.ids(), attempt, kind, failure.to_string())
-                    .await
+                let ids = job.envelope.ids();
+                self.dead_letter(
+                    msg,
+                    &ids,
+                    Some(&job.digest),
+                    attempt,
+                    kind,
+                    failure.to_string(),
+                )
+                .await
             }
             Disposition::Ack => unreachable!("decide acks only success"),
         }
@@ -299,12 +319,15 @@ impl<C: Consumer> Harness<C> {
 
     /// A copy of a processed job whose payload differs: another job under its id. Its letter
     /// is written without settling (the fence says the id committed, for the other job).
-    pub(super) async fn conflict(&self, msg: &IncomingMessage, ids: &PartialIds) -> RecordOutcome {
-        let error = "this job id was already processed with another payload (its fence keeps the \
-                     digest of what made up the job): a producer reused the id for another job, \
-                     which did not run; send it under a new job id, then discard this letter"
-            .to_owned();
-        self.write_letter(msg, ids, 1, ErrorKind::Conflict, error, false)
+    pub(super) async fn conflict(
+        &self,
+        msg: &IncomingMessage,
+        ids: &PartialIds,
+        digest: &JobDigest,
+    ) -> RecordOutcome {
+        let error = CONFLICT_ERROR.to_owned();
+        let kind = ErrorKind::Conflict;
+        self.write_letter(msg, ids, Some(digest), 1, kind, error, false)
             .await
     }
 
@@ -312,19 +335,22 @@ impl<C: Consumer> Harness<C> {
         &self,
         msg: &IncomingMessage,
         ids: &PartialIds,
+        digest: Option<&JobDigest>,
         attempt: u32,
         kind: ErrorKind,
         error: String,
     ) -> RecordOutcome {
-        self.write_letter(msg, ids, attempt, kind, error, true)
+        self.write_letter(msg, ids, digest, attempt, kind, error, true)
             .await
     }
 
     /// Writes the letter (settled through the fence first, when `settle`), then pages.
+    #[allow(clippy::too_many_arguments)]
     async fn write_letter(
         &self,
         msg: &IncomingMessage,
         ids: &PartialIds,
+        digest: Option<&JobDigest>,
         attempt: u32,
         kind: ErrorKind,
         error: String,
@@ -347,18 +373,23 @@ impl<C: Consumer> Harness<C> {
             record_unless_processed(
                 &self.pool,
                 &letter,
+                digest,
                 self.clock.now(),
                 self.settings.lock_timeout,
             )
             .await
         } else {
-            record_without_settling(&self.pool, &letter, self.clock.now())
+            record_without_settling(&self.pool, &letter, digest, self.clock.now())
                 .await
                 .map(Settled::Recorded)
         };
         match settled {
             Ok(Settled::AlreadyProcessed) => RecordOutcome::Duplicate,
-            Ok(Settled::Recorded(letter)) => {
+            Ok(settled @ (Settled::Recorded(letter) | Settled::Conflict(letter))) => {
+                let kind = match settled {
+                    Settled::Conflict(_) => ErrorKind::Conflict,
+                    _ => kind,
+                };
                 if let (Recorded::New(_), Some(alerter)) = (letter, &self.alerter) {
                     // Boxed: the delivery's future is deep, and every caller of `process` would
                     // carry it inline (the compiler's layout depth overflows in consumers' tests).

@@ -162,6 +162,16 @@ async fn replay(
              deduplicated; fix and republish it by hand, then discard it with a reason",
         ));
     };
+    if locked.letter.error_kind == ErrorKind::Conflict
+        || locked.fence_is_another_job().await.map_err(db)?
+    {
+        return Err(ApiError::conflict(
+            "not_replayable",
+            "another job committed under this letter's job_id (its fence keeps another payload's \
+             digest): this job never ran, and a replay would be taken for the other; send it \
+             under a new job_id, then discard this letter with a reason",
+        ));
+    }
     // The fence of a job with a pending letter is never swept, so this answer holds at any age.
     let fence_exists = locked.fence_exists().await.map_err(db)?.unwrap_or(false);
     let outcome = if fence_exists {
