@@ -259,7 +259,9 @@ async fn hole2_a_copy_older_than_its_fence_can_settle_is_never_replayed(
         .await;
     // Its fence expires and the sweeper removes it, as it would 14 days on.
     sqlx::query(
-        "UPDATE core.processed_jobs SET expires_at = now() - interval '1 hour' WHERE job_id = $1",
+        "UPDATE core.processed_jobs
+         SET processed_at = now() - interval '15 days', expires_at = now() - interval '1 hour'
+         WHERE job_id = $1",
     )
     .bind(job_id.0)
     .execute(&pool)

@@ -591,6 +591,7 @@ fn every_alarm_reaches_a_person_and_the_alarms_cover_the_flow() {
         "AlertDeliveriesFailed",
         "SweepBacklogSeconds",
         "ScheduledStepsFailed",
+        "QueuedReplaysOverdue",
     ] {
         assert!(has(metric, "scheduled"), "an alarm on {metric}");
     }

@@ -26,12 +26,12 @@ pub struct FenceConfig {
 }
 
 /// The fence TTL when [`FENCE_TTL_SECONDS`] is unset: above the floor of the default
-/// retentions (7 + 4 days + the retry window + a day).
+/// retentions (5 + 5 days + the retry window + a day).
 pub const DEFAULT_FENCE_TTL: Duration = Duration::from_secs(14 * 86_400);
 
-/// The DLQ retention when [`DLQ_RETENTION_SECONDS`] is unset (the template's default): a week
-/// for an ingester that fails to be mended (its alarm fires in 15 minutes).
-pub const DEFAULT_DLQ_RETENTION: Duration = Duration::from_secs(7 * 86_400);
+/// The DLQ retention when [`DLQ_RETENTION_SECONDS`] is unset (the template's default): five
+/// days for an ingester that fails to be mended (its alarm fires in 15 minutes).
+pub const DEFAULT_DLQ_RETENTION: Duration = Duration::from_secs(5 * 86_400);
 
 /// SQS must keep a message this much longer than its retry window: time for the last attempt
 /// to run and for deliveries handed back on the way (deadline near, fence contended).
@@ -40,7 +40,7 @@ pub const RETENTION_MARGIN: Duration = Duration::from_secs(60 * 60);
 impl FenceConfig {
     /// Reads the retry policy, [`FENCE_TTL_SECONDS`] (default 14 days),
     /// [`QUEUE_RETENTION_SECONDS`] (default 4 days, the SQS default),
-    /// [`DLQ_RETENTION_SECONDS`] (default 7 days),
+    /// [`DLQ_RETENTION_SECONDS`] (default 5 days),
     /// [`REDRIVE_MAX_RECEIVE_COUNT`] and [`FENCE_LOCK_TIMEOUT_MS`], and refuses settings that
     /// lose messages: a retention shorter than the retry window (SQS would delete a message
     /// mid-retry, and an expired message is never redriven), a `maxReceiveCount` that does not
@@ -133,15 +133,14 @@ impl FenceConfig {
             return Err(ConfigError {
                 variable: FENCE_TTL_SECONDS,
                 problem: format!(
-                    "{} s is below the safe floor of {} s ({DLQ_RETENTION_SECONDS} {} s + \
-                     {QUEUE_RETENTION_SECONDS} {} s + max retry window {} s + margin {} s: a copy \
-                     redriven from the DLQ back to its queue at the end of the DLQ's retention \
-                     lives the queue's retention again): a copy of a job arriving after its fence \
-                     expired would apply its effect twice",
+                    "{} s is below the safe floor of {} s (twice {DLQ_RETENTION_SECONDS} {} s + \
+                     max retry window {} s + margin {} s: a copy redriven from the DLQ back to its \
+                     queue at the end of the DLQ's retention lives a queue's or a DLQ's retention \
+                     again): a copy of a job arriving after its fence expired would apply its \
+                     effect twice",
                     ttl.as_secs(),
                     floor.as_secs(),
                     dlq_retention.as_secs(),
-                    queue_retention.as_secs(),
                     policy.max_retry_window().as_secs(),
                     crate::fence::TTL_MARGIN.as_secs()
                 ),

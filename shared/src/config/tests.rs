@@ -17,7 +17,7 @@ fn defaults_are_the_platform_policy() {
     let c = load(&[]).unwrap();
     assert_eq!(c.fence.policy, RetryPolicy::default());
     assert_eq!(c.fence.ttl, Duration::from_secs(14 * 86_400));
-    assert_eq!(c.fence.dlq_retention, Duration::from_secs(7 * 86_400));
+    assert_eq!(c.fence.dlq_retention, Duration::from_secs(5 * 86_400));
     assert_eq!(c.database.pool_size, 5);
     assert_eq!(c.consumer_name.as_str(), "award-points");
 }
@@ -66,17 +66,20 @@ fn hole2_the_ttl_floor_counts_the_dlq_retention_and_a_redrive_back_to_the_source
         err.to_string().contains("DLQ_RETENTION_SECONDS 1209600 s"),
         "{err}"
     );
-    // Fourteen days of DLQ, four of queue: a redrive at the DLQ's last moment lives 18 days.
-    let err = load(&[
-        (DLQ_RETENTION_SECONDS, "1209600"),
-        (FENCE_TTL_SECONDS, "1555200"),
-    ])
-    .unwrap_err();
-    assert_eq!(err.variable, FENCE_TTL_SECONDS, "{err}");
+    // Fourteen days of DLQ: a copy redriven back at the DLQ's last moment, failing again into
+    // the DLQ, can still arrive 28 days after its first send.
+    for too_short in ["1555200", "1728000", "2500000"] {
+        let err = load(&[
+            (DLQ_RETENTION_SECONDS, "1209600"),
+            (FENCE_TTL_SECONDS, too_short),
+        ])
+        .unwrap_err();
+        assert_eq!(err.variable, FENCE_TTL_SECONDS, "{too_short}: {err}");
+    }
     assert!(
         load(&[
             (DLQ_RETENTION_SECONDS, "1209600"),
-            (FENCE_TTL_SECONDS, "1728000")
+            (FENCE_TTL_SECONDS, "2507000")
         ])
         .is_ok()
     );
@@ -308,4 +311,34 @@ fn a_queue_retention_shorter_than_the_retry_window_stops_the_consumer() {
     ]))
     .unwrap_err();
     assert_eq!(backstop.variable, QUEUE_RETENTION_SECONDS);
+}
+
+#[test]
+fn the_unsent_replay_bound_is_checked_naming_the_variable() {
+    let base = [
+        (DATABASE_URL, "postgres://h/d"),
+        (ALERTING_DISABLED, "true"),
+    ];
+    let with = |v: &'static str| {
+        let mut pairs = base.to_vec();
+        pairs.push((REPLAY_UNSENT_ALERT_SECONDS, v));
+        ScheduledConfig::from_env(&Env::from_pairs(&pairs))
+    };
+    assert_eq!(
+        ScheduledConfig::from_env(&Env::from_pairs(&base))
+            .unwrap()
+            .replay_alert_after,
+        Duration::from_secs(3600)
+    );
+    for bad in ["60", "604801", "soon"] {
+        assert_eq!(
+            with(bad).unwrap_err().variable,
+            REPLAY_UNSENT_ALERT_SECONDS,
+            "{bad}"
+        );
+    }
+    assert_eq!(
+        with("7200").unwrap().replay_alert_after,
+        Duration::from_secs(7200)
+    );
 }
