@@ -23,6 +23,23 @@ use support::commit_cutter::{Cut, pools_through};
 use support::*;
 use tokio::sync::Barrier;
 
+/// A trigger on the reference consumer's effect table refusing account `boom`: a statement that
+/// fails (transiently, as any SQL error) for one job of a batch.
+async fn refuse_account_boom(pool: &PgPool) {
+    sqlx::raw_sql(
+        "CREATE FUNCTION reference.refuse_boom() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF NEW.account_id = 'boom' THEN RAISE EXCEPTION 'ledger refused account boom'; END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER refuse_boom BEFORE INSERT ON reference.point_awards
+             FOR EACH ROW EXECUTE FUNCTION reference.refuse_boom();",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
 fn batch_of(bodies: &[String]) -> Vec<IncomingMessage> {
     bodies.iter().map(|b| message(b, 1)).collect()
 }
@@ -219,18 +236,7 @@ async fn a_poison_job_in_a_batch_costs_only_itself(pool: PgPool) {
 /// charged for the batch's attempt.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn a_failing_statement_falls_back_and_retries_only_the_job_that_fails(pool: PgPool) {
-    sqlx::raw_sql(
-        "CREATE FUNCTION reference.refuse_boom() RETURNS trigger LANGUAGE plpgsql AS $$
-         BEGIN
-             IF NEW.account_id = 'boom' THEN RAISE EXCEPTION 'ledger refused account boom'; END IF;
-             RETURN NEW;
-         END $$;
-         CREATE TRIGGER refuse_boom BEFORE INSERT ON reference.point_awards
-             FOR EACH ROW EXECUTE FUNCTION reference.refuse_boom();",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
+    refuse_account_boom(&pool).await;
     let harness = harness_in(&pool, award_points(), CommitMode::Batch);
     let good: Vec<(JobId, String)> = (0..3).map(|_| job(award(1))).collect();
     let bad = job(serde_json::json!({"account_id": "boom", "points": 1}));
@@ -413,18 +419,7 @@ async fn hole6_a_batch_that_falls_back_is_rolled_back_before_its_jobs_run_one_by
 /// its first record; the copy is handed back with the same delay, uncharged, in both modes.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn hole7_the_same_job_twice_in_one_sqs_batch_is_charged_one_execution(pool: PgPool) {
-    sqlx::raw_sql(
-        "CREATE FUNCTION reference.refuse_boom() RETURNS trigger LANGUAGE plpgsql AS $$
-         BEGIN
-             IF NEW.account_id = 'boom' THEN RAISE EXCEPTION 'ledger refused account boom'; END IF;
-             RETURN NEW;
-         END $$;
-         CREATE TRIGGER refuse_boom BEFORE INSERT ON reference.point_awards
-             FOR EACH ROW EXECUTE FUNCTION reference.refuse_boom();",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
+    refuse_account_boom(&pool).await;
     for mode in [CommitMode::PerJob, CommitMode::Batch] {
         let harness = harness_in(&pool, award_points(), mode);
         let failing = job(serde_json::json!({"account_id": "boom", "points": 1}));

@@ -11,7 +11,10 @@ mod support;
 use consumer::count_awards;
 use serde_json::{Value, json};
 use shared::consumer::{Consumer, Job, ProcessError};
-use shared::dead_letter::{ErrorKind, letters_for_job};
+use shared::dead_letter::{
+    ErrorKind, NewDeadLetter, Settled, letters_for_job, record_unless_processed,
+};
+use shared::envelope::Envelope;
 use shared::harness::{CommitMode, RecordOutcome};
 use shared::ids::{ConsumerName, JobId, TenantId};
 use shared::metrics::Metric;
@@ -24,6 +27,30 @@ fn reused(body: &str, payload: Value) -> String {
     let mut envelope: Value = serde_json::from_str(body).unwrap();
     envelope["payload"] = payload;
     envelope.to_string()
+}
+
+/// Settles and writes the letter of a copy of `job_id` carrying `body` that failed on its last
+/// attempt (as the harness does), with the digest of what makes up its job.
+async fn record_failed_copy(pool: &PgPool, job_id: JobId, body: &str) -> Settled {
+    let message_id = Uuid::new_v4().to_string();
+    let letter = NewDeadLetter {
+        job_id: Some(job_id),
+        tenant_id: None,
+        consumer: &consumer_name(),
+        queue: QUEUE,
+        message_id: &message_id,
+        body,
+        attempts: 5,
+        kind: ErrorKind::Exhausted,
+        last_error: "partner down",
+        correlation_id: None,
+        replay_of: None,
+    };
+    let digest = Envelope::<Value>::parse_job(body, &[]).unwrap().1;
+    let wait = std::time::Duration::from_secs(1);
+    record_unless_processed(pool, &letter, Some(&digest), t0(), wait)
+        .await
+        .unwrap()
 }
 
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
@@ -165,32 +192,7 @@ async fn hole8_a_commit_of_another_job_under_the_id_leaves_the_first_jobs_letter
         );
         // The same job committing through another copy still closes its letter.
         let (same_job, first) = job(award(2));
-        let failing_copy = message(&first, 1);
-        let letter = shared::dead_letter::NewDeadLetter {
-            job_id: Some(same_job),
-            tenant_id: None,
-            consumer: &consumer_name(),
-            queue: QUEUE,
-            message_id: &failing_copy.message_id,
-            body: &first,
-            attempts: 5,
-            kind: ErrorKind::Exhausted,
-            last_error: "partner down",
-            correlation_id: None,
-            replay_of: None,
-        };
-        let digest = shared::envelope::Envelope::<Value>::parse_job(&first, &[])
-            .unwrap()
-            .1;
-        shared::dead_letter::record_unless_processed(
-            &pool,
-            &letter,
-            Some(&digest),
-            t0(),
-            std::time::Duration::from_secs(1),
-        )
-        .await
-        .unwrap();
+        record_failed_copy(&pool, same_job, &first).await;
         assert_eq!(
             deliver(&harness, &message(&first, 1)).await,
             RecordOutcome::Processed
@@ -220,36 +222,8 @@ async fn hole8_a_letter_settled_through_another_jobs_fence_is_a_conflict_not_a_s
         RecordOutcome::Processed
     );
     let x = reused(&y, award(3));
-    let x_msg = message(&x, 5);
-    let letter = shared::dead_letter::NewDeadLetter {
-        job_id: Some(job_id),
-        tenant_id: None,
-        consumer: &consumer_name(),
-        queue: QUEUE,
-        message_id: &x_msg.message_id,
-        body: &x,
-        attempts: 5,
-        kind: ErrorKind::Exhausted,
-        last_error: "partner down",
-        correlation_id: None,
-        replay_of: None,
-    };
-    let digest = shared::envelope::Envelope::<Value>::parse_job(&x, &[])
-        .unwrap()
-        .1;
-    let settled = shared::dead_letter::record_unless_processed(
-        &pool,
-        &letter,
-        Some(&digest),
-        t0(),
-        std::time::Duration::from_secs(1),
-    )
-    .await
-    .unwrap();
-    assert!(
-        matches!(settled, shared::dead_letter::Settled::Conflict(_)),
-        "{settled:?}"
-    );
+    let settled = record_failed_copy(&pool, job_id, &x).await;
+    assert!(matches!(settled, Settled::Conflict(_)), "{settled:?}");
     let letters = letters_for_job(&pool, job_id, &consumer_name())
         .await
         .unwrap();
@@ -258,24 +232,9 @@ async fn hole8_a_letter_settled_through_another_jobs_fence_is_a_conflict_not_a_s
         letters[0].last_error.contains("partner down"),
         "its own failure kept"
     );
-    // Without the digest (an older caller, the ingester), the fence reads as the job's commit.
-    let y_copy = message(&y, 5);
-    let same = shared::dead_letter::NewDeadLetter {
-        message_id: &y_copy.message_id,
-        body: &y,
-        ..letter.clone()
-    };
-    let digest_y = shared::envelope::Envelope::<Value>::parse_job(&y, &[])
-        .unwrap()
-        .1;
-    let settled = shared::dead_letter::record_unless_processed(
-        &pool,
-        &same,
-        Some(&digest_y),
-        t0(),
-        std::time::Duration::from_secs(1),
-    )
-    .await
-    .unwrap();
-    assert_eq!(settled, shared::dead_letter::Settled::AlreadyProcessed);
+    // A failed copy of the very job that committed gets no letter.
+    assert_eq!(
+        record_failed_copy(&pool, job_id, &y).await,
+        Settled::AlreadyProcessed
+    );
 }
