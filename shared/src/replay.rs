@@ -4,14 +4,17 @@
 //! Invariant: the body sent is the body received, byte for byte where it was JSON (same `job_id`,
 //! so the consumer's fence makes the replay a no-op if the job already succeeded). The message
 //! carries [`REPLAY_OF_ATTRIBUTE`], so a replay that fails again is linked to this letter.
-//! A replay the queue refused stays `queued`, with a send state ([`crate::replay_sends`]).
+//! A replay the queue refused stays `queued`, with a send state ([`crate::replay_sends`]); the
+//! refusal says whether it was the queue's ([`Refusal::Queue`]) or this message's
+//! ([`Refusal::Message`]).
 
 use crate::dead_letter::DeadLetter;
 use crate::sqs::REPLAY_OF_ATTRIBUTE;
-use aws_sdk_sqs::error::DisplayErrorContext;
+use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_sqs::types::MessageAttributeValue;
 use serde_json::Value;
 use std::collections::HashMap;
+use std::fmt;
 use tokio::sync::Mutex;
 
 /// Sends replays through the AWS SDK; queue URLs are looked up by name once and cached.
@@ -30,6 +33,73 @@ pub struct Sent {
     pub queue_url: String,
 }
 
+/// Why a replay was not sent: the queue refused any message, or only this one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// The queue refused, whatever the message: it does not exist (or its URL could not be
+    /// read), access is denied, it throttles, or it did not answer in time or could not be
+    /// reached. Its other replays would meet the same answer now. Also any answer not known to
+    /// be about the message: taken for the queue's, it costs the queue's other replays one run.
+    Queue(String),
+    /// This message was refused (its body, its attributes: invalid contents, too long, an
+    /// invalid attribute); the queue takes others.
+    Message(String),
+}
+
+impl Refusal {
+    /// Whether the queue refused, not only this message.
+    pub fn queue_level(&self) -> bool {
+        matches!(self, Self::Queue(_))
+    }
+
+    /// What was answered, for the log and the send state.
+    pub fn error(&self) -> &str {
+        match self {
+            Self::Queue(error) | Self::Message(error) => error,
+        }
+    }
+
+    /// The refusal of a SendMessage to `queue_url`: the message's if SQS answered with an error
+    /// about it ([`refuses_the_message`]), else the queue's (no answer in time, no connection, a
+    /// request not built or an answer not read, any other error code).
+    fn of_send<E: ProvideErrorMetadata + std::error::Error + 'static, R: fmt::Debug>(
+        queue_url: &str,
+        error: SdkError<E, R>,
+    ) -> Self {
+        let the_message =
+            matches!(&error, SdkError::ServiceError(e) if refuses_the_message(e.err().code()));
+        let error = format!("SendMessage to {queue_url}: {}", DisplayErrorContext(error));
+        if the_message {
+            Self::Message(error)
+        } else {
+            Self::Queue(error)
+        }
+    }
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.error())
+    }
+}
+
+/// Whether SQS's error `code` for a SendMessage is about the message (its body, its attributes,
+/// its parameters), which another message to the same queue would not meet. Both spellings are
+/// known: the query code (`InvalidParameterValue`) and the JSON one (`…Exception`).
+pub fn refuses_the_message(code: Option<&str>) -> bool {
+    let code = code.unwrap_or_default();
+    let code = code.strip_suffix("Exception").unwrap_or(code);
+    matches!(
+        code,
+        "InvalidMessageContents"
+            | "InvalidParameterValue"
+            | "InvalidParameterCombination"
+            | "InvalidAttributeName"
+            | "InvalidAttributeValue"
+            | "MissingParameter"
+    )
+}
+
 impl Replayer {
     /// A replayer over `client`.
     pub fn new(client: aws_sdk_sqs::Client) -> Self {
@@ -39,14 +109,15 @@ impl Replayer {
         }
     }
 
-    /// Sends `letter`'s stored envelope to `letter.queue`. The error is for the log.
-    pub async fn send(&self, letter: &DeadLetter) -> Result<Sent, String> {
+    /// Sends `letter`'s stored envelope to `letter.queue`; a refusal says whether it was the
+    /// queue's or the message's.
+    pub async fn send(&self, letter: &DeadLetter) -> Result<Sent, Refusal> {
         let queue_url = self.queue_url(&letter.queue).await?;
         let attribute = MessageAttributeValue::builder()
             .data_type("String")
             .string_value(letter.id.to_string())
             .build()
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| Refusal::Message(format!("the {REPLAY_OF_ATTRIBUTE} attribute: {e}")))?;
         let sent = self
             .client
             .send_message()
@@ -55,14 +126,15 @@ impl Replayer {
             .message_attributes(REPLAY_OF_ATTRIBUTE, attribute)
             .send()
             .await
-            .map_err(|e| format!("SendMessage to {queue_url}: {}", DisplayErrorContext(e)))?;
+            .map_err(|e| Refusal::of_send(&queue_url, e))?;
         Ok(Sent {
             message_id: sent.message_id.unwrap_or_default(),
             queue_url,
         })
     }
 
-    async fn queue_url(&self, queue: &str) -> Result<String, String> {
+    /// `queue`'s URL; not found, it is the queue's refusal, whatever the error.
+    async fn queue_url(&self, queue: &str) -> Result<String, Refusal> {
         if let Some(url) = self.urls.lock().await.get(queue) {
             return Ok(url.clone());
         }
@@ -72,9 +144,13 @@ impl Replayer {
             .queue_name(queue)
             .send()
             .await
-            .map_err(|e| format!("GetQueueUrl {queue}: {}", DisplayErrorContext(e)))?
+            .map_err(|e| {
+                Refusal::Queue(format!("GetQueueUrl {queue}: {}", DisplayErrorContext(e)))
+            })?
             .queue_url
-            .ok_or_else(|| format!("GetQueueUrl {queue}: no URL in the response"))?;
+            .ok_or_else(|| {
+                Refusal::Queue(format!("GetQueueUrl {queue}: no URL in the response"))
+            })?;
         self.urls.lock().await.insert(queue.to_owned(), url.clone());
         Ok(url)
     }
@@ -95,5 +171,53 @@ pub fn original_body(payload: &Value) -> String {
     match payload {
         Value::String(raw) => raw.clone(),
         json => json.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_error_about_the_message_leaves_its_queue_to_the_others() {
+        for code in [
+            "InvalidMessageContents",
+            "InvalidParameterValue",
+            "InvalidParameterValueException",
+            "InvalidAttributeValue",
+            "InvalidAttributeName",
+            "MissingParameter",
+        ] {
+            assert!(refuses_the_message(Some(code)), "{code}");
+        }
+        for code in [
+            "AWS.SimpleQueueService.NonExistentQueue",
+            "QueueDoesNotExist",
+            "AccessDenied",
+            "AccessDeniedException",
+            "RequestThrottled",
+            "ThrottlingException",
+            "KMS.ThrottlingException",
+            "KMS.AccessDeniedException",
+            "InvalidSecurity",
+            "InvalidAddress",
+            "InternalError",
+            "ServiceUnavailable",
+            "SomethingNew",
+        ] {
+            assert!(!refuses_the_message(Some(code)), "{code}");
+        }
+        assert!(
+            !refuses_the_message(None),
+            "no code: not known to be the message's"
+        );
+    }
+
+    #[test]
+    fn a_refusal_reads_as_its_error() {
+        let refusal = Refusal::Message("too long".into());
+        assert!(!refusal.queue_level());
+        assert_eq!(refusal.to_string(), "too long");
+        assert!(Refusal::Queue("gone".into()).queue_level());
     }
 }

@@ -4,10 +4,12 @@
 //! code does either), so the letters' append-only guard stays as it is.
 //!
 //! Invariant: a refused replay backs off on its own (its attempts, its last error, its next
-//! attempt: [`send_backoff`]), and the scheduled run takes the ones due longest first
-//! ([`due_replays`]): a replay that can never be sent is tried less and less often and never
-//! keeps the others from being sent. One unsent past a bound is counted ([`unsent`]) and paged
-//! per queue ([`crate::unsent_replays`]).
+//! attempt: [`send_backoff`]), and only a replay that was tried is recorded. The scheduled run
+//! takes the ones due longest first ([`due_replays`]), so a replay that can never be sent is
+//! tried less and less often and never keeps the others from being sent: once refused, its next
+//! attempt is later than that of every replay due but not tried in the same run, which is left
+//! as it was. One unsent past a bound is counted ([`unsent`]) and paged per queue
+//! ([`crate::unsent_replays`]).
 
 use crate::dead_letter::DeadLetter;
 use crate::ids::DeadLetterId;
@@ -67,32 +69,56 @@ pub struct DueReplay {
     pub letter: DeadLetter,
     /// Sends the queue refused so far.
     pub send_attempts: i32,
+    /// When it was due.
+    pub send_due_at: DateTime<Utc>,
 }
 
-/// Up to `limit` queued replays due at `now` and recorded before `recorded_before`, the one due
-/// longest first: a replay the queue keeps refusing waits out its backoff behind the others.
+/// Where a scan of due replays stands: the last replay taken, by the scan's order (when it was
+/// due, then its letter).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DueAfter(DateTime<Utc>, DeadLetterId);
+
+impl DueReplay {
+    /// The scan's position once this replay is taken: the next page starts after it.
+    pub fn position(&self) -> DueAfter {
+        DueAfter(self.send_due_at, self.letter.id)
+    }
+}
+
+/// Up to `limit` queued replays due at `now` and recorded before `recorded_before`, after
+/// `after` and none to `except_queues`, the one due longest first: a replay the queue keeps
+/// refusing waits out its backoff behind the others, and the queues that refused a replay in
+/// this run (`except_queues`) take no room from the others' replays.
 pub async fn due_replays(
     db: impl PgExecutor<'_>,
     now: DateTime<Utc>,
     recorded_before: DateTime<Utc>,
+    after: Option<DueAfter>,
+    except_queues: &[String],
     limit: i64,
 ) -> sqlx::Result<Vec<DueReplay>> {
     sqlx::query_as(
-        "SELECT d.*, s.attempts AS send_attempts
+        "SELECT d.*, s.attempts AS send_attempts, s.next_attempt_at AS send_due_at
          FROM core.replay_sends s JOIN core.dead_letters d ON d.id = s.letter_id
          WHERE s.next_attempt_at <= $1 AND s.queued_at < $2 AND d.replay_outcome = 'queued'
+           AND ($3::timestamptz IS NULL OR (s.next_attempt_at, s.letter_id) > ($3, $4::uuid))
+           AND s.queue <> ALL ($5)
          ORDER BY s.next_attempt_at, s.letter_id
-         LIMIT $3",
+         LIMIT $6",
     )
     .bind(now)
     .bind(recorded_before)
+    .bind(after.map(|DueAfter(due, _)| due))
+    .bind(after.map(|DueAfter(_, letter)| letter.0))
+    .bind(except_queues)
     .bind(limit)
     .fetch_all(db)
     .await
 }
 
 /// Records that the queue refused `letter`'s replay at `now` (its `attempts`-th refusal) with
-/// `error`; it is due again after [`send_backoff`].
+/// `error`; it is due again after [`send_backoff`]. Only for a replay that was tried: one left
+/// untried keeps its attempts and its place.
 pub async fn record_send_refused(
     db: impl PgExecutor<'_>,
     letter: DeadLetterId,

@@ -14,12 +14,12 @@ use crate::clock::Clock;
 use crate::escalation::{EscalationReport, escalate};
 use crate::groups::{DeliveryBacklog, delivery_backlog, pending_review};
 use crate::metrics::emf_line;
+use crate::replay::Refusal;
 use crate::replay_sends::{Unsent, due_replays, record_send_refused, unsent};
 use crate::sweeper::{SweepReport, SweepSettings, sweep};
 use crate::unsent_replays::page_unsent_replays;
 use serde_json::{Value, json};
 use sqlx::PgPool;
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -28,7 +28,8 @@ use tokio::time::Instant;
 const ALERT_RETRIES_PER_RUN: i64 = 100;
 /// Open groups whose incident is read back per run.
 const INCIDENT_CHECKS_PER_RUN: i64 = 20;
-/// Queued replays tried per run, the one due longest first.
+/// Queued replays tried per run, the one due longest first (those left untried, their queue
+/// having refused one itself, do not count).
 const REPLAYS_PER_RUN: i64 = 500;
 /// A queued replay younger than this is left to the replay request that recorded it.
 const REPLAY_GRACE: Duration = Duration::from_secs(60);
@@ -105,8 +106,8 @@ impl Heartbeat {
 pub struct ReplaySends {
     /// Sent and recorded.
     pub sent: u64,
-    /// Refused (or not tried, their queue having refused one this run): still queued, each
-    /// due again after its backoff.
+    /// Tried and refused: still queued, each due again after its backoff. (Those not tried, their
+    /// queue having refused one itself this run, are not counted: they wait as they were.)
     pub failed: u64,
 }
 
@@ -254,10 +255,14 @@ impl ScheduledRun {
 
     /// Sends the replays recorded over a minute ago that no queue accepted yet (the replay's own
     /// send failed, or its process died right after the commit), the one due longest first,
-    /// within `budget`. A refusal is recorded on the replay with its backoff; a queue that
-    /// refused one is not asked again in this run (its other replays back off with the same
-    /// error), so a dead queue costs one call per run, not one per replay. A message sent twice
-    /// is harmless: it carries the same job id, and the consumer's fence applies it once.
+    /// at most [`REPLAYS_PER_RUN`] within `budget`. A refusal is recorded on the replay tried,
+    /// with its backoff, and only there. A queue that refused itself ([`Refusal::Queue`]: it is
+    /// gone, denies access, throttles, does not answer) is not asked again in this run: its
+    /// other replays are left as they are, and the scan goes on past them, so a dead queue costs
+    /// one call per run, not one per replay, and holds no other queue's replays back. A message
+    /// refused for itself ([`Refusal::Message`]) holds back nothing: the next of its queue goes.
+    /// A message sent twice is harmless: it carries the same job id, and the consumer's fence
+    /// applies it once.
     async fn send_queued_replays(&self, budget: Duration) -> sqlx::Result<ReplaySends> {
         let Some(replayer) = &self.replayer else {
             return Ok(ReplaySends::default());
@@ -265,50 +270,73 @@ impl ScheduledRun {
         let started = Instant::now();
         let now = self.clock.now();
         let before = now - chrono::Duration::from_std(REPLAY_GRACE).unwrap_or_default();
-        let mut refused: HashMap<String, String> = HashMap::new();
+        let mut refusing: Vec<String> = Vec::new();
+        let mut after = None;
+        let mut tried = 0;
         let mut sends = ReplaySends::default();
-        for due in due_replays(&self.pool, now, before, REPLAYS_PER_RUN).await? {
-            let letter = &due.letter;
-            let attempts = u32::try_from(due.send_attempts).unwrap_or(0) + 1;
-            let result = match refused.get(&letter.queue) {
-                Some(error) => Err(format!(
-                    "not tried: its queue refused another replay in the same run: {error}"
-                )),
-                None => {
-                    let left = budget.saturating_sub(started.elapsed());
-                    if left.is_zero() {
-                        tracing::warn!(
-                            ?budget,
-                            "replay step out of time; the rest is sent by the next run"
-                        );
-                        break;
-                    }
-                    match tokio::time::timeout(left, replayer.send(letter)).await {
-                        Ok(sent) => sent,
-                        Err(_) => Err(format!(
-                            "the send did not finish within the replay step's {budget:?}"
-                        )),
-                    }
+        'run: while tried < REPLAYS_PER_RUN {
+            let page = due_replays(
+                &self.pool,
+                now,
+                before,
+                after,
+                &refusing,
+                REPLAYS_PER_RUN - tried,
+            )
+            .await?;
+            if page.is_empty() {
+                break;
+            }
+            for due in page {
+                after = Some(due.position());
+                let letter = &due.letter;
+                if refusing.contains(&letter.queue) {
+                    continue; // its queue refused another in this page: not tried, left as it is
                 }
-            };
-            match result {
-                Ok(sent) => {
-                    crate::review::record_replay_sent(
-                        &self.pool,
-                        letter.id,
-                        &sent.message_id,
-                        self.clock.now(),
-                    )
-                    .await?;
-                    sends.sent += 1;
+                let left = budget.saturating_sub(started.elapsed());
+                if left.is_zero() {
+                    tracing::warn!(
+                        ?budget,
+                        "replay step out of time; the rest is sent by the next run"
+                    );
+                    break 'run;
                 }
-                Err(error) => {
-                    tracing::error!(letter = %letter.id, queue = letter.queue, attempts, error,
-                        "queued replay still not sent");
-                    record_send_refused(&self.pool, letter.id, attempts, &error, self.clock.now())
+                tried += 1;
+                let result = match tokio::time::timeout(left, replayer.send(letter)).await {
+                    Ok(sent) => sent,
+                    Err(_) => Err(Refusal::Queue(format!(
+                        "the send did not finish within the replay step's {budget:?}"
+                    ))),
+                };
+                match result {
+                    Ok(sent) => {
+                        crate::review::record_replay_sent(
+                            &self.pool,
+                            letter.id,
+                            &sent.message_id,
+                            self.clock.now(),
+                        )
                         .await?;
-                    refused.entry(letter.queue.clone()).or_insert(error);
-                    sends.failed += 1;
+                        sends.sent += 1;
+                    }
+                    Err(refusal) => {
+                        let attempts = u32::try_from(due.send_attempts).unwrap_or(0) + 1;
+                        let queue_level = refusal.queue_level();
+                        tracing::error!(letter = %letter.id, queue = letter.queue, attempts,
+                            queue_level, error = %refusal, "queued replay still not sent");
+                        record_send_refused(
+                            &self.pool,
+                            letter.id,
+                            attempts,
+                            refusal.error(),
+                            self.clock.now(),
+                        )
+                        .await?;
+                        sends.failed += 1;
+                        if queue_level {
+                            refusing.push(letter.queue.clone());
+                        }
+                    }
                 }
             }
         }

@@ -2,6 +2,7 @@
 //! only past the threshold, never in a review's way), delivery of incident steps not yet
 //! delivered, what waits as metrics, and the sweep, through the real binary.
 
+use aws_sdk_sqs::types::QueueAttributeName;
 use chrono::{DateTime, Duration as Span, TimeZone, Utc};
 use e2e::alert_receiver::AlertReceiver;
 use e2e::lambda_host::{FunctionSpec, LambdaHost};
@@ -277,19 +278,35 @@ async fn queued_replays(
     n: i64,
     reviewed_at: DateTime<Utc>,
 ) -> Vec<Uuid> {
+    queued_replays_padded(pool, queue, n, reviewed_at, 0).await
+}
+
+/// As [`queued_replays`], each letter's payload carrying `padding` more bytes (a `padding`
+/// string) and, with any, its body as received: that payload's JSON (what a replay sends).
+async fn queued_replays_padded(
+    pool: &PgPool,
+    queue: &str,
+    n: i64,
+    reviewed_at: DateTime<Utc>,
+    padding: i32,
+) -> Vec<Uuid> {
     let ids: Vec<Uuid> = sqlx::query_scalar(
-        "INSERT INTO core.dead_letters (job_id, consumer, queue, message_id, payload, attempts,
-                                        error_kind, last_error, created_at)
-         SELECT j, 'award-points', $1, gen_random_uuid()::text,
-                jsonb_build_object('job_id', j, 'tenant_id', gen_random_uuid(),
-                                   'payload', jsonb_build_object('account_id', 'acct-1', 'points', 1)),
+        "INSERT INTO core.dead_letters (job_id, consumer, queue, message_id, payload, body,
+                                        attempts, error_kind, last_error, created_at)
+         SELECT j, 'award-points', $1, gen_random_uuid()::text, envelope,
+                CASE WHEN $4 > 0 THEN envelope::text END,
                 5, 'exhausted', 'partner ledger offline', $3 - interval '1 hour'
-         FROM (SELECT gen_random_uuid() AS j FROM generate_series(1, $2)) AS jobs
+         FROM (SELECT j, jsonb_build_object('job_id', j, 'tenant_id', gen_random_uuid(),
+                    'payload', jsonb_build_object('account_id', 'acct-1', 'points', 1)
+                               || CASE WHEN $4 > 0 THEN jsonb_build_object('padding', repeat('x', $4))
+                                       ELSE '{}' END) AS envelope
+               FROM (SELECT gen_random_uuid() AS j FROM generate_series(1, $2)) AS jobs) AS letters
          RETURNING id",
     )
     .bind(queue)
     .bind(n)
     .bind(reviewed_at)
+    .bind(padding)
     .fetch_all(pool)
     .await
     .unwrap();
@@ -320,8 +337,10 @@ async fn outcomes(pool: &PgPool, ids: &[Uuid]) -> Vec<(String, i64)> {
 
 /// Issue 22, item 3: 500 replays queued for a queue that no longer exists (a decommissioned
 /// consumer's) used to be retried first on every run, so a replay queued after them was never
-/// sent. Each refused replay now backs off on its own (its attempts, its last error, its next
-/// attempt recorded), and a replay still due is sent by the next run, not after them.
+/// sent. A queue that refuses itself is asked once per run: the replay tried backs off on its
+/// own (its attempts, its last error, its next attempt recorded), the queue's others are left
+/// as they are (not tried, so not recorded), and the run goes on past them, however many: a
+/// replay to another queue is sent by the same run.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn a_replay_that_cannot_be_sent_backs_off_and_does_not_block_the_others(pool: PgPool) {
     let sqs = e2e::event_source::sqs_client().await;
@@ -329,48 +348,136 @@ async fn a_replay_that_cannot_be_sent_backs_off_and_does_not_block_the_others(po
     let gone = unique("gone"); // never created
     let receiver = AlertReceiver::start().await;
     let clock = Arc::new(ManualClock::new(t0()));
-    let stuck = queued_replays(&pool, &gone, 500, t0() - Span::minutes(30)).await;
+    let stuck = queued_replays(&pool, &gone, 600, t0() - Span::minutes(30)).await; // > a run's 500
     let waiting = queued_replays(&pool, &live.name, 1, t0() - Span::minutes(10)).await;
     let mut run = scheduled(&pool, &receiver, clock.clone());
     run.replayer = Some(Replayer::new(sqs.clone()));
+    // (replays tried, their attempts in all, and those with an error but no attempt) of `stuck`.
+    let tried = || async {
+        sqlx::query_as::<_, (i64, i64, i64)>(
+            "SELECT count(*) FILTER (WHERE attempts > 0), coalesce(sum(attempts), 0)::bigint,
+                    count(*) FILTER (WHERE attempts = 0
+                                     AND (last_error IS NOT NULL OR next_attempt_at <> queued_at))
+             FROM core.replay_sends WHERE letter_id = ANY ($1)",
+        )
+        .bind(&stuck)
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
 
     let first = run.run(None).await.replays.unwrap();
-    assert_eq!(first.failed, 500, "the oldest 500 are due first: {first:?}");
-
-    clock.advance(Span::seconds(30));
-    let second = run.run(None).await.replays.unwrap();
     assert_eq!(
-        (second.sent, second.failed),
-        (1, 0),
-        "the refused ones wait out their backoff; the one behind them is sent"
+        (first.sent, first.failed),
+        (1, 1),
+        "one call to the dead queue, and the replay behind its 600 is sent: {first:?}"
     );
     assert_eq!(e2e::event_source::depth(&sqs, &live).await, 1);
     assert_eq!(outcomes(&pool, &waiting).await, [("sent".into(), 1)]);
-    assert_eq!(outcomes(&pool, &stuck).await, [("queued".into(), 500)]);
+    assert_eq!(outcomes(&pool, &stuck).await, [("queued".into(), 600)]);
+    assert_eq!(
+        tried().await,
+        (1, 1, 0),
+        "the 599 not tried are left as they were"
+    );
+    assert!(
+        shared::replay_sends::send_state(&pool, DeadLetterId(waiting[0]))
+            .await
+            .unwrap()
+            .is_none(),
+        "a sent replay has no send state"
+    );
 
-    // Each refused replay carries its own state: one attempt, the error, its next attempt a
-    // minute after the refusal; then two minutes after the next one.
+    // The one refused carries its own state: one attempt, the error, its next attempt a minute
+    // after the refusal. The queue's others, due before it, are tried first, one per run.
+    let refused = sqlx::query_as::<_, (Uuid,)>(
+        "SELECT letter_id FROM core.replay_sends WHERE attempts > 0 AND letter_id = ANY ($1)",
+    )
+    .bind(&stuck)
+    .fetch_one(&pool)
+    .await
+    .unwrap()
+    .0;
     let state = |id: Uuid| shared::replay_sends::send_state(&pool, DeadLetterId(id));
-    let one = state(stuck[0])
-        .await
-        .unwrap()
-        .expect("queued: it has a send state");
+    let one = state(refused).await.unwrap().unwrap();
     assert_eq!(
         (one.attempts, one.next_attempt_at),
         (1, t0() + Span::minutes(1))
     );
-    let error = one.last_error.unwrap();
+    let error = one.last_error.clone().unwrap();
     assert!(error.contains(&gone), "{error}");
-    assert!(
-        state(waiting[0]).await.unwrap().is_none(),
-        "a sent replay has no send state"
-    );
-    clock.advance(Span::seconds(31)); // t0 + 61 s: due again
-    let third = run.run(None).await.replays.unwrap();
-    assert_eq!(third.failed, 500);
-    let two = state(stuck[499]).await.unwrap().unwrap();
+    clock.advance(Span::seconds(61)); // it is due again, behind the 599 due since t0 - 30 min
+    let second = run.run(None).await.replays.unwrap();
+    assert_eq!((second.sent, second.failed), (0, 1), "{second:?}");
+    assert_eq!(tried().await, (2, 2, 0), "another one of the 600, once");
     assert_eq!(
-        (two.attempts, two.next_attempt_at),
+        state(refused).await.unwrap().unwrap(),
+        one,
+        "not tried again yet"
+    );
+}
+
+/// SQS's former message size limit, which queues created before it rose to 1 MiB keep (moto
+/// enforces a queue's `MaximumMessageSize`).
+const OLD_SIZE_LIMIT: i32 = 262_144;
+
+/// Issue 22, item 3, review: a replay its queue refuses for its own message (here a body over
+/// the queue's size limit; on AWS also a body near it plus the `replay_of` attribute) was taken
+/// for a refusal by the queue. The run then tried none of the queue's other due replays and
+/// recorded each as refused, with one more attempt and a later next attempt than it, so it came
+/// first on every run and those queued with it were never sent. Now only it is refused and backs
+/// off; the others of its queue are sent in the same run.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn a_replay_refused_for_its_own_message_does_not_hold_back_the_others_of_its_queue(
+    pool: PgPool,
+) {
+    let sqs = e2e::event_source::sqs_client().await;
+    let limit = (
+        QueueAttributeName::MaximumMessageSize,
+        OLD_SIZE_LIMIT.to_string(),
+    );
+    let queue = e2e::event_source::create_queue(&sqs, &unique("limited"), &[limit]).await;
+    let receiver = AlertReceiver::start().await;
+    let clock = Arc::new(ManualClock::new(t0()));
+    let big = queued_replays_padded(
+        &pool,
+        &queue.name,
+        1,
+        t0() - Span::minutes(30),
+        OLD_SIZE_LIMIT,
+    )
+    .await;
+    let others = queued_replays(&pool, &queue.name, 2, t0() - Span::minutes(10)).await;
+    let mut run = scheduled(&pool, &receiver, clock.clone());
+    run.replayer = Some(Replayer::new(sqs.clone()));
+
+    let first = run.run(None).await.replays.unwrap();
+    assert_eq!(
+        (first.sent, first.failed),
+        (2, 1),
+        "the big one is refused, the two behind it are sent: {first:?}"
+    );
+    assert_eq!(e2e::event_source::depth(&sqs, &queue).await, 2);
+    assert_eq!(outcomes(&pool, &others).await, [("sent".into(), 2)]);
+    assert_eq!(outcomes(&pool, &big).await, [("queued".into(), 1)]);
+    let state = |id: Uuid| shared::replay_sends::send_state(&pool, DeadLetterId(id));
+    let refused = state(big[0]).await.unwrap().expect("still queued");
+    assert_eq!(
+        (refused.attempts, refused.next_attempt_at),
+        (1, t0() + Span::minutes(1))
+    );
+    let error = refused.last_error.unwrap();
+    assert!(error.contains("InvalidParameterValue"), "{error}");
+
+    // It keeps being refused, on its own backoff; nothing else is tried or recorded.
+    let later = queued_replays(&pool, &queue.name, 1, t0()).await;
+    clock.advance(Span::seconds(61));
+    let second = run.run(None).await.replays.unwrap();
+    assert_eq!((second.sent, second.failed), (1, 1), "{second:?}");
+    assert_eq!(outcomes(&pool, &later).await, [("sent".into(), 1)]);
+    let refused = state(big[0]).await.unwrap().unwrap();
+    assert_eq!(
+        (refused.attempts, refused.next_attempt_at),
         (2, clock.now() + Span::minutes(2))
     );
 }
@@ -399,7 +506,11 @@ async fn a_replay_unsent_past_its_bound_alerts(pool: PgPool) {
     };
 
     let refused = run.run(None).await;
-    assert_eq!(refused.replays.clone().unwrap().failed, 2, "{refused:?}");
+    assert_eq!(
+        refused.replays.clone().unwrap().failed,
+        1,
+        "one tried; the queue refused itself, so the other is left for the next run: {refused:?}"
+    );
     let emf = refused.emf("JobHarness", clock.now());
     assert_eq!(emf["QueuedReplaysOverdue"], 2, "{emf}");
     assert_eq!(emf["OldestQueuedReplaySeconds"], 7200, "{emf}");
