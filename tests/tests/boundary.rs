@@ -118,20 +118,25 @@ async fn letter(pool: &PgPool, message_id: &str) -> Option<DeadLetter> {
         .expect("reading the letter")
 }
 
-/// The body `letter` keeps: what its replay sends to the job queue, received there; for a
-/// letter without a job id (which no replay could deduplicate), the body it stores.
-async fn replayed_body(stack: &Stack, letter: &DeadLetter) -> String {
-    if letter.job_id.is_none() {
-        return letter.body.clone().expect("the body as received");
-    }
-    let replay = stack
+/// `letter`'s replay, as an operator with the replay scope asks the API for it.
+async fn replay(stack: &Stack, letter: &DeadLetter) -> dead_letter_api::api::ApiResponse {
+    stack
         .api
         .call(&request(
             "POST",
             &format!("/v1/core/dead-letters/{}/replay", letter.id),
             Some(caller("ops-1", &[dead_letter_api::api::Scope::Replay])),
         ))
-        .await;
+        .await
+}
+
+/// The body `letter` keeps: what its replay sends to the job queue, received there; for a
+/// letter without a job id (which no replay could deduplicate), the body it stores.
+async fn replayed_body(stack: &Stack, letter: &DeadLetter) -> String {
+    if letter.job_id.is_none() {
+        return letter.body.clone().expect("the body as received");
+    }
+    let replay = replay(stack, letter).await;
     assert_eq!(replay.status, 200, "{:#}", replay.body);
     let received = stack
         .sqs
@@ -282,14 +287,7 @@ async fn hole2_a_copy_older_than_its_fence_can_settle_is_never_replayed(
     assert_eq!(response["batchItemFailures"], json!([]));
     let letter = letter(&pool, "late-copy").await.expect("a letter");
     assert_eq!(letter.error_kind, shared::dead_letter::ErrorKind::Unsettled);
-    let replay = stack
-        .api
-        .call(&request(
-            "POST",
-            &format!("/v1/core/dead-letters/{}/replay", letter.id),
-            Some(caller("ops-1", &[dead_letter_api::api::Scope::Replay])),
-        ))
-        .await;
+    let replay = replay(&stack, &letter).await;
     assert_eq!(replay.status, 409, "{:#}", replay.body);
     assert_eq!(replay.body["error"]["code"], "not_replayable");
     stack.run_until(SETTLE, || async { true }).await;
