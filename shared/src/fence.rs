@@ -181,26 +181,12 @@ pub async fn settle_committed(
 }
 
 /// Claims, in the caller's transaction and in job id order, the fences of a batch's jobs
-/// (`(job, tenant)` pairs), expiring at `now + ttl`; returns the jobs whose fence this
-/// transaction inserted. A job left out was already processed. Waits at most `wait` for a
-/// concurrent copy holding one of the fences ([`FenceError::Contended`] after that: the
+/// (`(job, tenant, digest)`, the digest kept in the fence), expiring at `now + ttl`; returns the
+/// jobs whose fence this transaction inserted. A job left out had a fence already: a duplicate,
+/// or another job under its id, which the caller tells apart on its own. Waits at most `wait`
+/// for a concurrent copy holding one of the fences ([`FenceError::Contended`] after that: the
 /// transaction is aborted). Two batches that share jobs claim them in the same order, so they
 /// wait on each other and never deadlock.
-pub async fn claim_fences(
-    tx: &mut PgConnection,
-    consumer: &ConsumerName,
-    jobs: &[(JobId, TenantId)],
-    now: DateTime<Utc>,
-    ttl: Duration,
-    wait: Duration,
-) -> Result<std::collections::HashSet<JobId>, FenceError> {
-    let jobs: Vec<(JobId, TenantId, Option<JobDigest>)> =
-        jobs.iter().map(|&(j, t)| (j, t, None)).collect();
-    claim_job_fences(tx, consumer, &jobs, now, ttl, wait).await
-}
-
-/// [`claim_fences`] for jobs whose digests the fences keep. A job left out had a fence already:
-/// a duplicate, or another job under its id, which the caller tells apart on its own.
 pub async fn claim_job_fences(
     tx: &mut PgConnection,
     consumer: &ConsumerName,
@@ -274,24 +260,6 @@ pub async fn finish_jobs(
         .execute(tx)
         .await
         .map(drop)
-}
-
-/// Which of `jobs` already have a committed fence for `consumer`: one statement for a whole
-/// batch. A committed fence is final, so such a job is a duplicate however it is delivered.
-pub async fn processed_among(
-    db: impl PgExecutor<'_>,
-    consumer: &ConsumerName,
-    jobs: &[JobId],
-) -> sqlx::Result<std::collections::HashSet<JobId>> {
-    let ids: Vec<uuid::Uuid> = jobs.iter().map(|j| j.0).collect();
-    let found: Vec<uuid::Uuid> = sqlx::query_scalar(
-        "SELECT job_id FROM core.processed_jobs WHERE consumer = $1 AND job_id = ANY($2)",
-    )
-    .bind(consumer.as_str())
-    .bind(&ids)
-    .fetch_all(db)
-    .await?;
-    Ok(found.into_iter().map(JobId).collect())
 }
 
 /// The committed fences among `jobs` for `consumer`, each with the digest it keeps (none for a

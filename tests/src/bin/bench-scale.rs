@@ -8,7 +8,8 @@
 use e2e::bench::{self, BenchDatabase, median, psql};
 use serde_json::{Value, json};
 use shared::clock::SystemClock;
-use shared::fence::{FenceClaim, claim_fence, claim_fences, processed_among};
+use shared::envelope::JobDigest;
+use shared::fence::{FenceClaim, claim_job_fence, claim_job_fences, processed_digests};
 use shared::ids::{ConsumerName, JobId, TenantId};
 use shared::sweeper::{SweepSettings, sweep};
 use sqlx::PgPool;
@@ -37,17 +38,23 @@ fn fresh() -> (JobId, TenantId) {
     )
 }
 
+/// A job's digest as the harness computes it, kept in its fence (what the claims store).
+fn digest(job: JobId) -> JobDigest {
+    JobDigest::of(&json!({"tenant_id": null, "payload": {"job": job}}), &[])
+}
+
 async fn claims(pool: &PgPool, consumer: &ConsumerName) -> Value {
     let mut took = Vec::with_capacity(SAMPLES);
     for _ in 0..SAMPLES {
         let (job, tenant) = fresh();
         let started = Instant::now();
         let mut tx = pool.begin().await.unwrap();
-        let claim = claim_fence(
+        let claim = claim_job_fence(
             &mut tx,
             job,
             consumer,
             tenant,
+            Some(&digest(job)),
             chrono::Utc::now(),
             TTL,
             WAIT,
@@ -64,10 +71,13 @@ async fn claims(pool: &PgPool, consumer: &ConsumerName) -> Value {
 async fn batch_claims(pool: &PgPool, consumer: &ConsumerName) -> Value {
     let mut took = Vec::with_capacity(SAMPLES / 10);
     for _ in 0..SAMPLES / 10 {
-        let jobs: Vec<_> = (0..10).map(|_| fresh()).collect();
+        let jobs: Vec<_> = (0..10)
+            .map(|_| fresh())
+            .map(|(job, tenant)| (job, tenant, Some(digest(job))))
+            .collect();
         let started = Instant::now();
         let mut tx = pool.begin().await.unwrap();
-        let claimed = claim_fences(&mut tx, consumer, &jobs, chrono::Utc::now(), TTL, WAIT)
+        let claimed = claim_job_fences(&mut tx, consumer, &jobs, chrono::Utc::now(), TTL, WAIT)
             .await
             .unwrap();
         tx.commit().await.unwrap();
@@ -89,7 +99,7 @@ async fn lookups(pool: &PgPool, consumer: &ConsumerName) -> Value {
     for chunk in existing.chunks(10).take(SAMPLES / 10) {
         let jobs: Vec<JobId> = chunk.iter().map(|u| JobId(*u)).collect();
         let started = Instant::now();
-        let found = processed_among(pool, consumer, &jobs).await.unwrap();
+        let found = processed_digests(pool, consumer, &jobs).await.unwrap();
         took.push(started.elapsed());
         assert_eq!(found.len(), jobs.len());
     }
