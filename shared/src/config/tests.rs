@@ -23,6 +23,13 @@ fn defaults_are_the_platform_policy() {
 }
 
 #[test]
+fn the_harness_default_is_what_an_unconfigured_function_runs_with() {
+    let configured = load(&[]).unwrap().harness_settings();
+    let default = crate::harness::HarnessSettings::default();
+    assert_eq!(format!("{configured:?}"), format!("{default:?}"));
+}
+
+#[test]
 fn a_ttl_under_the_floor_is_rejected_naming_the_variable() {
     let err = load(&[(FENCE_TTL_SECONDS, "86400")]).unwrap_err();
     assert_eq!(err.variable, FENCE_TTL_SECONDS);

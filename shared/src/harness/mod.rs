@@ -52,6 +52,22 @@ pub struct HarnessSettings {
     pub commit: CommitMode,
 }
 
+impl Default for HarnessSettings {
+    /// What a function runs with when nothing is configured (the platform's retry policy, the
+    /// default fence lifetime and lock timeout, one transaction per job); tests start here and
+    /// change what they test.
+    fn default() -> Self {
+        let lock_timeout = Duration::from_secs(2);
+        Self {
+            policy: RetryPolicy::default(),
+            fence_ttl: Duration::from_secs(14 * 86_400), // config::DEFAULT_FENCE_TTL
+            lock_timeout,
+            contended_retry_after: lock_timeout + Duration::from_secs(1),
+            commit: CommitMode::default(),
+        }
+    }
+}
+
 /// Runs one [`Consumer`] over messages, with its pool, clock, RNG and metrics.
 pub struct Harness<C> {
     consumer: C,
