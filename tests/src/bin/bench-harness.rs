@@ -33,11 +33,25 @@ const MESSAGES_PER_RUN: usize = 200_000;
 
 /// Jobs in one batch of batch mode.
 const BATCH: usize = 10;
+/// The switches of `bench/batch.sql`, one a step of batch mode's statements.
+const BATCH_STEPS: [&str; 3] = ["lookup", "claim", "finish"];
 
 /// Transactions per second of `pgbench` running `file` with `clients` connections.
 fn pgbench(url: &str, file: &str, clients: usize) -> f64 {
+    pgbench_with(url, file, &[], clients)
+}
+
+/// [`pgbench`] with `switches` set to 1 (`-D name=1`; every other switch of the script is 0).
+fn pgbench_with(url: &str, file: &str, switches: &[&str], clients: usize) -> f64 {
+    let mut defines = vec![format!("dups={DUPS}")];
+    defines.extend(
+        BATCH_STEPS
+            .iter()
+            .map(|step| format!("{step}={}", u8::from(switches.contains(step)))),
+    );
     let out = Command::new("pgbench")
-        .args(["-n", "-M", "prepared", "-D", &format!("dups={DUPS}")])
+        .args(["-n", "-M", "prepared"])
+        .args(defines.iter().flat_map(|d| ["-D", d.as_str()]))
         .args([
             "-c",
             &clients.to_string(),
@@ -294,7 +308,11 @@ async fn batch_figures(url: &str, workers: usize) -> Vec<Value> {
     // What each of the guarantee's statements costs: pgbench on the least a batch can send,
     // then adding the duplicate lookup, then the ordered, bounded claim (then the finish check:
     // the set SQL above).
-    let steps = ["minimal", "lookup", "claim"];
+    let steps: [(&str, &[&str]); 3] = [
+        ("minimal", &[]),
+        ("lookup", &["lookup"]),
+        ("claim", &["lookup", "claim"]),
+    ];
     let mut step_runs: Vec<Vec<f64>> = vec![Vec::new(); steps.len()];
     for _ in 0..ROUNDS {
         let mut order = [0, 1, 2, 3, 4, 5, 6, 7];
@@ -302,13 +320,13 @@ async fn batch_figures(url: &str, workers: usize) -> Vec<Value> {
         for side in order {
             match side {
                 0 => per_job.push(pgbench(url, "fence_effect.sql", workers)),
-                1 => batch_sql.push(pgbench(url, "batch_fence_effect.sql", workers) * BATCH as f64),
+                1 => batch_sql
+                    .push(pgbench_with(url, "batch.sql", &BATCH_STEPS, workers) * BATCH as f64),
                 2 => ours.push(harness_batches(url, workers, false).await),
                 3 => dup_base.push(pgbench(url, "duplicate.sql", workers)),
                 4 => dup_ours.push(harness_batches(url, workers, true).await),
                 step => step_runs[step - 5].push(
-                    pgbench(url, &format!("batch_step_{}.sql", steps[step - 5]), workers)
-                        * BATCH as f64,
+                    pgbench_with(url, "batch.sql", steps[step - 5].1, workers) * BATCH as f64,
                 ),
             }
         }
@@ -343,7 +361,7 @@ async fn batch_figures(url: &str, workers: usize) -> Vec<Value> {
         steps
             .iter()
             .zip(&step_rates)
-            .map(|(step, rate)| format!("{step} {rate:.0}"))
+            .map(|((step, _), rate)| format!("{step} {rate:.0}"))
             .collect::<Vec<_>>()
             .join(", "),
         step_rates
@@ -356,7 +374,7 @@ async fn batch_figures(url: &str, workers: usize) -> Vec<Value> {
     let step_figures: Vec<Value> = steps
         .iter()
         .zip(step_rates.iter().zip(&step_runs))
-        .map(|(step, (rate, runs))| json!({"step": step, "jobs_per_s": rate, "ratio_to_per_job": rate / p, "runs": runs}))
+        .map(|((step, _), (rate, runs))| json!({"step": step, "jobs_per_s": rate, "ratio_to_per_job": rate / p, "runs": runs}))
         .collect();
     vec![
         json!({"figure": format!("batch mode, new jobs, batches of {BATCH}, c = {workers}"), "unit": "jobs/s",
