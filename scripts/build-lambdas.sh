@@ -6,9 +6,11 @@ source "$(dirname "$0")/lib.sh"
 
 command -v cargo >/dev/null || die "cargo is not installed"
 ensure_cargo_lambda
-# The binaries template.yaml deploys (its BuildProperties: Binary: lines), so this never drifts.
-mapfile -t BINARIES < <(sed -n 's/^ *Binary: *//p' template.yaml | sort -u)
-[ "${#BINARIES[@]}" -gt 0 ] || die "no Binary: entries found in template.yaml"
+# The binaries template.yaml deploys, so this never drifts: its functions' BuildProperties
+# `Binary: <name>`, each consumer stanza's `Binary: <name>` parameter, and the literal ones of
+# the nested templates (templates/consumer.yaml: the DLQ ingester; its consumer's is a `Ref`).
+mapfile -t BINARIES < <(sed -n 's/^ *Binary: *\([a-z][a-z0-9_-]*\) *$/\1/p' template.yaml templates/*.yaml | sort -u)
+[ "${#BINARIES[@]}" -gt 0 ] || die "no Binary: entries found in template.yaml or templates/"
 step "Building ${BINARIES[*]} (cargo lambda build --release)"
 cargo lambda build --release $(printf -- '--bin %s ' "${BINARIES[@]}") || die "cargo lambda build failed"
 for f in "${BINARIES[@]}"; do

@@ -11,12 +11,16 @@ ensure_sqs_api
 step "Checking formatting (cargo fmt --check)"
 cargo fmt --all -- --check || die "code is not formatted: run cargo fmt --all"
 
+# template.yaml and the nested templates its consumers use (templates/), each a template of its own.
+TEMPLATES=(template.yaml templates/*.yaml)
 ensure_cfn_lint
-step "Linting template.yaml (cfn-lint)"
-"$TOOLS/lint-venv/bin/cfn-lint" template.yaml || die "cfn-lint found problems in template.yaml"
+step "Linting ${TEMPLATES[*]} (cfn-lint)"
+"$TOOLS/lint-venv/bin/cfn-lint" "${TEMPLATES[@]}" || die "cfn-lint found problems in ${TEMPLATES[*]}"
 ensure_sam_cli
-step "Validating template.yaml (sam validate --lint)"
-"$TOOLS/sam-venv/bin/sam" validate --lint --region us-east-1 --template template.yaml || die "sam validate rejected template.yaml"
+for t in "${TEMPLATES[@]}"; do
+  step "Validating $t (sam validate --lint)"
+  "$TOOLS/sam-venv/bin/sam" validate --lint --region us-east-1 --template "$t" || die "sam validate rejected $t"
+done
 
 step "Linting (cargo clippy --all-targets -- -D warnings)"
 cargo clippy --workspace --all-targets --quiet -- -D warnings || die "clippy found problems"

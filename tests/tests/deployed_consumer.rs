@@ -29,27 +29,46 @@ fn workspace_root() -> PathBuf {
         .expect("the workspace root")
 }
 
-/// Every `BuildProperties: Binary:` of the template's `rust-cargolambda` functions.
+/// Every `BuildProperties: Binary:` of the template's `rust-cargolambda` functions, those of
+/// each consumer's nested template (`templates/consumer.yaml`) included: there a consumer's
+/// `Binary` is its stanza's parameter.
 fn template_binaries() -> BTreeSet<String> {
-    let text = std::fs::read_to_string(workspace_root().join("template.yaml")).unwrap();
-    let template: Value = serde_norway::from_str(&text).expect("template.yaml is YAML");
-    let functions: Vec<&Value> = template["Resources"]
-        .as_object()
-        .expect("Resources")
-        .values()
-        .filter(|r| r["Type"] == "AWS::Serverless::Function")
-        .collect();
-    assert!(!functions.is_empty(), "the template has functions");
-    functions
-        .iter()
-        .map(|f| {
+    let read = |path: &str| -> Value {
+        let text = std::fs::read_to_string(workspace_root().join(path)).unwrap();
+        serde_norway::from_str(&text).expect("a template is YAML")
+    };
+    let template = read("template.yaml");
+    let mut binaries = BTreeSet::new();
+    let mut add = |t: &Value, stanza: Option<&Value>| {
+        for f in t["Resources"].as_object().expect("Resources").values() {
+            if f["Type"] != "AWS::Serverless::Function" {
+                continue;
+            }
             assert_eq!(f["Metadata"]["BuildMethod"], "rust-cargolambda", "{f:#?}");
-            f["Metadata"]["BuildProperties"]["Binary"]
+            let binary = &f["Metadata"]["BuildProperties"]["Binary"];
+            let binary = match (binary["Ref"].as_str(), stanza) {
+                (Some(parameter), Some(stanza)) => &stanza["Properties"]["Parameters"][parameter],
+                _ => binary,
+            };
+            binaries.insert(
+                binary
+                    .as_str()
+                    .expect("every function names its Binary")
+                    .to_owned(),
+            );
+        }
+    };
+    add(&template, None);
+    for r in template["Resources"].as_object().unwrap().values() {
+        if r["Type"] == "AWS::Serverless::Application" {
+            let location = r["Properties"]["Location"]
                 .as_str()
-                .expect("every function names its Binary")
-                .to_owned()
-        })
-        .collect()
+                .expect("a local template");
+            add(&read(location), Some(r));
+        }
+    }
+    assert!(!binaries.is_empty(), "the template has functions");
+    binaries
 }
 
 /// One workspace package compiled into the deployed binaries, with the features it was built with.

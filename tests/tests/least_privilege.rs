@@ -1,20 +1,22 @@
-//! Least privilege, proven on what really deploys (issue 16): `template.yaml` translated offline
-//! by SAM's own translator (`tests/sam/translate.py`, in the SAM CLI's venv), and every IAM
-//! statement of the result checked: no managed policy at all; no SQS, Secrets Manager, KMS,
+//! Least privilege, proven on what really deploys (issue 16): `template.yaml` and each
+//! consumer's nested template translated offline by SAM's own translator
+//! (`tests/sam/translate.py`, in the SAM CLI's venv), flattened into one (`stacks`), and every
+//! IAM statement of the result checked: no managed policy at all; no SQS, Secrets Manager, KMS,
 //! CloudWatch or Logs action on `*` (only the VPC network interfaces, which EC2 cannot scope,
 //! and only in a VPC); each function limited to its own queues, its own log group and the
-//! secrets it uses (the BetterStack token only where something pages); and every alarm reaching
-//! the alarm topic. Mutations of the template (a wildcard, a managed policy, an alarm without
-//! actions, a token where it is not needed) make the checks fail.
+//! secrets it uses (the BetterStack token only where something pages), the grants a consumer's
+//! nested stack attaches to the replay and scheduled roles (`AWS::IAM::Policy`) counted as
+//! theirs; and every alarm reaching the alarm topic. Mutations of the templates (a wildcard, a
+//! managed policy, an alarm without actions, a token where it is not needed, a send grant on
+//! the wrong queue or role) make the checks fail.
+
+mod stacks;
 
 use serde_json::Value;
+use stacks::repository;
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
-
-fn repository() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
 
 /// The SAM CLI venv's Python (`SAM_PYTHON` overrides): `bash scripts/test.sh` installs it.
 fn sam_python() -> PathBuf {
@@ -30,28 +32,68 @@ fn sam_python() -> PathBuf {
     python
 }
 
-fn source_template() -> Value {
-    let text = std::fs::read_to_string(repository().join("template.yaml")).unwrap();
-    serde_norway::from_str(&text).unwrap()
+/// What deploys, as written: `template.yaml` and the nested templates it uses (by `Location`).
+#[derive(Clone)]
+struct Sources {
+    root: Value,
+    nested: BTreeMap<String, Value>,
 }
 
-/// `template` as SAM translates it.
-fn translate(template: &Value) -> Value {
-    let file = std::env::temp_dir().join(format!("template-{}.json", uuid::Uuid::new_v4()));
-    // JSON is YAML: the translator reads it as it reads template.yaml.
-    std::fs::write(&file, serde_json::to_vec(template).unwrap()).unwrap();
-    let out = Command::new(sam_python())
-        .arg(repository().join("tests/sam/translate.py"))
-        .arg(&file)
-        .output()
-        .expect("the translator runs");
-    let _ = std::fs::remove_file(&file);
-    assert!(
-        out.status.success(),
-        "SAM's translator refused the template: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("CloudFormation JSON")
+impl Sources {
+    fn read() -> Self {
+        let root = stacks::root_source();
+        let nested = stacks::nested_sources(&root);
+        Sources { root, nested }
+    }
+
+    /// The source as one template: the nested resources flattened in.
+    fn flattened(&self) -> Value {
+        stacks::flatten(&self.root, &self.nested)
+    }
+
+    /// The nested template every consumer uses (they share one).
+    fn consumer(&mut self) -> &mut Value {
+        self.nested
+            .get_mut("templates/consumer.yaml")
+            .expect("the consumers' nested template")
+    }
+
+    /// Each template as SAM translates it, on its own, flattened into one.
+    fn translated(&self) -> Value {
+        let dir = std::env::temp_dir().join(format!("templates-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut files = vec![dir.join("template.json")];
+        // JSON is YAML: the translator reads it as it reads template.yaml.
+        std::fs::write(&files[0], serde_json::to_vec(&self.root).unwrap()).unwrap();
+        let locations: Vec<&String> = self.nested.keys().collect();
+        for (i, location) in locations.iter().enumerate() {
+            let file = dir.join(format!("nested-{i}.json"));
+            std::fs::write(&file, serde_json::to_vec(&self.nested[*location]).unwrap()).unwrap();
+            files.push(file);
+        }
+        let out = Command::new(sam_python())
+            .arg(repository().join("tests/sam/translate.py"))
+            .args(&files)
+            .output()
+            .expect("the translator runs");
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(
+            out.status.success(),
+            "SAM's translator refused a template: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let translated: Value = serde_json::from_slice(&out.stdout).expect("CloudFormation JSON");
+        let all = match translated {
+            Value::Array(all) => all,
+            one => vec![one],
+        };
+        let nested = locations
+            .into_iter()
+            .cloned()
+            .zip(all[1..].iter().cloned())
+            .collect();
+        stacks::flatten(&all[0], &nested)
+    }
 }
 
 /// A resource reference as the template writes it: `Ref`, or the logical id of `Fn::GetAtt`.
@@ -84,11 +126,25 @@ struct Grant {
     condition: Option<String>,
 }
 
-/// Every `Allow` statement of an IAM role's inline policies, `Fn::If`s opened.
-fn grants(role: &Value) -> Vec<Grant> {
+/// Every `Allow` statement of role `name`: its inline policies and the policies attached to it
+/// (`AWS::IAM::Policy`, as a consumer's nested stack attaches its send grant), `Fn::If`s opened.
+fn grants(resources: &serde_json::Map<String, Value>, name: &str) -> Vec<Grant> {
+    let mut documents: Vec<Value> = list(&resources[name]["Properties"]["Policies"])
+        .iter()
+        .map(|p| p["PolicyDocument"].clone())
+        .collect();
+    for r in resources.values() {
+        if r["Type"] == "AWS::IAM::Policy"
+            && list(&r["Properties"]["Roles"])
+                .iter()
+                .any(|role| role["Ref"] == name)
+        {
+            documents.push(r["Properties"]["PolicyDocument"].clone());
+        }
+    }
     let mut out = Vec::new();
-    for policy in list(&role["Properties"]["Policies"]) {
-        for statement in list(&policy["PolicyDocument"]["Statement"]) {
+    for document in documents {
+        for statement in list(&document["Statement"]) {
             let (statement, condition) = match statement.get("Fn::If") {
                 Some(branches) => (
                     branches[1].clone(),
@@ -248,7 +304,7 @@ fn violations(source: &Value, t: &Value) -> Vec<String> {
             found.push(format!("{name} holds managed policies {managed:?}"));
         }
         let function = role_of.get(name);
-        for grant in grants(r) {
+        for grant in grants(resources, name) {
             for action in &grant.actions {
                 let service = action.split(':').next().unwrap_or_default();
                 if action.contains('*') {
@@ -295,7 +351,7 @@ fn violations(source: &Value, t: &Value) -> Vec<String> {
             }
         }
         if let Some(function) = function {
-            let granted: BTreeSet<String> = grants(r)
+            let granted: BTreeSet<String> = grants(resources, name)
                 .iter()
                 .filter(|g| {
                     g.actions
@@ -309,6 +365,37 @@ fn violations(source: &Value, t: &Value) -> Vec<String> {
                     "{function}: reads the secrets {granted:?}, needs {:?}",
                     expected[function].secrets
                 ));
+            }
+            // And every queue grant it needs is there (a sender missing a consumer's job
+            // queue could not replay to it): the grants attached by the nested stacks count.
+            let sqs: BTreeSet<(String, String)> = grants(resources, name)
+                .iter()
+                .flat_map(|g| {
+                    g.actions
+                        .iter()
+                        .filter(|a| a.starts_with("sqs:"))
+                        .flat_map(|a| g.resources.iter().map(move |r| (a.clone(), r.clone())))
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            for missing in expected[function].sqs.difference(&sqs) {
+                found.push(format!("{function}: lacks {} on {}", missing.0, missing.1));
+            }
+        }
+    }
+    // A policy attached to something other than a role of this stack would escape the checks.
+    for (name, r) in resources {
+        if r["Type"] == "AWS::IAM::Policy" {
+            for role in list(&r["Properties"]["Roles"]) {
+                let ours = role["Ref"]
+                    .as_str()
+                    .and_then(|n| resources.get(n))
+                    .is_some_and(|x| x["Type"] == "AWS::IAM::Role");
+                if !ours {
+                    found.push(format!(
+                        "{name}: attached to {role}, not a role of this stack"
+                    ));
+                }
             }
         }
     }
@@ -327,8 +414,8 @@ fn violations(source: &Value, t: &Value) -> Vec<String> {
 
 #[test]
 fn the_translated_template_grants_each_function_exactly_what_it_needs() {
-    let source = source_template();
-    let translated = translate(&source);
+    let sources = Sources::read();
+    let translated = sources.translated();
     let roles = translated["Resources"]
         .as_object()
         .unwrap()
@@ -339,7 +426,13 @@ fn the_translated_template_grants_each_function_exactly_what_it_needs() {
         roles >= 10,
         "a role per function (and the scheduler's): {roles}"
     );
-    let found = violations(&source, &translated);
+    let stanzas = stanzas(&sources.flattened());
+    assert_eq!(
+        stanzas.len(),
+        stacks::applications(&sources.root).len(),
+        "every consumer application is checked"
+    );
+    let found = violations(&sources.flattened(), &translated);
     assert!(
         found.is_empty(),
         "least privilege broken:\n{}",
@@ -347,15 +440,17 @@ fn the_translated_template_grants_each_function_exactly_what_it_needs() {
     );
 }
 
-/// Each mutation of the template must be caught, else the check above proves nothing.
+/// Each mutation of the templates must be caught, else the check above proves nothing. Most
+/// change what is written (the root, or the consumers' nested template, which every consumer
+/// then shares); one changes a single consumer's translation, which no shared template can.
 #[test]
 fn a_wildcard_a_managed_policy_a_silent_alarm_or_an_unneeded_token_is_caught() {
-    type Mutation = (&'static str, fn(&mut Value), &'static str);
-    let mutations: [Mutation; 5] = [
+    type Mutation = (&'static str, fn(&mut Sources), &'static str);
+    let mutations: [Mutation; 8] = [
         (
             "a wildcard resource on the replay role",
-            |t| {
-                t["Resources"]["DeadLettersReplayRole"]["Properties"]["Policies"][0]["PolicyDocument"]
+            |s| {
+                s.root["Resources"]["DeadLettersReplayRole"]["Properties"]["Policies"][0]["PolicyDocument"]
                     ["Statement"]
                     .as_array_mut()
                     .unwrap()
@@ -364,9 +459,9 @@ fn a_wildcard_a_managed_policy_a_silent_alarm_or_an_unneeded_token_is_caught() {
             "sqs:SendMessage on *",
         ),
         (
-            "an alarm without actions",
-            |t| {
-                let alarm = t["Resources"]["AwardPointsErrorsAlarm"]["Properties"]
+            "an alarm of the consumers without actions",
+            |s| {
+                let alarm = s.consumer()["Resources"]["ErrorsAlarm"]["Properties"]
                     .as_object_mut()
                     .unwrap();
                 alarm.remove("AlarmActions");
@@ -375,8 +470,8 @@ fn a_wildcard_a_managed_policy_a_silent_alarm_or_an_unneeded_token_is_caught() {
         ),
         (
             "the consumer back on SAM's generated role (SAM attaches AWSLambdaSQSQueueExecutionRole)",
-            |t| {
-                let f = t["Resources"]["AwardPointsFunction"]["Properties"]
+            |s| {
+                let f = s.consumer()["Resources"]["Function"]["Properties"]
                     .as_object_mut()
                     .unwrap();
                 f.remove("Role");
@@ -385,30 +480,66 @@ fn a_wildcard_a_managed_policy_a_silent_alarm_or_an_unneeded_token_is_caught() {
         ),
         (
             "the BetterStack token given to the read API",
-            |t| {
-                t["Resources"]["DeadLettersReadRole"]["Properties"]["Policies"][0]["PolicyDocument"]
+            |s| {
+                s.root["Resources"]["DeadLettersReadRole"]["Properties"]["Policies"][0]["PolicyDocument"]
                     ["Statement"][1]["Resource"] = serde_json::json!([
                     {"Ref": "DatabaseSecretArn"}, {"Ref": "BetterStackTokenSecretArn"}]);
             },
             "DeadLettersReadFunction",
         ),
         (
-            "a consumer allowed another consumer's queue",
-            |t| {
-                t["Resources"]["RedeemRewardRole"]["Properties"]["Policies"][0]["PolicyDocument"]
-                    ["Statement"][1]["Resource"] =
-                    serde_json::json!({"Fn::GetAtt": ["AwardPointsJobQueue", "Arn"]});
+            "the replays' send grant on the DLQ instead of the job queue",
+            |s| {
+                s.consumer()["Resources"]["SenderPolicy"]["Properties"]["PolicyDocument"]["Statement"]
+                    [0]["Resource"] = serde_json::json!({"Fn::GetAtt": ["DeadLetterQueue", "Arn"]});
             },
-            "RedeemRewardFunction",
+            "DeadLettersReplayFunction (DeadLettersReplayRole): sqs:SendMessage on GetAtt:AwardPointsDeadLetterQueue",
+        ),
+        (
+            "the send grant attached to a role that must not send (a stanza's SenderRoleNames)",
+            |s| {
+                s.root["Resources"]["RedeemReward"]["Properties"]["Parameters"]["SenderRoleNames"] = serde_json::json!({"Fn::Join": [",", [
+                        {"Ref": "DeadLettersReplayRole"}, {"Ref": "ScheduledRole"}, {"Ref": "DeadLettersReadRole"}]]});
+            },
+            "DeadLettersReadFunction (DeadLettersReadRole): sqs:SendMessage on GetAtt:RedeemRewardJobQueue",
+        ),
+        (
+            "no send grant for the replays (the nested stack's policy gone)",
+            |s| {
+                s.consumer()["Resources"]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("SenderPolicy");
+            },
+            "DeadLettersReplayFunction: lacks sqs:SendMessage on GetAtt:AwardPointsJobQueue",
+        ),
+        (
+            "a consumer's DLQ ingester allowed its job queue",
+            |s| {
+                s.consumer()["Resources"]["DlqIngesterRole"]["Properties"]["Policies"][0]["PolicyDocument"]
+                    ["Statement"][1]["Resource"] =
+                    serde_json::json!({"Fn::GetAtt": ["JobQueue", "Arn"]});
+            },
+            "AwardPointsDlqIngesterFunction",
         ),
     ];
+    let sources = Sources::read();
     for (what, mutate, expected) in mutations {
-        let mut source = source_template();
-        mutate(&mut source);
-        let found = violations(&source, &translate(&source));
+        let mut mutated = sources.clone();
+        mutate(&mut mutated);
+        let found = violations(&mutated.flattened(), &mutated.translated());
         assert!(
             found.iter().any(|v| v.contains(expected)),
             "{what}: not caught ({found:#?})"
         );
     }
+    // One consumer allowed another consumer's queue: only its translation can differ.
+    let mut translated = sources.translated();
+    translated["Resources"]["RedeemRewardRole"]["Properties"]["Policies"][0]["PolicyDocument"]["Statement"]
+        [1]["Resource"] = serde_json::json!({"Fn::GetAtt": ["AwardPointsJobQueue", "Arn"]});
+    let found = violations(&sources.flattened(), &translated);
+    assert!(
+        found.iter().any(|v| v.contains("RedeemRewardFunction")),
+        "a consumer allowed another consumer's queue: not caught ({found:#?})"
+    );
 }
