@@ -1,28 +1,30 @@
 #!/usr/bin/env bash
 # The local stack, kept running for curl and the dlq tool:
 #
-#   bash scripts/stack.sh up       start it (PostgreSQL, the local SQS API, both consumers and their
-#                                  DLQ ingesters fed like Lambda's event sources, the scheduled
-#                                  function every minute, the dead-letter API over HTTP on
-#                                  127.0.0.1:8787 behind a local gateway with development tokens)
+#   bash scripts/stack.sh up       start it (PostgreSQL, the local SQS API, every consumer of the
+#                                  workspace and its DLQ ingester fed like Lambda's event sources,
+#                                  the scheduled function every minute, the dead-letter API over
+#                                  HTTP on 127.0.0.1:8787 behind a local gateway with dev tokens)
 #   eval "$(bash scripts/stack.sh env)"   DLQ_API_URL, DLQ_TOKEN (every scope), DLQ_READ_TOKEN,
 #                                  the queues' URLs, DATABASE_URL and the AWS variables
 #   bash scripts/stack.sh status   whether it runs, and where
 #   bash scripts/stack.sh down     stop it (and the SQS API, if it started it)
 #   bash scripts/stack.sh reset    stop it and make its database (jobs_local) anew
 #
-# The database jobs_local is kept between runs; the stack's queues live in the SQS API's memory.
+# The database jobs_local (LOCAL_DATABASE) is kept between runs; the queues live in the SQS API's
+# memory. GATEWAY_ADDR and LOCAL_QUEUE_NAME (the queues' base name) move it beside another one.
 source "$(dirname "$0")/lib.sh"
 
 STATE=$TOOLS/stack
 PID_FILE=$STATE/local-stack.pid
 ENV_FILE=$STATE/stack.env
 GATEWAY_ADDR=${GATEWAY_ADDR:-127.0.0.1:8787}
+LOCAL_DATABASE=${LOCAL_DATABASE:-jobs_local}
 
 running() { [ -f "$PID_FILE" ] && kill -0 "$(cat "$PID_FILE")" 2>/dev/null; }
 
 usage() {
-  sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 }
 
@@ -35,11 +37,13 @@ up() {
   command -v cargo >/dev/null || die "cargo is not installed (the Rust toolchain comes with the machine)"
   mkdir -p "$STATE"
   ensure_postgres
-  DATABASE_URL=$(database_url_for jobs_local)
+  DATABASE_URL=$(database_url_for "$LOCAL_DATABASE")
   export DATABASE_URL
   ensure_sqs_api detached
-  step "Building the functions, the local stack and the dlq tool (cargo build -p e2e --bins -p dlq)"
-  cargo build --quiet -p e2e --bins -p dlq || die "the build failed"
+  # Every binary of the workspace: each consumer's own (the stack runs them all), the other
+  # functions, the local stack and the dlq tool.
+  step "Building the functions, the local stack and the dlq tool (cargo build --bins)"
+  cargo build --quiet --bins || die "the build failed"
   step "Starting the local stack (log: .tools/stack/local-stack.log; function logs: .tools/stack/logs/)"
   rm -f "$ENV_FILE"
   LOCAL_STACK_DIR=$STATE GATEWAY_ADDR=$GATEWAY_ADDR \
@@ -104,8 +108,9 @@ case "${1:-}" in
   reset)
     down
     ensure_postgres
-    step "Making the local stack's database anew (jobs_local)"
-    psql "$DATABASE_URL" -qc 'DROP DATABASE IF EXISTS jobs_local WITH (FORCE)' >/dev/null || die "could not drop jobs_local"
+    step "Making the local stack's database anew ($LOCAL_DATABASE)"
+    psql "$DATABASE_URL" -qc "DROP DATABASE IF EXISTS \"$LOCAL_DATABASE\" WITH (FORCE)" >/dev/null ||
+      die "could not drop $LOCAL_DATABASE"
     ;;
   *) usage ;;
 esac

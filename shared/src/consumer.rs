@@ -73,6 +73,39 @@ impl ProcessError {
             Self::Transient(c) | Self::Permanent(c) | Self::Poison(c) => c,
         }
     }
+
+    /// A database error inside the work, classified by its SQLSTATE: what the job's own data
+    /// caused fails the same way on every retry, so it is **permanent** (a letter at once);
+    /// everything else is **transient**, as the plain `?` makes it.
+    ///
+    /// - Permanent: class `23`, integrity constraint violations (`23505` unique, `23503`
+    ///   foreign key, `23514` check, `23502` not null, `23P01` exclusion), and class `22`, data
+    ///   exceptions (`22P02` invalid text, `22003` numeric out of range, `22001` string too long,
+    ///   `22007`/`22008` dates, `22012` division by zero, …).
+    /// - Transient: class `40` (`40001` serialization failure, `40P01` deadlock), `55P03` lock
+    ///   not available, `57014` a statement timeout, class `08` and every error that is not the
+    ///   server's (a connection refused or lost, a pool timeout), and any other SQLSTATE.
+    ///
+    /// The message and the source are those of the plain conversion. Use it where the error
+    /// comes back: `.execute(&mut *tx).await.map_err(ProcessError::from_database)?`. An error
+    /// you know better (a unique violation that means "already done" is `Ok` for you) is yours
+    /// to match first.
+    pub fn from_database(e: sqlx::Error) -> Self {
+        let permanent = e
+            .as_database_error()
+            .and_then(|db| db.code())
+            .is_some_and(|code| is_the_jobs_data(&code));
+        match Self::from(e) {
+            Self::Transient(cause) if permanent => Self::Permanent(cause),
+            other => other,
+        }
+    }
+}
+
+/// Whether `sqlstate` says the statement's data is at fault: integrity constraint violation
+/// (class 23) or data exception (class 22).
+fn is_the_jobs_data(sqlstate: &str) -> bool {
+    sqlstate.starts_with("23") || sqlstate.starts_with("22")
 }
 
 /// What went wrong: a sentence for the letter and the log, and the error behind it, kept.
@@ -145,8 +178,8 @@ impl From<&str> for Cause {
 
 impl From<sqlx::Error> for ProcessError {
     /// A database error inside the work is transient: the transaction rolls back and the job is
-    /// retried. Return [`ProcessError::Permanent`] yourself for errors you know are final. The
-    /// sqlx error is kept as the cause's source.
+    /// retried. [`ProcessError::from_database`] makes a constraint violation or a data exception
+    /// permanent instead. The sqlx error is kept as the cause's source.
     fn from(e: sqlx::Error) -> Self {
         // The server's own words and its SQLSTATE, which an operator can look up and the
         // failure groups keep apart; the sqlx error stays the source.
@@ -227,5 +260,118 @@ mod tests {
         let sqlx_error = cause.source().expect("the sqlx error, kept");
         assert!(sqlx_error.downcast_ref::<sqlx::Error>().is_some());
         assert_eq!(ProcessError::poison("x"), ProcessError::Poison("x".into()));
+    }
+}
+
+/// [`ProcessError::from_database`] against the errors PostgreSQL itself raises.
+#[cfg(test)]
+mod database_errors {
+    use super::*;
+    use sqlx::{Connection, Executor, PgPool};
+
+    /// What `sql` fails with, on a connection of its own (its settings leave with it).
+    async fn error_of(pool: &PgPool, sql: &str) -> ProcessError {
+        let mut conn = pool.acquire().await.unwrap().detach();
+        let e = sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+            .execute(&mut conn)
+            .await
+            .expect_err(sql);
+        ProcessError::from_database(e)
+    }
+
+    fn sqlstate(e: &ProcessError) -> String {
+        let sqlx_error = std::error::Error::source(e.cause())
+            .and_then(|s| s.downcast_ref::<sqlx::Error>())
+            .expect("the sqlx error, kept");
+        sqlx_error
+            .as_database_error()
+            .and_then(|db| db.code())
+            .map(|c| c.into_owned())
+            .unwrap_or_default()
+    }
+
+    const TABLES: &str = "CREATE TABLE parents (id int PRIMARY KEY);
+        CREATE TABLE badges (
+            job_id int PRIMARY KEY,
+            parent int REFERENCES parents (id),
+            code varchar(4) NOT NULL UNIQUE,
+            points int CHECK (points > 0)
+        );
+        INSERT INTO parents VALUES (1);
+        INSERT INTO badges VALUES (1, 1, 'gold', 5);";
+
+    #[sqlx::test(migrations = false)]
+    async fn constraint_violations_and_data_exceptions_are_permanent(pool: PgPool) {
+        pool.execute(TABLES).await.unwrap();
+        for (sql, expected) in [
+            ("INSERT INTO badges VALUES (2, 1, 'gold', 5)", "23505"),
+            ("INSERT INTO badges VALUES (2, 9, 'blue', 5)", "23503"),
+            ("INSERT INTO badges VALUES (2, 1, 'blue', 0)", "23514"),
+            ("INSERT INTO badges VALUES (2, 1, NULL, 5)", "23502"),
+            ("INSERT INTO badges VALUES (2, 1, 'platinum', 5)", "22001"),
+            ("SELECT 'lots'::int", "22P02"),
+            ("SELECT 2147483647::int + 1", "22003"),
+            ("SELECT 1 / 0", "22012"),
+            ("SELECT '2026-13-01'::date", "22008"),
+        ] {
+            let e = error_of(&pool, sql).await;
+            assert_eq!(sqlstate(&e), expected, "{sql}");
+            assert!(matches!(e, ProcessError::Permanent(_)), "{sql}: {e:?}");
+            assert!(
+                e.to_string().contains(&format!("(SQLSTATE {expected})")),
+                "{e}"
+            );
+        }
+    }
+
+    #[sqlx::test(migrations = false)]
+    async fn serialization_failures_deadlocks_lock_and_statement_timeouts_are_transient(
+        pool: PgPool,
+    ) {
+        for (sql, expected) in [
+            (
+                "DO $$ BEGIN RAISE EXCEPTION 'conflict' USING ERRCODE = 'serialization_failure'; END $$",
+                "40001",
+            ),
+            (
+                "DO $$ BEGIN RAISE EXCEPTION 'cycle' USING ERRCODE = 'deadlock_detected'; END $$",
+                "40P01",
+            ),
+            (
+                "SET statement_timeout = '10ms'; SELECT pg_sleep(1)",
+                "57014",
+            ),
+            ("SELECT * FROM no_such_table", "42P01"),
+        ] {
+            let e = error_of(&pool, sql).await;
+            assert_eq!(sqlstate(&e), expected, "{sql}");
+            assert!(matches!(e, ProcessError::Transient(_)), "{sql}: {e:?}");
+        }
+        // A lock another transaction holds, for real.
+        pool.execute("CREATE TABLE held (id int)").await.unwrap();
+        let mut holder = pool.acquire().await.unwrap();
+        let mut tx = holder.begin().await.unwrap();
+        tx.execute("LOCK TABLE held").await.unwrap();
+        let e = error_of(&pool, "SET lock_timeout = '10ms'; SELECT * FROM held").await;
+        assert_eq!(sqlstate(&e), "55P03");
+        assert!(matches!(e, ProcessError::Transient(_)), "{e:?}");
+        tx.rollback().await.unwrap();
+    }
+
+    /// Errors that are not the server's: the database cannot be reached, or not in time.
+    #[tokio::test]
+    async fn a_connection_error_is_transient() {
+        let refused = sqlx::postgres::PgPoolOptions::new()
+            .acquire_timeout(std::time::Duration::from_secs(2))
+            .connect("postgres://nobody@127.0.0.1:1/none")
+            .await
+            .expect_err("nothing listens on port 1");
+        for e in [refused, sqlx::Error::PoolTimedOut] {
+            let classified = ProcessError::from_database(e);
+            assert!(
+                matches!(classified, ProcessError::Transient(_)),
+                "{classified:?}"
+            );
+        }
     }
 }

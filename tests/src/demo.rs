@@ -3,10 +3,16 @@
 //! with progress while it waits and a summary of the functions' own metrics. Its last phase is
 //! on call: a partner's ledger was offline, and an operator replays the failure group in bulk
 //! with the `dlq` tool over HTTP through the local gateway.
+//!
+//! It runs every consumer the workspace declares (`migrate::consumers::CONSUMERS`): the
+//! reference consumer with failures on request (`local-consumer`), every other one its own
+//! binary on its own queue. redeem-reward has a workload of its own; any other consumer gets a
+//! message that is not an envelope, which must come out as its poison letter.
 
 use crate::api_client::{caller, request, with_body};
 use crate::stack::{Binaries, Stack, StackSpec};
 use dead_letter_api::api::Scope;
+use migrate::consumers::{CONSUMERS, ConsumerCrate};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -17,8 +23,8 @@ use uuid::Uuid;
 /// The job queue's name, as in `template.yaml`; the DLQ is `<name>-dlq`.
 pub const QUEUE: &str = "points-award-jobs";
 
-/// The second consumer's queue: `<QUEUE>-redeem`.
-pub const REDEEM_SUFFIX: &str = "-redeem";
+/// The consumer with a workload of its own besides the reference consumer.
+const REDEEM_REWARD: &str = "redeem-reward";
 
 /// Migrates `database_url` as a deploy does: the migrate function's own code (the core schema
 /// first, then each consumer's own, each in its own tracking table).
@@ -35,9 +41,9 @@ pub async fn migrate(database_url: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// The metric counts the workload must produce (the second consumer's prefixed by its name).
-pub fn expected() -> BTreeMap<&'static str, u64> {
-    BTreeMap::from([
+/// The metric counts the workload must produce (another consumer's prefixed by its name).
+pub fn expected() -> BTreeMap<String, u64> {
+    let mut expected = BTreeMap::from([
         ("redeem-reward/Processed", 2),
         ("redeem-reward/DuplicateSkipped", 1),
         ("redeem-reward/DeadLetteredPoison", 1),
@@ -57,6 +63,22 @@ pub fn expected() -> BTreeMap<&'static str, u64> {
         // group is replayed).
         ("LettersPendingReview", 3),
     ])
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect::<BTreeMap<String, u64>>();
+    // Phase 1c: every other consumer's poison letter (phase 4 discards it).
+    for consumer in others_without_a_workload() {
+        expected.insert(format!("{}/DeadLetteredPoison", consumer.name), 1);
+    }
+    expected
+}
+
+/// The consumers besides the reference consumer and redeem-reward.
+fn others_without_a_workload() -> impl Iterator<Item = &'static ConsumerCrate> {
+    let reference = crate::consumer_name();
+    CONSUMERS
+        .iter()
+        .filter(move |c| c.name != reference.as_str() && c.name != REDEEM_REWARD)
 }
 
 fn envelope(payload: Value) -> String {
@@ -134,16 +156,27 @@ fn workload() -> Vec<(&'static str, String)> {
 /// happens. A job that kills its process fails its whole batch, as on Lambda, so it runs in a
 /// second phase of its own. Returns the summed metrics of both functions.
 pub async fn run(database_url: &str, queue: &str, log_dir: PathBuf) -> BTreeMap<String, u64> {
-    let mut spec = StackSpec::time_scaled(Binaries::beside_current_exe(), database_url, queue);
+    let binaries = Binaries::beside_current_exe();
+    let mut spec = StackSpec::time_scaled(binaries.clone(), database_url, queue);
     spec.log_dir = Some(log_dir.clone());
-    let redeem_spec = spec.redeem_reward(&format!("{queue}{REDEEM_SUFFIX}"));
+    // Every other consumer on its own binary and queue.
+    let mut others = Vec::new();
+    for consumer in CONSUMERS.iter().filter(|c| c.name != spec.consumer_name) {
+        if let Err(e) = binaries.missing(std::slice::from_ref(consumer)) {
+            panic!("{e}");
+        }
+        let own_queue = format!("{queue}{}", consumer.local_queue_suffix);
+        let own = spec.for_consumer(consumer, &own_queue, binaries.own_binary(consumer));
+        others.push((consumer, Stack::start(own).await));
+    }
     // As deployed: the reference consumer commits per batch (redeem-reward per job).
     spec.consumer_env
         .push(("COMMIT_MODE".into(), "batch".into()));
     let stack = Stack::start(spec).await;
-    let redeem = Stack::start(redeem_spec).await;
-    for q in [&stack.jobs, &stack.dlq, &redeem.jobs, &redeem.dlq] {
-        let _ = stack.sqs.purge_queue().queue_url(&q.url).send().await;
+    for s in std::iter::once(&stack).chain(others.iter().map(|(_, s)| s)) {
+        for q in [&s.jobs, &s.dlq] {
+            let _ = stack.sqs.purge_queue().queue_url(&q.url).send().await;
+        }
     }
     println!(
         "queues: {} (visibility 2 s) → redrive after 7 receives → {}",
@@ -168,28 +201,17 @@ pub async fn run(database_url: &str, queue: &str, log_dir: PathBuf) -> BTreeMap<
     println!("\nphase 1: the workload (the partner ledger is offline)");
     sent += send_all(&stack, workload()).await;
     settle(&stack, sent, start).await;
-    println!(
-        "\nphase 1b: a second consumer, redeem-reward, on its own queue {} (3 executions, base 1 s)",
-        redeem.jobs.name
-    );
-    let mug = envelope(json!({"account_id": "acct-1", "reward_sku": "mug", "cost_points": 500}));
-    let redeem_sent = send_all(
-        &redeem,
-        vec![
-            ("a redemption", mug.clone()),
-            ("the same redemption, sent again", mug),
-            (
-                "another redemption",
-                envelope(json!({"account_id": "acct-2", "reward_sku": "cap", "cost_points": 300})),
-            ),
-            (
-                "poison: a redemption costing nothing",
-                envelope(json!({"account_id": "acct-3", "reward_sku": "pen", "cost_points": 0})),
-            ),
-        ],
-    )
-    .await;
-    settle(&redeem, redeem_sent, start).await;
+    if let Some((_, redeem)) = others.iter().find(|(c, _)| c.name == REDEEM_REWARD) {
+        redeem_rewards(redeem, start).await;
+    }
+    for (consumer, other) in others.iter().filter(|(c, _)| c.name != REDEEM_REWARD) {
+        println!(
+            "\nphase 1c: {}, on its own queue {}: a message that is not an envelope",
+            consumer.name, other.jobs.name
+        );
+        let sent = send_all(other, vec![("poison: not JSON", "not an envelope".into())]).await;
+        settle(other, sent, start).await;
+    }
     println!("\nphase 2: a job that kills its process on every delivery");
     let crasher =
         envelope(json!({"account_id": "acct-z", "points": 1, "demo_fault": "crash_before_commit"}));
@@ -217,14 +239,42 @@ pub async fn run(database_url: &str, queue: &str, log_dir: PathBuf) -> BTreeMap<
          {fell_back} fell back to one job at a time (a failing job in them)"
     );
     let mut totals = totals(&stack);
-    for (metric, n) in self::totals(&redeem) {
-        totals.insert(format!("redeem-reward/{metric}"), n);
+    for (consumer, other) in &others {
+        for (metric, n) in self::totals(other) {
+            totals.insert(format!("{}/{metric}", consumer.name), n);
+        }
     }
     totals.insert(
         "LettersPendingReview".into(),
         pending(&stack).await.len() as u64,
     );
     totals
+}
+
+/// Phase 1b: redeem-reward's workload, on its own queue with its own retry policy.
+async fn redeem_rewards(redeem: &Stack, start: Instant) {
+    println!(
+        "\nphase 1b: a second consumer, redeem-reward, on its own queue {} (3 executions, base 1 s)",
+        redeem.jobs.name
+    );
+    let mug = envelope(json!({"account_id": "acct-1", "reward_sku": "mug", "cost_points": 500}));
+    let redeem_sent = send_all(
+        redeem,
+        vec![
+            ("a redemption", mug.clone()),
+            ("the same redemption, sent again", mug),
+            (
+                "another redemption",
+                envelope(json!({"account_id": "acct-2", "reward_sku": "cap", "cost_points": 300})),
+            ),
+            (
+                "poison: a redemption costing nothing",
+                envelope(json!({"account_id": "acct-3", "reward_sku": "pen", "cost_points": 0})),
+            ),
+        ],
+    )
+    .await;
+    settle(redeem, redeem_sent, start).await;
 }
 
 fn operator(scope: Scope) -> Option<dead_letter_api::api::Caller> {

@@ -1,13 +1,16 @@
-//! The local stack kept running (`bash scripts/stack.sh up`): both consumers and their DLQ
-//! ingesters as real Lambda binaries on the local SQS API, fed continuously like the event
-//! source mappings; the scheduled function on a timer; and the dead-letter API over HTTP through
-//! the local gateway, so curl and `dlq` work against it with a development token.
+//! The local stack kept running (`bash scripts/stack.sh up`): every consumer the workspace
+//! declares (`migrate::consumers::CONSUMERS`), each its own Lambda binary, and its DLQ ingester
+//! on the local SQS API, fed continuously like the event source mappings; the scheduled function
+//! on a timer; and the dead-letter API over HTTP through the local gateway, so curl and `dlq`
+//! work against it with a development token.
 //!
 //! It writes `stack.env` in its state directory (`export` lines: the API's URL, the tokens, the
 //! queues, the database, the SQS endpoint) and runs until SIGTERM or SIGINT.
 
 use crate::gateway::{DevToken, Gateway};
 use crate::stack::{Binaries, Stack, StackSpec};
+use futures_util::future::join_all;
+use migrate::consumers::CONSUMERS;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -25,21 +28,27 @@ pub struct LocalStackSpec {
     pub gateway: SocketAddr,
     /// How often the scheduled function runs.
     pub schedule: Duration,
-    /// The reference consumer's job queue; redeem-reward's is `<it>-redeem`.
+    /// The base of the job queues' names: each consumer's is this followed by its
+    /// `local-queue-suffix` (the reference consumer's is this one).
     pub queue: String,
 }
 
 /// Starts everything, writes `stack.env`, and serves until told to stop.
 pub async fn run(spec: LocalStackSpec) -> std::io::Result<()> {
     std::fs::create_dir_all(&spec.state_dir)?;
-    let mut award = StackSpec::time_scaled(
-        Binaries::beside_current_exe(),
-        &spec.database_url,
-        &spec.queue,
-    );
-    award.log_dir = Some(spec.state_dir.join("logs"));
-    let redeem = award.redeem_reward(&format!("{}{}", spec.queue, crate::demo::REDEEM_SUFFIX));
-    let stacks = [Stack::start(award).await, Stack::start(redeem).await];
+    let binaries = Binaries::beside_current_exe();
+    binaries.missing(CONSUMERS).map_err(std::io::Error::other)?;
+    let mut base = StackSpec::time_scaled(binaries.clone(), &spec.database_url, &spec.queue);
+    base.log_dir = Some(spec.state_dir.join("logs"));
+    let mut stacks = Vec::with_capacity(CONSUMERS.len());
+    for consumer in CONSUMERS {
+        let queue = format!("{}{}", spec.queue, consumer.local_queue_suffix);
+        let own = base.for_consumer(consumer, &queue, binaries.own_binary(consumer));
+        stacks.push(Stack::start(own).await);
+    }
+    if stacks.is_empty() {
+        return Err(std::io::Error::other("the workspace declares no consumer"));
+    }
     let (operator, reader) = DevToken::local_pair();
     let gateway = Gateway::start(
         stacks[0].api.clone(),
@@ -52,12 +61,12 @@ pub async fn run(spec: LocalStackSpec) -> std::io::Result<()> {
         &env_file,
         env_lines(&spec, &stacks, &gateway, &operator, &reader),
     )?;
+    let queues: Vec<&str> = stacks.iter().map(|s| s.jobs.url.as_str()).collect();
     println!(
-        "local stack up: API {} (tokens in {}), queues {} and {}",
+        "local stack up: API {} (tokens in {}), queues {}",
         gateway.url,
         env_file.display(),
-        stacks[0].jobs.url,
-        stacks[1].jobs.url
+        queues.join(", ")
     );
     let mut term = signal(SignalKind::terminate())?;
     let mut interrupt = signal(SignalKind::interrupt())?;
@@ -68,9 +77,9 @@ pub async fn run(spec: LocalStackSpec) -> std::io::Result<()> {
         let polled = tokio::select! {
             _ = term.recv() => break,
             _ = interrupt.recv() => break,
-            polled = async { tokio::join!(stacks[0].poll(), stacks[1].poll()) } => polled,
+            polled = join_all(stacks.iter().map(Stack::poll)) => polled,
         };
-        for (stack, (jobs, dlq)) in stacks.iter().zip([polled.0, polled.1]) {
+        for (stack, (jobs, dlq)) in stacks.iter().zip(polled) {
             if jobs.received + dlq.received > 0 {
                 println!(
                     "{}: {} record(s) in, {} done, {} back; its DLQ: {} in",
@@ -93,20 +102,25 @@ pub async fn run(spec: LocalStackSpec) -> std::io::Result<()> {
 
 fn env_lines(
     spec: &LocalStackSpec,
-    stacks: &[Stack; 2],
+    stacks: &[Stack],
     gateway: &Gateway,
     operator: &DevToken,
     reader: &DevToken,
 ) -> String {
     let mut out = String::from("# The local stack (bash scripts/stack.sh env prints this).\n");
-    let vars = [
-        ("DLQ_API_URL", gateway.url.clone()),
-        ("DLQ_TOKEN", operator.token.clone()),
-        ("DLQ_READ_TOKEN", reader.token.clone()),
-        ("AWARD_POINTS_QUEUE_URL", stacks[0].jobs.url.clone()),
-        ("REDEEM_REWARD_QUEUE_URL", stacks[1].jobs.url.clone()),
-        ("DATABASE_URL", spec.database_url.clone()),
+    let mut vars = vec![
+        ("DLQ_API_URL".to_owned(), gateway.url.clone()),
+        ("DLQ_TOKEN".to_owned(), operator.token.clone()),
+        ("DLQ_READ_TOKEN".to_owned(), reader.token.clone()),
     ];
+    // AWARD_POINTS_QUEUE_URL, REDEEM_REWARD_QUEUE_URL, …: one per consumer, by its name.
+    vars.extend(stacks.iter().map(|stack| {
+        (
+            queue_url_variable(&stack.consumer_name),
+            stack.jobs.url.clone(),
+        )
+    }));
+    vars.push(("DATABASE_URL".to_owned(), spec.database_url.clone()));
     for (name, value) in vars {
         let _ = writeln!(out, "export {name}={}", crate::shell_word(&value));
     }
@@ -121,4 +135,17 @@ fn env_lines(
         }
     }
     out
+}
+
+/// The `stack.env` variable with the job queue's URL of the consumer `name`:
+/// `redeem-reward` → `REDEEM_REWARD_QUEUE_URL`.
+pub fn queue_url_variable(name: &str) -> String {
+    let upper: String = name
+        .chars()
+        .map(|c| match c {
+            'a'..='z' | '0'..='9' => c.to_ascii_uppercase(),
+            _ => '_',
+        })
+        .collect();
+    format!("{upper}_QUEUE_URL")
 }

@@ -4,12 +4,15 @@
 
 use crate::event_source::{EventSource, PollReport, Queue, create_queue_pair, depth, sqs_client};
 use crate::lambda_host::{FunctionSpec, LambdaHost};
+use migrate::consumers::ConsumerCrate;
 use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// The function binaries: this package's `local-consumer` and `local-dlq-ingester`.
+/// The function binaries: this package's `local-consumer` (the reference consumer with
+/// failures on request), `local-dlq-ingester`, `local-scheduled` and `local-dead-letter-api`.
+/// Every other consumer runs its own binary, found beside them ([`Binaries::own_binary`]).
 #[derive(Debug, Clone)]
 pub struct Binaries {
     /// The consumer.
@@ -20,8 +23,6 @@ pub struct Binaries {
     pub scheduled: PathBuf,
     /// The dead-letter API functions (one binary serving as the function it is named).
     pub api: PathBuf,
-    /// The second consumer, redeem-reward.
-    pub redeem_reward: PathBuf,
 }
 
 impl Binaries {
@@ -34,8 +35,29 @@ impl Binaries {
             ingester: dir.join("local-dlq-ingester"),
             scheduled: dir.join("local-scheduled"),
             api: dir.join("local-dead-letter-api"),
-            redeem_reward: dir.join("local-redeem-reward"),
         }
+    }
+
+    /// The consumer's own Lambda binary (`cargo build --bins` puts it beside this package's).
+    pub fn own_binary(&self, consumer: &ConsumerCrate) -> PathBuf {
+        self.ingester.with_file_name(consumer.binary)
+    }
+
+    /// Each consumer's own binary that is not built: empty, or what to build.
+    pub fn missing(&self, consumers: &[ConsumerCrate]) -> Result<(), String> {
+        let missing: Vec<String> = consumers
+            .iter()
+            .map(|c| self.own_binary(c))
+            .filter(|path| !path.is_file())
+            .map(|path| path.display().to_string())
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        Err(format!(
+            "consumer binaries not built: {} (build them: cargo build --bins)",
+            missing.join(", ")
+        ))
     }
 }
 
@@ -48,7 +70,6 @@ macro_rules! test_binaries {
             ingester: env!("CARGO_BIN_EXE_local-dlq-ingester").into(),
             scheduled: env!("CARGO_BIN_EXE_local-scheduled").into(),
             api: env!("CARGO_BIN_EXE_local-dead-letter-api").into(),
-            redeem_reward: env!("CARGO_BIN_EXE_local-redeem-reward").into(),
         }
     };
 }
@@ -102,24 +123,49 @@ impl StackSpec {
 }
 
 impl StackSpec {
-    /// The same stack for the second consumer, redeem-reward, on its own queue `queue_name`,
-    /// with its own retry policy time-scaled (3 executions, base 1 s) and redrive (3 + 2).
-    pub fn redeem_reward(&self, queue_name: &str) -> Self {
+    /// The same stack for `consumer` (any consumer the workspace declares), its own `binary`
+    /// on its own queue `queue_name`: the platform's time-scaled policy with the consumer's
+    /// `local-env` on top (its own retry policy, …), and a redrive of its attempts + 2. A
+    /// consumer on another queue than this stack's logs in a directory named after it.
+    pub fn for_consumer(
+        &self,
+        consumer: &ConsumerCrate,
+        queue_name: &str,
+        binary: PathBuf,
+    ) -> Self {
         let mut spec = Self::time_scaled(self.binaries.clone(), &self.database_url, queue_name);
-        spec.binaries.consumer = self.binaries.redeem_reward.clone();
-        spec.consumer_name = "redeem-reward".into();
-        spec.max_receive_count = 5;
-        spec.log_dir = self.log_dir.as_ref().map(|d| d.join("redeem-reward"));
-        spec.consumer_env = vec![
-            ("RETRY_MAX_ATTEMPTS".into(), "3".into()),
-            ("RETRY_BASE_SECONDS".into(), "1".into()),
-            ("RETRY_CAP_SECONDS".into(), "60".into()),
-            (
-                "RETRY_OVERRIDE_RATIONALE".into(),
-                "local stack: redeem-reward's policy, time-scaled".into(),
-            ),
-            ("DEADLINE_MARGIN_MS".into(), "4000".into()),
-        ];
+        spec.binaries.consumer = binary;
+        spec.consumer_name = consumer.name.into();
+        spec.log_dir = match self.log_dir.as_ref() {
+            Some(dir) if queue_name != self.queue_name => Some(dir.join(consumer.name)),
+            other => other.cloned(),
+        };
+        let own = |key: &str| consumer.local_env.iter().any(|(k, _)| *k == key);
+        if consumer
+            .local_env
+            .iter()
+            .any(|(k, _)| k.starts_with("RETRY_"))
+        {
+            let rationale = format!("local stack: {}'s policy, time-scaled", consumer.name);
+            for (key, value) in &mut spec.consumer_env {
+                if key == "RETRY_OVERRIDE_RATIONALE" {
+                    *value = rationale.clone();
+                }
+            }
+        }
+        spec.consumer_env.retain(|(k, _)| !own(k));
+        let local = consumer
+            .local_env
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()));
+        spec.consumer_env = local.chain(spec.consumer_env).collect();
+        let attempts: u32 = consumer
+            .local_env
+            .iter()
+            .find(|(k, _)| *k == "RETRY_MAX_ATTEMPTS")
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap_or(shared::retry::RetryPolicy::default().max_attempts());
+        spec.max_receive_count = attempts + 2;
         spec
     }
 
@@ -183,6 +229,8 @@ pub async fn start_for_test(
 
 /// A running local stack.
 pub struct Stack {
+    /// The consumer's name (`CONSUMER_NAME`).
+    pub consumer_name: String,
     /// The SQS client.
     pub sqs: aws_sdk_sqs::Client,
     /// The job queue.
@@ -286,6 +334,7 @@ impl Stack {
             discard: api_function("dead-letters-discard"),
         });
         Self {
+            consumer_name: spec.consumer_name.clone(),
             sqs,
             jobs,
             dlq,

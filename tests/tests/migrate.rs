@@ -9,6 +9,7 @@
 
 use e2e::alert_receiver::{AlertReceiver, Received};
 use e2e::lambda_host::{FunctionSpec, LambdaHost};
+use migrate::schema::owners;
 use serde_json::{Value, json};
 use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -66,14 +67,60 @@ async fn tracking_tables(pool: &PgPool) -> Vec<String> {
     .unwrap()
 }
 
+/// What every owner's tracking table records, summed.
 async fn recorded(pool: &PgPool) -> i64 {
+    let mut total = 0;
+    for owner in owners() {
+        let count: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT count(*) FROM {}._sqlx_migrations",
+            owner.schema
+        )))
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        total += count;
+    }
+    total
+}
+
+/// The tables of `schema` (its tracking table aside).
+async fn tables_of(pool: &PgPool, schema: &str) -> Vec<String> {
     sqlx::query_scalar(
-        "SELECT (SELECT count(*) FROM core._sqlx_migrations) + (SELECT count(*) FROM reference._sqlx_migrations)
-              + (SELECT count(*) FROM rewards._sqlx_migrations)",
+        "SELECT tablename::text FROM pg_tables WHERE schemaname = $1 AND tablename <> '_sqlx_migrations'
+         ORDER BY 1",
     )
-    .fetch_one(pool)
+    .bind(schema)
+    .fetch_all(pool)
     .await
     .unwrap()
+}
+
+/// The owners are found from the workspace: core first, then every consumer crate that
+/// declares `[package.metadata.job-consumer]`, in member order, today's two among them.
+#[test]
+fn the_owners_are_core_then_the_workspaces_consumers_in_member_order() {
+    let names: Vec<&str> = owners().iter().map(|o| o.name).collect();
+    assert_eq!(names[0], "core");
+    assert_eq!(
+        &names[1..3],
+        ["award-points (reference consumer)", "redeem-reward"],
+        "today's consumers keep their order: {names:?}"
+    );
+    assert_eq!(names.len(), 1 + migrate::consumers::CONSUMERS.len());
+    let schemas: Vec<&str> = owners().iter().map(|o| o.schema).collect();
+    assert_eq!(&schemas[..3], ["core", "reference", "rewards"]);
+    // The migrate function's migrators are the consumers' own.
+    for (owner, own) in owners()[1..3]
+        .iter()
+        .zip([&*consumer::MIGRATOR, &*redeem_reward::MIGRATOR])
+    {
+        let versions = |m: &Migrator| {
+            m.iter()
+                .map(|m| (m.version, m.checksum.clone()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(versions(owner.migrator), versions(own), "{}", owner.name);
+    }
 }
 
 #[sqlx::test(migrations = false)]
@@ -85,9 +132,10 @@ async fn the_migrate_function_applies_the_schema_once_and_is_a_no_op_the_second_
     let host = function(&connect);
     let created = deploy(&host, "Create").await;
     assert_eq!(created.body["Status"], "SUCCESS", "{:#}", created.body);
-    let expected = (shared::MIGRATOR.iter().count()
-        + consumer::MIGRATOR.iter().count()
-        + redeem_reward::MIGRATOR.iter().count()) as i64;
+    let expected = owners()
+        .iter()
+        .map(|o| o.migrator.iter().count())
+        .sum::<usize>() as i64;
     assert_eq!(created.body["Data"]["Applied"], expected);
     for table in [
         "core.processed_jobs",
@@ -102,13 +150,22 @@ async fn the_migrate_function_applies_the_schema_once_and_is_a_no_op_the_second_
             .unwrap();
         assert!(exists, "{table}");
     }
+    for owner in owners() {
+        assert!(
+            !tables_of(&pool, owner.schema).await.is_empty(),
+            "{}'s tables in schema {}",
+            owner.name,
+            owner.schema
+        );
+    }
+    let mut own_tables: Vec<String> = owners()
+        .iter()
+        .map(|o| format!("{}._sqlx_migrations", o.schema))
+        .collect();
+    own_tables.sort();
     assert_eq!(
         tracking_tables(&pool).await,
-        [
-            "core._sqlx_migrations",
-            "reference._sqlx_migrations",
-            "rewards._sqlx_migrations"
-        ],
+        own_tables,
         "each owner's own tracking table, never public._sqlx_migrations"
     );
     assert_eq!(recorded(&pool).await, expected);

@@ -13,6 +13,7 @@
 //! (it refuses only a known migration whose content changed); the schema is never dropped,
 //! deleting the stack included.
 
+pub mod consumers;
 pub mod custom_resource;
 pub mod schema;
 

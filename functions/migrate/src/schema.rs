@@ -31,25 +31,22 @@ pub struct Owner {
     pub migrator: &'static Migrator,
 }
 
-/// The owners, in the order a deploy applies them. A new consumer adds its own here.
-pub fn owners() -> [Owner; 3] {
-    [
-        Owner {
-            name: "core",
-            schema: "core",
-            migrator: &shared::MIGRATOR,
-        },
-        Owner {
-            name: "award-points (reference consumer)",
-            schema: "reference",
-            migrator: &consumer::MIGRATOR,
-        },
-        Owner {
-            name: "redeem-reward",
-            schema: "rewards",
-            migrator: &redeem_reward::MIGRATOR,
-        },
-    ]
+/// The owners, in the order a deploy applies them: schema `core`, then each consumer the
+/// workspace declares ([`crate::consumers::CONSUMERS`], in member order). A new consumer is
+/// found from its own manifest; nothing here names one.
+pub fn owners() -> Vec<Owner> {
+    let core = Owner {
+        name: "core",
+        schema: "core",
+        migrator: &shared::MIGRATOR,
+    };
+    std::iter::once(core)
+        .chain(crate::consumers::CONSUMERS.iter().map(|c| Owner {
+            name: c.label,
+            schema: c.schema,
+            migrator: c.migrator(),
+        }))
+        .collect()
 }
 
 /// One migration a run applied.

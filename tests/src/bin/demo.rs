@@ -23,8 +23,8 @@ async fn main() {
     println!("\n{:<34} {:>6} {:>9}", "outcome", "count", "expected");
     let names: std::collections::BTreeSet<&str> = counts
         .keys()
+        .chain(expected.keys())
         .map(String::as_str)
-        .chain(expected.keys().copied())
         .collect();
     let mut mismatches = 0;
     for name in names {
