@@ -117,18 +117,27 @@ fn every_rust_block_of_the_guide_is_a_file_it_builds_or_marked_as_a_fragment() {
     }
 }
 
-/// What the guide says to add outside the crate: its workspace member line, and the template
-/// block (a placeholder the template's helper fills); and the metadata that makes it found.
+/// What the guide says to add outside the crate: the template block and nothing else (no
+/// workspace member line: the members take every crate under functions/); and the metadata that
+/// makes it found.
 #[test]
-fn the_guide_gives_the_member_line_the_metadata_and_the_template_block() {
+fn the_guide_needs_no_member_line_and_gives_the_metadata_and_the_template_block() {
     let text = guide();
     let blocks = blocks(&text);
     let (dir, _) = guide_crate(&blocks);
+    // No member line to add: the root's members take every crate under functions/.
+    let root: toml::Table = std::fs::read_to_string(workspace_root().join("Cargo.toml"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let parent = dir.rsplit_once('/').map_or("", |(parent, _)| parent);
     assert!(
-        blocks
+        root["workspace"]["members"]
+            .as_array()
+            .unwrap()
             .iter()
-            .any(|b| b.lang == "toml" && b.text.contains(&format!("members = [..., \"{dir}\"]"))),
-        "the guide shows the member line of {dir}"
+            .any(|m| m.as_str() == Some(&format!("{parent}/*"))),
+        "the workspace's members take {dir} without a line of its own"
     );
     let manifest = blocks
         .iter()
@@ -137,11 +146,48 @@ fn the_guide_gives_the_member_line_the_metadata_and_the_template_block() {
     let table: toml::Table = manifest.text.parse().unwrap();
     let meta = &table["package"]["metadata"]["job-consumer"];
     assert!(meta["name"].is_str() && meta["schema"].is_str(), "{meta:?}");
+    let (_, package) = guide_crate(&blocks);
+    let stanza = blocks
+        .iter()
+        .find(|b| b.lang == "yaml")
+        .expect("the guide shows the template block");
     assert!(
-        text.contains("<!-- template stanza: issue 23 template helper -->")
-            || blocks.iter().any(|b| b.lang == "yaml"),
-        "the guide shows the template block (or its placeholder)"
+        stanza.text.lines().count() < 25,
+        "the block is short:\n{}",
+        stanza.text
     );
+    assert!(
+        stanza.text.contains("<<: *consumer-parameters"),
+        "the block takes the harness's settings"
+    );
+    // The block without the merge (its anchor is in template.yaml), as YAML.
+    let own: String = stanza
+        .text
+        .lines()
+        .filter(|l| !l.contains("<<: *consumer-parameters"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let own: serde_norway::Value = serde_norway::from_str(&own).unwrap();
+    let (_, resource) = own.as_mapping().unwrap().iter().next().unwrap();
+    assert_eq!(resource["Type"], "AWS::Serverless::Application");
+    assert_eq!(
+        resource["Properties"]["Location"],
+        "templates/consumer.yaml"
+    );
+    let parameters = &resource["Properties"]["Parameters"];
+    assert_eq!(parameters["ConsumerName"].as_str(), meta["name"].as_str());
+    assert_eq!(parameters["Binary"].as_str(), Some(package.as_str()));
+    // Every parameter it gives is one the nested template takes.
+    let nested: serde_norway::Value = serde_norway::from_str(
+        &std::fs::read_to_string(workspace_root().join("templates/consumer.yaml")).unwrap(),
+    )
+    .unwrap();
+    for (name, _) in parameters.as_mapping().unwrap() {
+        assert!(
+            nested["Parameters"].get(name).is_some(),
+            "templates/consumer.yaml takes {name:?}"
+        );
+    }
 }
 
 /// The scratch workspace's root manifest: this workspace's, with the guide's crate as its only
