@@ -38,6 +38,28 @@ struct Plan<P> {
     copies: Vec<(usize, usize)>,
 }
 
+impl<P> Plan<P> {
+    fn new(keys: Vec<Option<JobId>>) -> Self {
+        Self {
+            keys,
+            fresh: Vec::new(),
+            repeats: Vec::new(),
+            conflicting: Vec::new(),
+            copies: Vec::new(),
+        }
+    }
+
+    /// Where the first record of a job in the batch goes: a first delivery is fresh, any other
+    /// a repeat.
+    fn runs(&mut self, msg: &IncomingMessage) -> &mut Vec<Record<P>> {
+        if msg.receive_count == 1 {
+            &mut self.fresh
+        } else {
+            &mut self.repeats
+        }
+    }
+}
+
 impl<C: Consumer> Harness<C> {
     /// Processes one SQS batch and says what became of each message, in order: `None` for one
     /// not started because `may_start` said no (the Lambda deadline is near; hand it back
@@ -93,13 +115,7 @@ impl<C: Consumer> Harness<C> {
         let done = processed_digests(&self.pool, self.consumer.name(), &known)
             .await
             .unwrap_or_default();
-        let mut plan = Plan {
-            keys,
-            fresh: Vec::new(),
-            repeats: Vec::new(),
-            conflicting: Vec::new(),
-            copies: Vec::new(),
-        };
+        let mut plan = Plan::new(keys);
         // A job runs once per SQS batch, by its first record; its later records with the same
         // body take their outcome from that run and are never charged an execution of their
         // own. One with another body is no copy: it runs on its own, after the others.
@@ -118,12 +134,7 @@ impl<C: Consumer> Harness<C> {
                 if let Some(job) = key {
                     first_of.insert(job, i);
                 }
-                let runs = if msg.receive_count == 1 {
-                    &mut plan.fresh
-                } else {
-                    &mut plan.repeats
-                };
-                runs.push((i, self.parse(msg)));
+                plan.runs(msg).push((i, self.parse(msg)));
             }
         }
         plan

@@ -13,6 +13,7 @@
 
 use super::attempt::{Committed, Jobs, Unfinished};
 use super::batch::Record;
+use super::life::ParsedJob;
 use super::{Harness, RecordOutcome};
 use crate::consumer::{Consumer, Job};
 use crate::metrics::Metric;
@@ -55,37 +56,12 @@ impl<C: Consumer> Harness<C> {
         fresh: Vec<Record<C::Payload>>,
         outcomes: &mut [Option<RecordOutcome>],
     ) -> Vec<Record<C::Payload>> {
-        let (mut alone, mut runners) = (Vec::new(), Vec::new());
-        for (i, parsed) in fresh {
-            match parsed {
-                Ok(job) => runners.push((i, job)),
-                Err(poison) => alone.push((i, Err(poison))),
-            }
-        }
+        let (mut alone, runners) = split_poison(fresh);
         if runners.len() < 2 {
             alone.extend(runners.into_iter().map(|(i, job)| (i, Ok(job))));
             return alone;
         }
-        // In job id order: the fences are claimed so (`core.claim_fences` orders them too), and
-        // the consumer's work sees them so, which keeps its own row locks in one order.
-        runners.sort_by_key(|(_, (envelope, _))| envelope.job_id);
-        let started_at = self.clock.now();
-        let (members, mut group): (Vec<usize>, Vec<Job<C::Payload>>) = runners
-            .into_iter()
-            .map(|(i, (envelope, digest))| {
-                let metrics = self.metrics.clone();
-                (
-                    i,
-                    Job {
-                        envelope,
-                        attempt: 1,
-                        started_at,
-                        digest,
-                        metrics,
-                    },
-                )
-            })
-            .unzip();
+        let (members, mut group) = self.group_of(runners);
         let committed = self.transact(Jobs::Group(&mut group)).await;
         let committed = self.count_group(committed, members.len());
         for (i, job) in members.into_iter().zip(group) {
@@ -97,6 +73,25 @@ impl<C: Consumer> Harness<C> {
             }
         }
         alone
+    }
+
+    /// The jobs of a group, in job id order (the fences are claimed so, `core.claim_job_fences`
+    /// orders them too, and the consumer's work sees them so, which keeps its own row locks in
+    /// one order), and the index of each one's record.
+    fn group_of(&self, mut runners: Vec<Runner<C::Payload>>) -> (Vec<usize>, Vec<Job<C::Payload>>) {
+        runners.sort_by_key(|(_, (envelope, _))| envelope.job_id);
+        let started_at = self.clock.now();
+        let job = |(envelope, digest)| Job {
+            envelope,
+            attempt: 1,
+            started_at,
+            digest,
+            metrics: self.metrics.clone(),
+        };
+        runners
+            .into_iter()
+            .map(|(i, parsed)| (i, job(parsed)))
+            .unzip()
     }
 
     /// Counts how the group's transaction ended, and says which of its jobs committed (none
@@ -120,6 +115,21 @@ impl<C: Consumer> Harness<C> {
             }
         }
     }
+}
+
+/// A record whose body is a job, which can join a group.
+type Runner<P> = (usize, ParsedJob<P>);
+
+/// Poison (each record writes its own letter), apart from the jobs that can join a group.
+fn split_poison<P>(fresh: Vec<Record<P>>) -> (Vec<Record<P>>, Vec<Runner<P>>) {
+    let (mut poison, mut runners) = (Vec::new(), Vec::new());
+    for (i, parsed) in fresh {
+        match parsed {
+            Ok(job) => runners.push((i, job)),
+            Err(e) => poison.push((i, Err(e))),
+        }
+    }
+    (poison, runners)
 }
 
 /// Why a group did not commit, as its fallback's warning says it.

@@ -8,6 +8,7 @@ use crate::dead_letter::{
     record_without_settling,
 };
 use crate::envelope::{JobDigest, PartialIds};
+use crate::fence::FenceError;
 
 impl<C: Consumer> Harness<C> {
     /// A copy of a processed job whose payload differs: another job under its id. Its letter
@@ -63,14 +64,7 @@ impl<C: Consumer> Harness<C> {
             correlation_id: ids.correlation_id.as_deref(),
             replay_of: msg.replay_of,
         };
-        let (now, wait) = (self.clock.now(), self.settings.lock_timeout);
-        let settled = if settle {
-            record_unless_processed(&self.pool, &letter, digest, now, wait).await
-        } else {
-            record_without_settling(&self.pool, &letter, digest, now)
-                .await
-                .map(Settled::Recorded)
-        };
+        let settled = self.record(&letter, digest, settle).await;
         match settled {
             Ok(Settled::AlreadyProcessed) => RecordOutcome::Duplicate,
             Ok(Settled::Recorded(letter)) => self.lettered(kind, letter, error).await,
@@ -83,6 +77,23 @@ impl<C: Consumer> Harness<C> {
                     "writing the {kind} dead letter failed: {e}; original error: {error}"
                 ),
             },
+        }
+    }
+
+    /// Records `letter`, settled through the fence first when `settle`.
+    async fn record(
+        &self,
+        letter: &NewDeadLetter<'_>,
+        digest: Option<&JobDigest>,
+        settle: bool,
+    ) -> Result<Settled, FenceError> {
+        let (now, wait) = (self.clock.now(), self.settings.lock_timeout);
+        if settle {
+            record_unless_processed(&self.pool, letter, digest, now, wait).await
+        } else {
+            record_without_settling(&self.pool, letter, digest, now)
+                .await
+                .map(Settled::Recorded)
         }
     }
 

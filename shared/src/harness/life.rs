@@ -14,10 +14,13 @@ use std::time::Duration;
 
 /// A message's body read as the consumer's job: its envelope and digest, or poison. Read once
 /// per message, by [`Harness::parse`], and carried from there.
-pub(super) type Parsed<P> = Result<(Envelope<P>, JobDigest), Poison>;
+pub(super) type Parsed<P> = Result<ParsedJob<P>, Poison>;
+
+/// A body that is a job: its envelope, and the digest of what makes up the job.
+pub(super) type ParsedJob<P> = (Envelope<P>, JobDigest);
 
 /// The end of a message's life, reached before its last step: the outcome is final.
-pub(super) struct Stop(RecordOutcome);
+struct Stop(RecordOutcome);
 
 /// What a step gives the next one, or the [`Stop`] that ends the life there.
 type Step<T> = Result<T, Stop>;
@@ -27,6 +30,22 @@ type Step<T> = Result<T, Stop>;
 struct Attempt {
     number: u32,
     charged: bool,
+}
+
+impl Attempt {
+    /// A first delivery: attempt 1, charged only if it fails.
+    const FIRST: Self = Self {
+        number: 1,
+        charged: false,
+    };
+
+    /// Execution `number`, charged by the ledger as it started.
+    fn charged(number: u32) -> Self {
+        Self {
+            number,
+            charged: true,
+        }
+    }
 }
 
 impl<C: Consumer> Harness<C> {
@@ -46,6 +65,8 @@ impl<C: Consumer> Harness<C> {
         }
     }
 
+    /// Parse, ledger, claim and run (one transaction), settle, decide: each step hands the next
+    /// what it needs, or stops the life with the message's outcome.
     async fn steps(
         &self,
         msg: &IncomingMessage,
@@ -65,7 +86,7 @@ impl<C: Consumer> Harness<C> {
         &self,
         msg: &IncomingMessage,
         parsed: Parsed<C::Payload>,
-    ) -> Step<(Envelope<C::Payload>, JobDigest)> {
+    ) -> Step<ParsedJob<C::Payload>> {
         match parsed {
             Ok((envelope, digest)) => {
                 record_ids(&envelope.ids());
@@ -91,28 +112,13 @@ impl<C: Consumer> Harness<C> {
         digest: &JobDigest,
     ) -> Step<Attempt> {
         if msg.receive_count <= 1 {
-            return Ok(Attempt {
-                number: 1,
-                charged: false,
-            });
+            return Ok(Attempt::FIRST);
         }
+        let (job_id, name, now) = (envelope.job_id, self.consumer.name(), self.clock.now());
         let max_attempts = self.settings.policy.max_attempts();
-        let (job_id, now) = (envelope.job_id, self.clock.now());
-        let start = start_execution(
-            &self.pool,
-            job_id,
-            self.consumer.name(),
-            &msg.message_id,
-            max_attempts,
-            now,
-        );
+        let start = start_execution(&self.pool, job_id, name, &msg.message_id, max_attempts, now);
         let stop = match start.await {
-            Ok(Start::Run { attempt }) => {
-                return Ok(Attempt {
-                    number: attempt,
-                    charged: true,
-                });
-            }
+            Ok(Start::Run { attempt }) => return Ok(Attempt::charged(attempt)),
             Ok(Start::AlreadyProcessed { committed }) if conflicts(committed.as_ref(), digest) => {
                 self.conflict(msg, &envelope.ids(), digest).await
             }
