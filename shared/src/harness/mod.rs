@@ -7,6 +7,11 @@
 //! - a letter is written only after the fence settles that the job did not commit;
 //! - attempts are executions, counted in [`crate::execution`]'s ledger, not SQS receives;
 //! - a panic or a database fault in the work is a transient failure, never a lost message.
+//!
+//! Where each part lives: the life of one message as named steps (`life.rs`), the one transaction
+//! routine for a job or a commit group (`attempt.rs`), the letter a message gets (`letter.rs`), an
+//! SQS batch (`batch.rs`) and batch mode's commit group (`group.rs`), what goes in and comes out
+//! (`outcome.rs`).
 
 use crate::alerting::Alerter;
 use crate::clock::Clock;
