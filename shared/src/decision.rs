@@ -21,6 +21,27 @@ pub enum Disposition {
     DeadLetter(ErrorKind),
 }
 
+/// What follows a failed attempt: [`Disposition`] without its `Ack`, which only success earns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterFailure {
+    /// Hide the message for `after`, then let it be delivered again.
+    Retry {
+        /// The backoff delay.
+        after: Duration,
+    },
+    /// Record a dead letter of this kind, then delete the message.
+    DeadLetter(ErrorKind),
+}
+
+impl From<AfterFailure> for Disposition {
+    fn from(after: AfterFailure) -> Self {
+        match after {
+            AfterFailure::Retry { after } => Disposition::Retry { after },
+            AfterFailure::DeadLetter(kind) => Disposition::DeadLetter(kind),
+        }
+    }
+}
+
 /// Decides what follows attempt `attempt` (1-based) that ended in `result`.
 ///
 /// Transient failures retry with backoff until the last attempt, which dead-letters as
@@ -33,12 +54,24 @@ pub fn decide(
 ) -> Disposition {
     match result {
         Ok(()) => Disposition::Ack,
-        Err(ProcessError::Poison(_)) => Disposition::DeadLetter(ErrorKind::Poison),
-        Err(ProcessError::Permanent(_)) => Disposition::DeadLetter(ErrorKind::Permanent),
-        Err(ProcessError::Transient(_)) if attempt >= policy.max_attempts() => {
-            Disposition::DeadLetter(ErrorKind::Exhausted)
+        Err(error) => decide_failure(error, attempt, policy, rng).into(),
+    }
+}
+
+/// [`decide`] for an attempt that failed with `error`.
+pub fn decide_failure(
+    error: &ProcessError,
+    attempt: u32,
+    policy: &RetryPolicy,
+    rng: &mut impl Rng,
+) -> AfterFailure {
+    match error {
+        ProcessError::Poison(_) => AfterFailure::DeadLetter(ErrorKind::Poison),
+        ProcessError::Permanent(_) => AfterFailure::DeadLetter(ErrorKind::Permanent),
+        ProcessError::Transient(_) if attempt >= policy.max_attempts() => {
+            AfterFailure::DeadLetter(ErrorKind::Exhausted)
         }
-        Err(ProcessError::Transient(_)) => Disposition::Retry {
+        ProcessError::Transient(_) => AfterFailure::Retry {
             after: policy.delay_after(attempt, rng),
         },
     }

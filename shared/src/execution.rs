@@ -75,28 +75,9 @@ impl Ledger {
     }
 }
 
-/// Before a repeat delivery runs: in one statement, is the job already done, does this message
-/// already have its letter, is the job over its budget, and if none of these, charges the
-/// execution (clearing the last error, so a crash leaves it empty).
-pub async fn start_execution(
-    db: impl PgExecutor<'_>,
-    job_id: JobId,
-    consumer: &ConsumerName,
-    message_id: &str,
-    max_attempts: u32,
-    now: DateTime<Utc>,
-) -> sqlx::Result<Start> {
-    type Row = (
-        bool,
-        Option<Vec<u8>>,
-        Option<Uuid>,
-        Option<String>,
-        Option<i32>,
-        Option<String>,
-        Option<i32>,
-    );
-    let (processed, digest, letter, letter_kind, executions, last_error, charged): Row = sqlx::query_as(
-        "WITH fence AS (
+/// The statement behind [`start_execution`]: what the fence, the letters and the ledger say of
+/// the job, and the execution's charge when none of them stops it.
+const START_EXECUTION: &str = "WITH fence AS (
              SELECT EXISTS (SELECT 1 FROM core.processed_jobs WHERE job_id = $1 AND consumer = $2) AS done,
                     (SELECT payload_digest FROM core.processed_jobs WHERE job_id = $1 AND consumer = $2) AS digest),
          letter AS (
@@ -115,17 +96,48 @@ pub async fn start_execution(
          SELECT (SELECT done FROM fence), (SELECT digest FROM fence),
                 (SELECT id FROM letter), (SELECT error_kind FROM letter),
                 (SELECT executions FROM ledger), (SELECT last_error FROM ledger),
-                (SELECT executions FROM mark)",
-    )
-    .bind(job_id.0)
-    .bind(consumer.as_str())
-    // As the letter keeps it (see `bounded_id`), so a long id finds its letter.
-    .bind(&*crate::dead_letter::bounded_id(message_id, "message"))
-    .bind(i32::try_from(max_attempts).unwrap_or(i32::MAX))
-    .bind(now)
-    .fetch_one(db)
-    .await?;
-    Ok(if processed {
+                (SELECT executions FROM mark)";
+
+/// What [`START_EXECUTION`] returns: the fence (done, digest), this message's letter (id, kind),
+/// the ledger (executions, last error), and the execution charged (if it was).
+type StartRow = (
+    bool,
+    Option<Vec<u8>>,
+    Option<Uuid>,
+    Option<String>,
+    Option<i32>,
+    Option<String>,
+    Option<i32>,
+);
+
+/// Before a repeat delivery runs: in one statement, is the job already done, does this message
+/// already have its letter, is the job over its budget, and if none of these, charges the
+/// execution (clearing the last error, so a crash leaves it empty).
+pub async fn start_execution(
+    db: impl PgExecutor<'_>,
+    job_id: JobId,
+    consumer: &ConsumerName,
+    message_id: &str,
+    max_attempts: u32,
+    now: DateTime<Utc>,
+) -> sqlx::Result<Start> {
+    let row: StartRow = sqlx::query_as(START_EXECUTION)
+        .bind(job_id.0)
+        .bind(consumer.as_str())
+        // As the letter keeps it (see `bounded_id`), so a long id finds its letter.
+        .bind(&*crate::dead_letter::bounded_id(message_id, "message"))
+        .bind(i32::try_from(max_attempts).unwrap_or(i32::MAX))
+        .bind(now)
+        .fetch_one(db)
+        .await?;
+    Ok(start_of(row))
+}
+
+/// What the row of [`START_EXECUTION`] says, in the order it is decided: done, lettered, run,
+/// over budget.
+fn start_of(row: StartRow) -> Start {
+    let (processed, digest, letter, letter_kind, executions, last_error, charged) = row;
+    if processed {
         Start::AlreadyProcessed {
             committed: digest.as_deref().and_then(crate::fence::digest_of),
         }
@@ -146,7 +158,7 @@ pub async fn start_execution(
             executions: executions.unwrap_or(0).max(0) as u32,
             last_error,
         })
-    })
+    }
 }
 
 /// Takes back the charge of an execution that did not run after all (its fence was contended).

@@ -14,7 +14,7 @@
 //! have committed before it runs, and a crash is charged to it alone (see [`crate::execution`]).
 
 use crate::consumer::Consumer;
-use crate::harness::{Harness, IncomingMessage};
+use crate::harness::{Harness, IncomingMessage, RecordOutcome};
 use crate::ids::DeadLetterId;
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsMessage};
 use chrono::{DateTime, Utc};
@@ -98,26 +98,49 @@ impl QueueRef {
 /// always sends one) gets a fresh one: a letter is unique per message id, and two such records
 /// must never share one letter.
 pub fn incoming(record: &SqsMessage) -> IncomingMessage {
+    delivery(record.clone()).0
+}
+
+/// Where a record's visibility is changed: its queue's URL and its receipt handle.
+struct Receipt {
+    queue_url: String,
+    handle: String,
+}
+
+/// A record as the harness takes it, and its [`Receipt`] when it has one: the queue's ARN read
+/// once for both.
+fn delivery(record: SqsMessage) -> (IncomingMessage, Option<Receipt>) {
     let queue = record
         .event_source_arn
         .as_deref()
         .and_then(QueueRef::from_arn);
-    IncomingMessage {
+    let receive_count = receive_count(&record);
+    let replay_of = record
+        .message_attributes
+        .get(REPLAY_OF_ATTRIBUTE)
+        .and_then(|a| a.string_value.as_deref())
+        .and_then(|v| v.parse().ok())
+        .map(DeadLetterId);
+    let msg = IncomingMessage {
         message_id: record
             .message_id
-            .clone()
             .filter(|m| !m.is_empty())
             .unwrap_or_else(|| format!("missing-message-id-{}", uuid::Uuid::new_v4())),
-        queue: queue.map(|q| q.name).unwrap_or_else(|| "unknown".into()),
-        body: record.body.clone().unwrap_or_default(),
-        receive_count: receive_count(record),
-        replay_of: record
-            .message_attributes
-            .get(REPLAY_OF_ATTRIBUTE)
-            .and_then(|a| a.string_value.as_deref())
-            .and_then(|v| v.parse().ok())
-            .map(DeadLetterId),
-    }
+        queue: queue
+            .as_ref()
+            .map(|q| q.name.clone())
+            .unwrap_or_else(|| "unknown".into()),
+        body: record.body.unwrap_or_default(),
+        receive_count,
+        replay_of,
+    };
+    let receipt = queue
+        .zip(record.receipt_handle)
+        .map(|(queue, handle)| Receipt {
+            queue_url: queue.url,
+            handle,
+        });
+    (msg, receipt)
 }
 
 /// `ApproximateReceiveCount`, at least 1.
@@ -170,32 +193,46 @@ pub async fn process_batch<C: Consumer>(
     let margin =
         chrono::Duration::from_std(settings.deadline_margin).unwrap_or(chrono::Duration::MAX);
     let may_start = || deadline.is_none_or(|deadline| harness.now() + margin < deadline);
-    let msgs: Vec<IncomingMessage> = records.iter().map(incoming).collect();
+    let (msgs, receipts): (Vec<IncomingMessage>, Vec<Option<Receipt>>) =
+        records.into_iter().map(delivery).unzip();
     let outcomes = harness
         .process_batch(&msgs, &may_start, settings.concurrency)
         .await;
-    let delays = records.iter().zip(&msgs).zip(&outcomes).map(|((record, msg), outcome)| async move {
-        let after = match outcome {
-            None => return Some(msg.message_id.clone()), // not started: back as it came
-            Some(outcome) => outcome.redeliver_after()?,
-        };
-        let queue = record
-            .event_source_arn
-            .as_deref()
-            .and_then(QueueRef::from_arn);
-        if let (Some(queue), Some(receipt)) = (queue, record.receipt_handle.as_deref())
-            && let Err(error) = visibility.delay(&queue.url, receipt, after).await
-        {
-            tracing::warn!(message_id = %msg.message_id, error, "ChangeMessageVisibility failed; the message returns after the queue's visibility timeout");
-        }
-        Some(msg.message_id.clone())
-    });
-    let failures: Vec<String> = futures_util::future::join_all(delays)
+    let reports = msgs
+        .iter()
+        .zip(&receipts)
+        .zip(&outcomes)
+        .map(|((msg, receipt), outcome)| {
+            report(visibility, msg, receipt.as_ref(), outcome.as_ref())
+        });
+    let failures: Vec<String> = futures_util::future::join_all(reports)
         .await
         .into_iter()
         .flatten()
         .collect();
     batch_response(failures)
+}
+
+/// The record's batch-item failure, unless its outcome is an ack; a record to redeliver later
+/// first gets its visibility set to the outcome's delay.
+async fn report(
+    visibility: &impl Visibility,
+    msg: &IncomingMessage,
+    receipt: Option<&Receipt>,
+    outcome: Option<&RecordOutcome>,
+) -> Option<String> {
+    let after = match outcome {
+        None => return Some(msg.message_id.clone()), // not started: back as it came
+        Some(outcome) => outcome.redeliver_after()?,
+    };
+    if let Some(receipt) = receipt
+        && let Err(error) = visibility
+            .delay(&receipt.queue_url, &receipt.handle, after)
+            .await
+    {
+        tracing::warn!(message_id = %msg.message_id, error, "ChangeMessageVisibility failed; the message returns after the queue's visibility timeout");
+    }
+    Some(msg.message_id.clone())
 }
 
 /// A partial batch response reporting `message_ids` as failed.

@@ -1,0 +1,146 @@
+//! Batch mode's commit group: the new jobs of one SQS batch committed in one transaction.
+//!
+//! Invariants:
+//! - a group is the first deliveries' new jobs of one SQS batch, one record per job, two at
+//!   least: their fences claimed in one statement in job id order (so overlapping groups never
+//!   deadlock), their work, one check that the transaction is whole and every fence its own, one
+//!   `COMMIT`, all through the one transaction routine ([`Harness::transact`]). A job's effect
+//!   commits if and only if its fence does;
+//! - whatever stops that transaction (an error of any class, a panic, a constraint, a contended
+//!   fence, a `COMMIT` that fails) rolls it back whole, and the group's jobs then go one by one
+//!   exactly as without batch mode: one bad job costs only itself, and its classification,
+//!   retries and letter are the per-job ones; nothing is charged for the group's attempt.
+
+use super::attempt::{Committed, Jobs, Unfinished};
+use super::batch::Record;
+use super::life::ParsedJob;
+use super::{Harness, RecordOutcome};
+use crate::consumer::{Consumer, Job};
+use crate::metrics::Metric;
+
+/// How a consumer commits its new jobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CommitMode {
+    /// One transaction per job (the default).
+    #[default]
+    PerJob,
+    /// One transaction for an SQS batch's new jobs ([`Consumer::handle_batch`]), falling back
+    /// to one per job when it does not commit.
+    Batch,
+}
+
+impl CommitMode {
+    /// As `COMMIT_MODE` spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::PerJob => "per-job",
+            Self::Batch => "batch",
+        }
+    }
+
+    /// The mode spelled `s`, if it is one.
+    pub fn parse(s: &str) -> Option<Self> {
+        [Self::PerJob, Self::Batch]
+            .into_iter()
+            .find(|m| m.as_str() == s)
+    }
+}
+
+impl<C: Consumer> Harness<C> {
+    /// Commits the new jobs of `fresh` (one record per job, see `process_batch`) as one group and
+    /// writes the outcomes it settles. Returns the records left to go one by one: poison (each
+    /// writes its own letter), a job whose fence appeared since the lookup (alone, the claim
+    /// tells a duplicate from another job under its id), or all when the group did not commit.
+    pub(super) async fn commit_group(
+        &self,
+        fresh: Vec<Record<C::Payload>>,
+        outcomes: &mut [Option<RecordOutcome>],
+    ) -> Vec<Record<C::Payload>> {
+        let (mut alone, runners) = split_poison(fresh);
+        if runners.len() < 2 {
+            alone.extend(runners.into_iter().map(|(i, job)| (i, Ok(job))));
+            return alone;
+        }
+        let (members, mut group) = self.group_of(runners);
+        let committed = self.transact(Jobs::Group(&mut group)).await;
+        let committed = self.count_group(committed, members.len());
+        for (i, job) in members.into_iter().zip(group) {
+            if committed.contains(&job.envelope.job_id) {
+                self.metrics.increment(Metric::Processed);
+                outcomes[i] = Some(RecordOutcome::Processed);
+            } else {
+                alone.push((i, Ok((job.envelope, job.digest))));
+            }
+        }
+        alone
+    }
+
+    /// The jobs of a group, in job id order (the fences are claimed so, `core.claim_job_fences`
+    /// orders them too, and the consumer's work sees them so, which keeps its own row locks in
+    /// one order), and the index of each one's record.
+    fn group_of(&self, mut runners: Vec<Runner<C::Payload>>) -> (Vec<usize>, Vec<Job<C::Payload>>) {
+        runners.sort_by_key(|(_, (envelope, _))| envelope.job_id);
+        let started_at = self.clock.now();
+        let job = |(envelope, digest)| Job {
+            envelope,
+            attempt: 1,
+            started_at,
+            digest,
+            metrics: self.metrics.clone(),
+        };
+        runners
+            .into_iter()
+            .map(|(i, parsed)| (i, job(parsed)))
+            .unzip()
+    }
+
+    /// Counts how the group's transaction ended, and says which of its jobs committed (none
+    /// when it did not commit: then they all go one by one).
+    fn count_group(
+        &self,
+        ended: Result<Committed, Unfinished>,
+        jobs: usize,
+    ) -> std::collections::HashSet<crate::ids::JobId> {
+        match ended {
+            Ok(Committed(claimed)) => {
+                self.metrics.increment(Metric::BatchCommitted);
+                claimed
+            }
+            Err(unfinished) => {
+                self.metrics.increment(Metric::BatchFellBack);
+                let reason = why_not_committed(&unfinished);
+                tracing::warn!(jobs, reason = %reason,
+                    "the batch did not commit; its jobs run one by one");
+                Default::default()
+            }
+        }
+    }
+}
+
+/// A record whose body is a job, which can join a group.
+type Runner<P> = (usize, ParsedJob<P>);
+
+/// Poison (each record writes its own letter), apart from the jobs that can join a group.
+fn split_poison<P>(fresh: Vec<Record<P>>) -> (Vec<Record<P>>, Vec<Runner<P>>) {
+    let (mut poison, mut runners) = (Vec::new(), Vec::new());
+    for (i, parsed) in fresh {
+        match parsed {
+            Ok(job) => runners.push((i, job)),
+            Err(e) => poison.push((i, Err(e))),
+        }
+    }
+    (poison, runners)
+}
+
+/// Why a group did not commit, as its fallback's warning says it.
+fn why_not_committed(unfinished: &Unfinished) -> String {
+    match unfinished {
+        Unfinished::Claim(e) => format!("claiming the batch's fences: {e}"),
+        Unfinished::Failed(e) => e.to_string(),
+        Unfinished::CommitUnknown(e) => {
+            format!("COMMIT failed ({e}); each job settles through its fence one by one")
+        }
+        // A group's claim leaves a job whose fence is there out of the group instead.
+        Unfinished::Duplicate | Unfinished::Conflict => "the job's fence was there already".into(),
+    }
+}

@@ -1,0 +1,114 @@
+//! A message's dead letter, written the one way the harness writes letters: settled through the
+//! fence first (a letter is a true record: a job that committed gets none), then paged.
+
+use super::{ALERTS_PER_ROUND, Harness, IncomingMessage, RecordOutcome};
+use crate::consumer::Consumer;
+use crate::dead_letter::{
+    CONFLICT_ERROR, ErrorKind, NewDeadLetter, Recorded, Settled, record_unless_processed,
+    record_without_settling,
+};
+use crate::envelope::{JobDigest, PartialIds};
+use crate::fence::FenceError;
+
+impl<C: Consumer> Harness<C> {
+    /// A copy of a processed job whose payload differs: another job under its id. Its letter
+    /// is written without settling (the fence says the id committed, for the other job).
+    pub(super) async fn conflict(
+        &self,
+        msg: &IncomingMessage,
+        ids: &PartialIds,
+        digest: &JobDigest,
+    ) -> RecordOutcome {
+        let error = CONFLICT_ERROR.to_owned();
+        let kind = ErrorKind::Conflict;
+        self.write_letter(msg, ids, Some(digest), 1, kind, error, false)
+            .await
+    }
+
+    /// The job's letter, once the fence has settled that it did not commit.
+    pub(super) async fn dead_letter(
+        &self,
+        msg: &IncomingMessage,
+        ids: &PartialIds,
+        digest: Option<&JobDigest>,
+        attempt: u32,
+        kind: ErrorKind,
+        error: String,
+    ) -> RecordOutcome {
+        self.write_letter(msg, ids, digest, attempt, kind, error, true)
+            .await
+    }
+
+    /// Writes the letter (settled through the fence first, when `settle`), then pages.
+    #[allow(clippy::too_many_arguments)]
+    async fn write_letter(
+        &self,
+        msg: &IncomingMessage,
+        ids: &PartialIds,
+        digest: Option<&JobDigest>,
+        attempt: u32,
+        kind: ErrorKind,
+        error: String,
+        settle: bool,
+    ) -> RecordOutcome {
+        let letter = NewDeadLetter {
+            job_id: ids.job_id,
+            tenant_id: ids.tenant_id,
+            consumer: self.consumer.name(),
+            queue: &msg.queue,
+            message_id: &msg.message_id,
+            body: &msg.body,
+            attempts: attempt,
+            kind,
+            last_error: &error,
+            correlation_id: ids.correlation_id.as_deref(),
+            replay_of: msg.replay_of,
+        };
+        let settled = self.record(&letter, digest, settle).await;
+        match settled {
+            Ok(Settled::AlreadyProcessed) => RecordOutcome::Duplicate,
+            Ok(Settled::Recorded(letter)) => self.lettered(kind, letter, error).await,
+            Ok(Settled::Conflict(letter)) => {
+                self.lettered(ErrorKind::Conflict, letter, error).await
+            }
+            Err(e) => RecordOutcome::DeadLetterFailed {
+                retry_after: self.retry_after(&e, msg),
+                error: format!(
+                    "writing the {kind} dead letter failed: {e}; original error: {error}"
+                ),
+            },
+        }
+    }
+
+    /// Records `letter`, settled through the fence first when `settle`.
+    async fn record(
+        &self,
+        letter: &NewDeadLetter<'_>,
+        digest: Option<&JobDigest>,
+        settle: bool,
+    ) -> Result<Settled, FenceError> {
+        let (now, wait) = (self.clock.now(), self.settings.lock_timeout);
+        if settle {
+            record_unless_processed(&self.pool, letter, digest, now, wait).await
+        } else {
+            record_without_settling(&self.pool, letter, digest, now)
+                .await
+                .map(Settled::Recorded)
+        }
+    }
+
+    /// A letter is committed: a new one pages (within the alerter's budget), then the outcome.
+    async fn lettered(&self, kind: ErrorKind, letter: Recorded, error: String) -> RecordOutcome {
+        if let (Recorded::New(_), Some(alerter)) = (letter, &self.alerter) {
+            // Boxed: the delivery's future is deep, and every caller of `process` would carry
+            // it inline (the compiler's layout depth overflows in consumers' tests).
+            let delivery = Box::pin(alerter.deliver_pending(ALERTS_PER_ROUND)).await;
+            self.metrics.count_delivery(&delivery);
+        }
+        RecordOutcome::DeadLettered {
+            kind,
+            letter,
+            error,
+        }
+    }
+}

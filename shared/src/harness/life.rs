@@ -1,0 +1,316 @@
+//! The life of one message, as named steps: parse, ledger, claim and run (one transaction),
+//! settle, decide. Each step hands the next what it needs, or stops the life with the message's
+//! outcome; [`Harness::live`] reads as the story.
+
+use super::attempt::{Committed, Jobs, Unfinished};
+use super::{Harness, IncomingMessage, RecordOutcome, record_ids};
+use crate::consumer::{Consumer, Job, ProcessError};
+use crate::dead_letter::{ErrorKind, Recorded};
+use crate::decision::{AfterFailure, decide_failure};
+use crate::envelope::{Envelope, JobDigest, Poison};
+use crate::execution::{Ledger, Start, record_failure, start_execution, uncharge};
+use crate::fence::{FenceError, conflicts, settle_committed};
+use std::time::Duration;
+
+/// A message's body read as the consumer's job: its envelope and digest, or poison. Read once
+/// per message, by [`Harness::parse`], and carried from there.
+pub(super) type Parsed<P> = Result<ParsedJob<P>, Poison>;
+
+/// A body that is a job: its envelope, and the digest of what makes up the job.
+pub(super) type ParsedJob<P> = (Envelope<P>, JobDigest);
+
+/// The end of a message's life, reached before its last step: the outcome is final.
+struct Stop(RecordOutcome);
+
+/// What a step gives the next one, or the [`Stop`] that ends the life there.
+type Step<T> = Result<T, Stop>;
+
+/// Which execution a delivery is, and whether the ledger charged it before it ran.
+#[derive(Debug, Clone, Copy)]
+struct Attempt {
+    number: u32,
+    charged: bool,
+}
+
+impl Attempt {
+    /// A first delivery: attempt 1, charged only if it fails.
+    const FIRST: Self = Self {
+        number: 1,
+        charged: false,
+    };
+
+    /// Execution `number`, charged by the ledger as it started.
+    fn charged(number: u32) -> Self {
+        Self {
+            number,
+            charged: true,
+        }
+    }
+}
+
+impl<C: Consumer> Harness<C> {
+    /// The body of `msg` as this consumer's job.
+    pub(super) fn parse(&self, msg: &IncomingMessage) -> Parsed<C::Payload> {
+        Envelope::parse_job(&msg.body, self.consumer.job_fields())
+    }
+
+    /// The life of one message whose body is `parsed`.
+    pub(super) async fn live(
+        &self,
+        msg: &IncomingMessage,
+        parsed: Parsed<C::Payload>,
+    ) -> RecordOutcome {
+        match self.steps(msg, parsed).await {
+            Ok(outcome) | Err(Stop(outcome)) => outcome,
+        }
+    }
+
+    /// Parse, ledger, claim and run (one transaction), settle, decide: each step hands the next
+    /// what it needs, or stops the life with the message's outcome.
+    async fn steps(
+        &self,
+        msg: &IncomingMessage,
+        parsed: Parsed<C::Payload>,
+    ) -> Step<RecordOutcome> {
+        let (envelope, digest) = self.accept(msg, parsed).await?;
+        let attempt = self.consult_ledger(msg, &envelope, &digest).await?;
+        let job = self.job(envelope, digest, attempt);
+        let ended = self.transact(Jobs::One(&job, &msg.message_id)).await;
+        let failure = self.settle(msg, &job, attempt, ended).await?;
+        let number = self.charge_failure(&job, attempt, &failure).await;
+        Ok(self.decide(msg, &job, number, failure).await)
+    }
+
+    /// Parse: poison is dead-lettered at once and never attempted.
+    async fn accept(
+        &self,
+        msg: &IncomingMessage,
+        parsed: Parsed<C::Payload>,
+    ) -> Step<ParsedJob<C::Payload>> {
+        match parsed {
+            Ok((envelope, digest)) => {
+                record_ids(&envelope.ids());
+                Ok((envelope, digest))
+            }
+            Err(Poison { reason, ids }) => {
+                record_ids(&ids);
+                // Poison is never attempted, so its letter says 1 attempt even when crashes of
+                // its batch delivered it more than once.
+                let letter = self.dead_letter(msg, &ids, None, 1, ErrorKind::Poison, reason);
+                Err(Stop(letter.await))
+            }
+        }
+    }
+
+    /// Ledger: a first delivery cannot follow an execution of this message, so it runs as
+    /// attempt 1 without a look; a repeat delivery asks the ledger first, in one statement,
+    /// which charges the execution when the job is to run.
+    async fn consult_ledger(
+        &self,
+        msg: &IncomingMessage,
+        envelope: &Envelope<C::Payload>,
+        digest: &JobDigest,
+    ) -> Step<Attempt> {
+        if msg.receive_count <= 1 {
+            return Ok(Attempt::FIRST);
+        }
+        let (job_id, name, now) = (envelope.job_id, self.consumer.name(), self.clock.now());
+        let max_attempts = self.settings.policy.max_attempts();
+        let start = start_execution(&self.pool, job_id, name, &msg.message_id, max_attempts, now);
+        let stop = match start.await {
+            Ok(Start::Run { attempt }) => return Ok(Attempt::charged(attempt)),
+            Ok(Start::AlreadyProcessed { committed }) if conflicts(committed.as_ref(), digest) => {
+                self.conflict(msg, &envelope.ids(), digest).await
+            }
+            Ok(Start::AlreadyProcessed { .. }) => RecordOutcome::Duplicate,
+            Ok(Start::AlreadyLettered { id, kind }) => RecordOutcome::DeadLettered {
+                kind,
+                letter: Recorded::AlreadyRecorded(id),
+                error: "this message's dead letter was already written".into(),
+            },
+            Ok(Start::OverBudget(ledger)) => self.over_budget(msg, envelope, digest, ledger).await,
+            Err(e) => {
+                let error = format!("reading the execution ledger: {e}");
+                self.hand_back(error, self.unavailable_delay(msg))
+            }
+        };
+        Err(Stop(stop))
+    }
+
+    /// A job past its budget is dead-lettered without running again (the letter settles through
+    /// the fence that it never committed).
+    async fn over_budget(
+        &self,
+        msg: &IncomingMessage,
+        envelope: &Envelope<C::Payload>,
+        digest: &JobDigest,
+        ledger: Ledger,
+    ) -> RecordOutcome {
+        let context = format!("delivered {} times", msg.receive_count);
+        let (kind, error) = ledger.verdict(self.settings.policy.max_attempts(), &context);
+        let (ids, executions) = (envelope.ids(), ledger.executions);
+        self.dead_letter(msg, &ids, Some(digest), executions, kind, error)
+            .await
+    }
+
+    /// The job one execution runs, its number in the span.
+    fn job(
+        &self,
+        envelope: Envelope<C::Payload>,
+        digest: JobDigest,
+        attempt: Attempt,
+    ) -> Job<C::Payload> {
+        tracing::Span::current().record("attempt", attempt.number);
+        Job {
+            envelope,
+            attempt: attempt.number,
+            started_at: self.clock.now(),
+            digest,
+            metrics: self.metrics.clone(),
+        }
+    }
+
+    /// Settle: what the end of the job's transaction means. Committed, a duplicate, a conflict
+    /// or a contended fence ends the life; a `COMMIT` whose reply was lost settles through the
+    /// fence; a failure goes on to be decided.
+    async fn settle(
+        &self,
+        msg: &IncomingMessage,
+        job: &Job<C::Payload>,
+        attempt: Attempt,
+        ended: Result<Committed, Unfinished>,
+    ) -> Step<ProcessError> {
+        let stop = match ended {
+            Ok(_) => RecordOutcome::Processed,
+            Err(Unfinished::Duplicate) => RecordOutcome::Duplicate,
+            Err(Unfinished::Conflict) => self.conflict(msg, &job.envelope.ids(), &job.digest).await,
+            Err(Unfinished::Claim(FenceError::Contended)) => self.contended(job, attempt).await,
+            Err(Unfinished::Claim(FenceError::Database(e))) => return Ok(e.into()),
+            Err(Unfinished::Failed(failure)) => return Ok(failure),
+            Err(Unfinished::CommitUnknown(e)) => return self.settle_commit(msg, job, e).await,
+        };
+        Err(Stop(stop))
+    }
+
+    /// A concurrent copy holds the fence: the job never ran, so a charge is taken back (best
+    /// effort; a failure only costs the job one of its attempts).
+    async fn contended(&self, job: &Job<C::Payload>, attempt: Attempt) -> RecordOutcome {
+        if attempt.charged {
+            let _ = uncharge(&self.pool, job.envelope.job_id, self.consumer.name()).await;
+        }
+        RecordOutcome::Contended {
+            retry_after: self.settings.contended_retry_after,
+        }
+    }
+
+    /// A `COMMIT` that failed may still have committed (its reply was lost with the
+    /// connection). The fence settles it: committed ends the life as processed; not committed
+    /// is the transient failure to decide; an answer that cannot be had yet hands it back.
+    async fn settle_commit(
+        &self,
+        msg: &IncomingMessage,
+        job: &Job<C::Payload>,
+        commit_error: sqlx::Error,
+    ) -> Step<ProcessError> {
+        let job_id = job.envelope.job_id;
+        let (name, now, wait) = (
+            self.consumer.name(),
+            self.clock.now(),
+            self.settings.lock_timeout,
+        );
+        match settle_committed(&self.pool, job_id, name, Some(&job.digest), now, wait).await {
+            Ok(true) => {
+                tracing::warn!(job_id = %job_id, error = %commit_error,
+                    "COMMIT reported an error, but the fence shows the job committed");
+                Err(Stop(RecordOutcome::Processed))
+            }
+            Ok(false) => Ok(ProcessError::transient(format!(
+                "COMMIT failed ({commit_error}); the fence shows the job did not commit"
+            ))),
+            Err(e) => {
+                let after = self.retry_after(&e, msg);
+                Err(Stop(self.hand_back(
+                    format!("COMMIT failed ({commit_error}) and its outcome could not be settled yet: {e}"),
+                    after,
+                )))
+            }
+        }
+    }
+
+    /// Ledger, again: a transient failure is recorded (a first delivery is charged here), which
+    /// numbers the attempt; if it cannot be written, the attempt keeps its number.
+    async fn charge_failure(
+        &self,
+        job: &Job<C::Payload>,
+        attempt: Attempt,
+        failure: &ProcessError,
+    ) -> u32 {
+        let ProcessError::Transient(error) = failure else {
+            return attempt.number;
+        };
+        let (job_id, consumer) = (job.envelope.job_id, self.consumer.name());
+        let now = self.clock.now();
+        record_failure(
+            &self.pool,
+            job_id,
+            consumer,
+            attempt.charged,
+            error.message(),
+            now,
+        )
+        .await
+        .unwrap_or(attempt.number)
+    }
+
+    /// Decide: a retry after the backoff, or the dead letter.
+    async fn decide(
+        &self,
+        msg: &IncomingMessage,
+        job: &Job<C::Payload>,
+        attempt: u32,
+        failure: ProcessError,
+    ) -> RecordOutcome {
+        let policy = &self.settings.policy;
+        let after = decide_failure(
+            &failure,
+            attempt,
+            policy,
+            &mut *self.rng.lock().expect("rng lock"),
+        );
+        let error = failure.to_string();
+        match after {
+            AfterFailure::Retry { after } => RecordOutcome::Retry {
+                attempt,
+                after,
+                error,
+            },
+            AfterFailure::DeadLetter(kind) => {
+                let (ids, digest) = (job.envelope.ids(), Some(&job.digest));
+                self.dead_letter(msg, &ids, digest, attempt, kind, error)
+                    .await
+            }
+        }
+    }
+
+    pub(super) fn hand_back(&self, error: String, retry_after: Duration) -> RecordOutcome {
+        RecordOutcome::HandedBack { retry_after, error }
+    }
+
+    /// How long a record waits when the database is unavailable: the retry policy's backoff for
+    /// its delivery, so an outage does not spend the queue's receives (and its redrive) in
+    /// seconds.
+    pub(super) fn unavailable_delay(&self, msg: &IncomingMessage) -> Duration {
+        let policy = &self.settings.policy;
+        let n = msg.receive_count.clamp(1, policy.max_attempts());
+        policy.delay_after(n, &mut *self.rng.lock().expect("rng lock"))
+    }
+
+    /// After a fence settle that could not finish: soon when a copy holds the fence (it will
+    /// end shortly), with backoff when the database failed.
+    pub(super) fn retry_after(&self, error: &FenceError, msg: &IncomingMessage) -> Duration {
+        match error {
+            FenceError::Contended => self.settings.contended_retry_after,
+            FenceError::Database(_) => self.unavailable_delay(msg),
+        }
+    }
+}
