@@ -1,4 +1,5 @@
-//! BetterStack alerting: one incident per failure group ([`crate::groups`]) while it lasts.
+//! BetterStack alerting: one incident per failure group ([`crate::dead_letter::Group`]) while
+//! it lasts.
 //!
 //! Invariants: a dead letter is committed before any alert is tried; an alert never blocks
 //! processing longer than its time budget; a step that could not be delivered stays due in
@@ -9,7 +10,7 @@
 //! again. The API token never appears in logs or `Debug`.
 
 use crate::clock::Clock;
-use crate::groups::{
+use crate::dead_letter::{
     Group, IncidentStep, claim_due, claim_incident_checks, previous_incident,
     record_delivery_failed, record_incident_checked, record_opened, record_resolved,
     record_resolved_by_hand, record_updated,

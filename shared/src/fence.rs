@@ -6,7 +6,7 @@
 //! claims it); `lock_timeout` bounds that wait.
 
 use crate::envelope::JobDigest;
-use crate::ids::{ConsumerName, JobId, TenantId};
+use crate::ids::{ConsumerName, JobId, TenantId, bounded_id};
 use crate::retry::RetryPolicy;
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgExecutor};
@@ -143,7 +143,7 @@ pub async fn finish_job(
     sqlx::query_scalar("SELECT core.finish_job_of($1, $2, $3, $4, $5)")
         .bind(job_id.0)
         .bind(consumer.as_str())
-        .bind(&*crate::dead_letter::bounded_id(message_id, "message"))
+        .bind(&*bounded_id(message_id, "message"))
         .bind(now)
         .bind(digest.map(|d| d.0.as_slice()))
         .fetch_one(tx)

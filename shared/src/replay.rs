@@ -8,8 +8,7 @@
 //! refusal says whether it was the queue's ([`Refusal::Queue`]) or this message's
 //! ([`Refusal::Message`]).
 
-use crate::dead_letter::DeadLetter;
-use crate::sqs::REPLAY_OF_ATTRIBUTE;
+use crate::dead_letter::{DeadLetter, REPLAY_OF_ATTRIBUTE};
 use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_sqs::types::MessageAttributeValue;
 use serde_json::Value;

@@ -11,8 +11,8 @@
 
 use crate::alerting::{Alerter, Delivery};
 use crate::clock::Clock;
+use crate::dead_letter::{DeliveryBacklog, delivery_backlog, pending_review};
 use crate::escalation::{EscalationReport, escalate};
-use crate::groups::{DeliveryBacklog, delivery_backlog, pending_review};
 use crate::metrics::emf_line;
 use crate::replay::Refusal;
 use crate::replay_sends::{Unsent, due_replays, record_send_refused, unsent};
@@ -310,7 +310,7 @@ impl ScheduledRun {
                 };
                 match result {
                     Ok(sent) => {
-                        crate::review::record_replay_sent(
+                        crate::dead_letter::record_replay_sent(
                             &self.pool,
                             letter.id,
                             &sent.message_id,

@@ -8,47 +8,13 @@
 //! by one sender at a time (a lease, `FOR UPDATE SKIP LOCKED`) and recorded after it went out, so
 //! no lock is held while BetterStack answers.
 
-use crate::dead_letter::ErrorKind;
+use super::list::Listing;
+use super::{ErrorKind, GroupStatus, storable_error};
 use crate::ids::{ConsumerName, DeadLetterId, GroupId, JobId};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::{PgConnection, PgExecutor, Postgres, QueryBuilder};
-use std::fmt;
 use std::time::Duration;
-
-/// Whether a group still has letters pending review.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum GroupStatus {
-    /// Some of its letters are pending review.
-    Open,
-    /// Every letter has been reviewed.
-    Resolved,
-}
-
-impl GroupStatus {
-    /// Both, in order.
-    pub const ALL: [GroupStatus; 2] = [Self::Open, Self::Resolved];
-
-    /// As the API spells it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Open => "open",
-            Self::Resolved => "resolved",
-        }
-    }
-
-    /// The status spelled `s`, if it is one.
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|k| k.as_str() == s)
-    }
-}
-
-impl fmt::Display for GroupStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// The incident a group stands for, as far as it has been delivered.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -218,32 +184,20 @@ pub async fn list_groups(
     after: Option<GroupPosition>,
     limit: u32,
 ) -> sqlx::Result<Vec<Group>> {
-    let mut q = QueryBuilder::<Postgres>::new(format!(
+    let q = QueryBuilder::<Postgres>::new(format!(
         "SELECT {COLUMNS} FROM core.dead_letter_groups WHERE true"
     ));
+    let mut list = Listing::new(q);
     match filter.status {
-        Some(GroupStatus::Open) => q.push(" AND resolved_at IS NULL"),
-        Some(GroupStatus::Resolved) => q.push(" AND resolved_at IS NOT NULL"),
-        None => &mut q,
+        Some(GroupStatus::Open) => list.and("resolved_at IS NULL"),
+        Some(GroupStatus::Resolved) => list.and("resolved_at IS NOT NULL"),
+        None => &mut list,
     };
-    if let Some(queue) = &filter.queue {
-        q.push(" AND queue = ").push_bind(queue.clone());
-    }
-    if let Some(consumer) = &filter.consumer {
-        q.push(" AND consumer = ").push_bind(consumer.clone());
-    }
-    if let Some(kind) = filter.error_kind {
-        q.push(" AND error_kind = ").push_bind(kind.as_str());
-    }
-    if let Some(after) = after {
-        q.push(" AND (last_letter_at, id) < (")
-            .push_bind(after.last_letter_at)
-            .push(", ")
-            .push_bind(after.id.0)
-            .push(")");
-    }
-    q.push(" ORDER BY last_letter_at DESC, id DESC LIMIT ")
-        .push_bind(i64::from(limit));
+    list.test("queue =", filter.queue.clone())
+        .test("consumer =", filter.consumer.clone())
+        .test("error_kind =", filter.error_kind.map(ErrorKind::as_str));
+    let after = after.map(|a| (a.last_letter_at, a.id.0));
+    let mut q = list.page("last_letter_at", after, limit);
     let rows: Vec<GroupRow> = q.build_query_as().fetch_all(db).await?;
     Ok(rows.into_iter().map(Group::from).collect())
 }
@@ -500,7 +454,7 @@ pub async fn record_delivery_failed(
          WHERE id = $1",
     )
     .bind(group.0)
-    .bind(crate::dead_letter::storable_error(error).as_ref())
+    .bind(storable_error(error).as_ref())
     .bind(retry_at)
     .execute(db)
     .await

@@ -1,114 +1,15 @@
-//! The dead-letter store, `core.dead_letters`: every failure, with its payload.
-//!
-//! Invariants: a letter is a true record. [`record_unless_processed`] settles through the fence,
-//! in the letter's own transaction, that the job's effect did not commit (a copy still inside
-//! its transaction is waited for, not missed), so a committed job gets no letter. One letter per
-//! (consumer, SQS message id): a redelivery of a message whose letter is already written (the
-//! ack was lost) finds it instead of writing a second one. The table is append-only; the
-//! database rejects anything but the review transition.
+//! Writing a letter: settled through the fence in the letter's own transaction, once per
+//! message, and as received where PostgreSQL refuses it as parsed.
 
+use super::{ErrorKind, MAX_ERROR_BYTES, NewDeadLetter, storable_error};
 use crate::envelope::JobDigest;
 use crate::fence::{FenceClaim, FenceError, claim_job_fence};
-use crate::ids::{ConsumerName, DeadLetterId, JobId, TenantId};
+use crate::ids::{
+    DeadLetterId, MAX_ID_BYTES, TenantId, bounded_id, storable, truncate, without_nul,
+};
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use sqlx::{PgConnection, PgExecutor};
-use std::fmt;
-
-/// `last_error` is cut to this many bytes (at a character boundary).
-pub const MAX_ERROR_BYTES: usize = 8 * 1024;
-
-/// Why a job ended up as a dead letter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ErrorKind {
-    /// The message can never be parsed or is meaningless; no retry was made.
-    Poison,
-    /// The handler reported a failure that can never succeed.
-    Permanent,
-    /// Every attempt failed transiently.
-    Exhausted,
-    /// Attempts ended without an outcome (timeout, crash, out of memory).
-    Crashed,
-    /// A copy arrived too late to settle through the fence (older than the fence's TTL less
-    /// its margin, by its own send time): whether the job committed cannot be known, so the
-    /// letter is not replayable. Check the effect by hand, then discard it with a reason.
-    Unsettled,
-    /// A copy of a processed job whose payload differs from the committed one's (by the
-    /// digest its fence keeps): another job under a reused id, a producer's bug. It never ran;
-    /// the letter keeps it whole. No retry.
-    Conflict,
-}
-
-impl ErrorKind {
-    /// Every kind, in a stable order.
-    pub const ALL: [ErrorKind; 6] = [
-        Self::Poison,
-        Self::Permanent,
-        Self::Exhausted,
-        Self::Crashed,
-        Self::Unsettled,
-        Self::Conflict,
-    ];
-
-    /// The value stored in `core.dead_letters.error_kind`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Poison => "poison",
-            Self::Permanent => "permanent",
-            Self::Exhausted => "exhausted",
-            Self::Crashed => "crashed",
-            Self::Unsettled => "unsettled",
-            Self::Conflict => "conflict",
-        }
-    }
-
-    /// The kind stored as `s`, if it is one.
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|k| k.as_str() == s)
-    }
-}
-
-crate::ids::text_column!(
-    ErrorKind,
-    |s: &str| ErrorKind::parse(s).ok_or_else(|| format!("unknown error kind {s:?}")),
-    |k: &ErrorKind| k.as_str()
-);
-
-impl fmt::Display for ErrorKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// A dead letter about to be written.
-#[derive(Debug, Clone)]
-pub struct NewDeadLetter<'a> {
-    /// The job, unless the message was too broken to carry one.
-    pub job_id: Option<JobId>,
-    /// The tenant, if readable.
-    pub tenant_id: Option<TenantId>,
-    /// The consumer that gave up.
-    pub consumer: &'a ConsumerName,
-    /// The queue the message came from (and where a replay sends it).
-    pub queue: &'a str,
-    /// The SQS message id.
-    pub message_id: &'a str,
-    /// The body as received: kept exactly (what a replay sends), and as JSON in `payload`
-    /// where `jsonb` can hold it (see [`crate::envelope::body_as_json`]).
-    pub body: &'a str,
-    /// The attempt on which the letter was written.
-    pub attempts: u32,
-    /// Why.
-    pub kind: ErrorKind,
-    /// The last error, as a sentence; cut to [`MAX_ERROR_BYTES`].
-    pub last_error: &'a str,
-    /// The correlation id, if readable.
-    pub correlation_id: Option<&'a str>,
-    /// The letter whose replay produced this message, if any.
-    pub replay_of: Option<DeadLetterId>,
-}
+use sqlx::PgConnection;
 
 /// The result of [`record_dead_letter`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,11 +28,6 @@ impl Recorded {
         }
     }
 }
-
-/// The most bytes a producer-controlled identifier (`correlation_id`, the message id, the
-/// queue) keeps in a letter's indexed columns; the body keeps every value whole. A btree index
-/// row holds at most 2,704 bytes, so an identifier as it came could make a letter unwritable.
-pub const MAX_ID_BYTES: usize = 256;
 
 /// How a letter's body is stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -205,28 +101,6 @@ async fn record_stored(
     .fetch_one(conn)
     .await?;
     Ok(Recorded::AlreadyRecorded(DeadLetterId(existing)))
-}
-
-/// An identifier as a letter's indexed column keeps it: at most [`MAX_ID_BYTES`], never blank,
-/// no NUL. A longer one keeps its start and a digest of the whole, so two long ids that share
-/// their start stay two ids (one letter per message).
-pub fn bounded_id<'s>(id: &'s str, if_blank: &'static str) -> std::borrow::Cow<'s, str> {
-    if id.trim().is_empty() {
-        return if_blank.into();
-    }
-    if id.len() <= MAX_ID_BYTES && !id.contains('\0') {
-        return id.into();
-    }
-    use sha2::Digest;
-    let digest = sha2::Sha256::digest(id.as_bytes());
-    let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
-    format!("{}~sha256:{hex}", storable(id, MAX_ID_BYTES - 48)).into()
-}
-
-/// A correlation id as a letter (and every log line of its job) keeps it: its first
-/// [`MAX_ID_BYTES`] at a character boundary, NUL replaced. The body keeps it whole.
-pub fn bounded_correlation_id(id: &str) -> std::borrow::Cow<'_, str> {
-    storable(id, MAX_ID_BYTES)
 }
 
 /// Whether PostgreSQL refused a letter for what it holds rather than for its own state: a data
@@ -398,170 +272,3 @@ async fn settle_in(
 pub const CONFLICT_ERROR: &str = "this job id was already processed with another payload (its \
      fence keeps the digest of what made up the job): a producer reused the id for another job, \
      which did not run; send it under a new job id, then discard this letter";
-
-/// A stored dead letter, read back as the domain's types.
-#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
-pub struct DeadLetter {
-    /// Primary key.
-    pub id: DeadLetterId,
-    /// The job, if the message carried one.
-    pub job_id: Option<JobId>,
-    /// The tenant, if readable.
-    pub tenant_id: Option<TenantId>,
-    /// The consumer.
-    pub consumer: ConsumerName,
-    /// The source queue.
-    pub queue: String,
-    /// The SQS message id.
-    pub message_id: String,
-    /// The body as JSON (a JSON string where it is not JSON, or not JSON `jsonb` can hold).
-    pub payload: Value,
-    /// The body exactly as received, what a replay sends (none for a letter older than it).
-    #[serde(skip)]
-    pub body: Option<String>,
-    /// The digest of the job it stands for (none where it was not known).
-    #[serde(skip)]
-    pub job_digest: Option<Vec<u8>>,
-    /// The attempt on which it was written (executions; 0 for a redriven job that never ran).
-    pub attempts: i32,
-    /// Why.
-    pub error_kind: ErrorKind,
-    /// The last error.
-    pub last_error: String,
-    /// The correlation id.
-    pub correlation_id: Option<String>,
-    /// The letter whose replay produced this one.
-    pub replay_of: Option<DeadLetterId>,
-    /// Where its review stands.
-    pub status: crate::review::ReviewStatus,
-    /// Why it was discarded.
-    pub discard_reason: Option<String>,
-    /// Who reviewed it.
-    pub reviewed_by: Option<String>,
-    /// When it was reviewed.
-    pub reviewed_at: Option<DateTime<Utc>>,
-    /// When it was written.
-    pub created_at: DateTime<Utc>,
-    /// For a replayed letter: queued (recorded, not yet accepted by the queue), sent, or
-    /// already processed (the job's fence existed, so nothing was sent).
-    pub replay_outcome: Option<crate::review::ReplayOutcome>,
-    /// The message the queue accepted for the replay.
-    pub replay_message_id: Option<String>,
-    /// When the queue accepted it.
-    pub replay_sent_at: Option<DateTime<Utc>>,
-    /// Why it was replayed, if the operator said.
-    pub replay_reason: Option<String>,
-    /// The failure group it belongs to (none for a letter older than groups).
-    pub group_id: Option<crate::ids::GroupId>,
-}
-
-/// The letters of one job for one consumer, oldest first.
-pub async fn letters_for_job(
-    db: impl PgExecutor<'_>,
-    job_id: JobId,
-    consumer: &ConsumerName,
-) -> sqlx::Result<Vec<DeadLetter>> {
-    sqlx::query_as(
-        "SELECT * FROM core.dead_letters WHERE job_id = $1 AND consumer = $2
-         ORDER BY created_at, id",
-    )
-    .bind(job_id.0)
-    .bind(consumer.as_str())
-    .fetch_all(db)
-    .await
-}
-
-/// The letter written for one SQS message, if any.
-pub async fn letter_for_message(
-    db: impl PgExecutor<'_>,
-    consumer: &ConsumerName,
-    message_id: &str,
-) -> sqlx::Result<Option<DeadLetter>> {
-    sqlx::query_as("SELECT * FROM core.dead_letters WHERE consumer = $1 AND message_id = $2")
-        .bind(consumer.as_str())
-        .bind(&*bounded_id(message_id, "message"))
-        .fetch_optional(db)
-        .await
-}
-
-/// An error as a letter stores it: cut to [`MAX_ERROR_BYTES`], NUL replaced.
-pub fn storable_error(error: &str) -> std::borrow::Cow<'_, str> {
-    storable(error, MAX_ERROR_BYTES)
-}
-
-/// `s` with NUL replaced by U+FFFD: PostgreSQL text cannot store NUL, and a letter must be
-/// writable whatever the error or the message said.
-/// `s` with NUL replaced, then cut to `max` bytes at a character boundary (in that order: a
-/// replaced NUL takes three bytes).
-fn storable(s: &str, max: usize) -> std::borrow::Cow<'_, str> {
-    match without_nul(s) {
-        std::borrow::Cow::Borrowed(clean) => truncate(clean, max).into(),
-        std::borrow::Cow::Owned(clean) => truncate(&clean, max).to_owned().into(),
-    }
-}
-
-fn without_nul(s: &str) -> std::borrow::Cow<'_, str> {
-    if s.contains('\0') {
-        s.replace('\0', "\u{fffd}").into()
-    } else {
-        s.into()
-    }
-}
-
-fn truncate(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_bounded_value_stays_within_its_bound_whatever_it_holds() {
-        let nuls = "\0".repeat(300);
-        assert_eq!(
-            bounded_correlation_id(&nuls).len(),
-            MAX_ID_BYTES - MAX_ID_BYTES % 3
-        );
-        assert!(bounded_id(&nuls, "m").len() <= MAX_ID_BYTES);
-        assert!(storable_error(&"\0".repeat(MAX_ERROR_BYTES)).len() <= MAX_ERROR_BYTES);
-        assert_eq!(bounded_id("   ", "blank"), "blank");
-        let long = "é".repeat(1_000);
-        let longer = format!("{long}x");
-        let (a, b) = (bounded_id(&long, "m"), bounded_id(&longer, "m"));
-        assert!(
-            a.len() <= MAX_ID_BYTES && a != b,
-            "two long ids stay two ids"
-        );
-    }
-
-    #[test]
-    fn truncation_respects_character_boundaries() {
-        assert_eq!(truncate("héllo", 2), "h");
-        assert_eq!(truncate("héllo", 3), "hé");
-        assert_eq!(truncate("short", 100), "short");
-    }
-
-    #[test]
-    fn kinds_match_the_schema_check() {
-        let names: Vec<_> = ErrorKind::ALL.iter().map(|k| k.as_str()).collect();
-        assert_eq!(
-            names,
-            [
-                "poison",
-                "permanent",
-                "exhausted",
-                "crashed",
-                "unsettled",
-                "conflict"
-            ]
-        );
-    }
-}
