@@ -15,6 +15,7 @@ use crate::dead_letter::{
     record_delivery_failed, record_incident_checked, record_opened, record_resolved,
     record_resolved_by_hand, record_updated,
 };
+use crate::metrics::{Metric, Metrics};
 use crate::secrets::Secret;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -412,6 +413,14 @@ impl Delivery {
     /// Steps delivered.
     pub fn delivered(&self) -> usize {
         self.opened + self.updated + self.resolved
+    }
+}
+
+impl Metrics {
+    /// Counts what an alert delivery round failed to deliver.
+    pub fn count_delivery(&self, delivery: &Delivery) {
+        self.add(Metric::AlertDeliveryFailed, delivery.failed as u64);
+        self.add(Metric::AlertRejected, delivery.rejected as u64);
     }
 }
 

@@ -129,12 +129,6 @@ impl Metrics {
         self.counters[metric.index()].fetch_add(n, Relaxed);
     }
 
-    /// Counts what an alert delivery round failed to deliver.
-    pub fn count_delivery(&self, delivery: &crate::alerting::Delivery) {
-        self.add(Metric::AlertDeliveryFailed, delivery.failed as u64);
-        self.add(Metric::AlertRejected, delivery.rejected as u64);
-    }
-
     /// The current count of `metric`.
     pub fn get(&self, metric: Metric) -> u64 {
         self.counters[metric.index()].load(Relaxed)

@@ -12,7 +12,9 @@ mod functions;
 pub use alerts::AlertConfig;
 pub use database::{DatabaseConfig, DatabaseSource};
 pub use fence::FenceConfig;
-pub use functions::{ApiConfig, ConsumerConfig, DlqIngesterConfig, ScheduledConfig};
+pub use functions::{
+    ApiConfig, ConsumerConfig, DlqIngesterConfig, REPLAY_ALERT_AFTER, ScheduledConfig,
+};
 
 use crate::ids::ConsumerName;
 use std::fmt;
