@@ -92,7 +92,7 @@ impl ClassifyName for serde_json::Error {
 
 /// Whether `error` is the database rejecting the credentials (`28P01` invalid password, `28000`
 /// invalid authorization).
-pub fn is_rejected_credentials(error: &sqlx::Error) -> bool {
+pub(crate) fn is_rejected_credentials(error: &sqlx::Error) -> bool {
     error
         .as_database_error()
         .and_then(|e| e.code())
@@ -122,14 +122,6 @@ impl Database {
                 secret,
                 loaded: Arc::default(),
             }),
-        }
-    }
-
-    /// A database on `pool` as it is (tests).
-    pub fn from_pool(pool: PgPool) -> Self {
-        Self {
-            pool,
-            credentials: None,
         }
     }
 

@@ -140,7 +140,7 @@ pub const MAX_ID_BYTES: usize = 256;
 /// An identifier as a letter's indexed column keeps it: at most [`MAX_ID_BYTES`], never blank,
 /// no NUL. A longer one keeps its start and a digest of the whole, so two long ids that share
 /// their start stay two ids (one letter per message).
-pub fn bounded_id<'s>(id: &'s str, if_blank: &'static str) -> std::borrow::Cow<'s, str> {
+pub(crate) fn bounded_id<'s>(id: &'s str, if_blank: &'static str) -> std::borrow::Cow<'s, str> {
     if id.trim().is_empty() {
         return if_blank.into();
     }
@@ -155,7 +155,7 @@ pub fn bounded_id<'s>(id: &'s str, if_blank: &'static str) -> std::borrow::Cow<'
 
 /// A correlation id as a letter (and every log line of its job) keeps it: its first
 /// [`MAX_ID_BYTES`] at a character boundary, NUL replaced. The body keeps it whole.
-pub fn bounded_correlation_id(id: &str) -> std::borrow::Cow<'_, str> {
+pub(crate) fn bounded_correlation_id(id: &str) -> std::borrow::Cow<'_, str> {
     storable(id, MAX_ID_BYTES)
 }
 

@@ -20,7 +20,7 @@ pub mod config;
 pub mod consumer;
 pub mod db;
 pub mod dead_letter;
-pub mod decision;
+pub(crate) mod decision;
 pub mod dlq_ingester;
 pub mod envelope;
 pub mod escalation;
@@ -38,7 +38,7 @@ pub mod secrets;
 pub mod sqs;
 pub mod sweeper;
 pub mod telemetry;
-pub mod unsent_replays;
+pub(crate) mod unsent_replays;
 
 // shim: issue 23 merge (the failure groups and the review are `dead_letter`'s now)
 #[doc(hidden)]

@@ -34,9 +34,9 @@ const REPLAYS_PER_RUN: i64 = 500;
 /// A queued replay younger than this is left to the replay request that recorded it.
 const REPLAY_GRACE: Duration = Duration::from_secs(60);
 /// The most the replay step may take (without a deadline, all of it).
-pub const REPLAY_BUDGET: Duration = Duration::from_secs(60);
+pub(crate) const REPLAY_BUDGET: Duration = Duration::from_secs(60);
 /// The most the escalation step may take.
-pub const ESCALATION_BUDGET: Duration = Duration::from_secs(60);
+pub(crate) const ESCALATION_BUDGET: Duration = Duration::from_secs(60);
 // shim: issue 23 merge (the default is read with the variable, in `config`)
 #[doc(hidden)]
 pub use crate::config::REPLAY_ALERT_AFTER;
@@ -72,7 +72,7 @@ pub struct Heartbeat {
 }
 
 /// How long a heartbeat ping may take.
-pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(3);
+pub(crate) const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(3);
 
 impl Heartbeat {
     /// A heartbeat at `url`.
@@ -88,7 +88,7 @@ impl Heartbeat {
 
     /// Pings it: `url` after a good run, `url/fail` when a step failed (BetterStack then pages
     /// at once instead of waiting for the period). The error is for the report.
-    pub async fn ping(&self, failed: bool) -> Result<(), String> {
+    pub(crate) async fn ping(&self, failed: bool) -> Result<(), String> {
         let url = if failed {
             format!("{}/fail", self.url)
         } else {

@@ -114,7 +114,7 @@ impl DatabaseConfig {
     /// Connections are not pinged before each use (sqlx's default would add a round trip to
     /// every job, a third more than the transaction itself needs): a connection that died is
     /// discarded on its first error, and that record fails transiently and is retried.
-    pub fn pool_options(&self) -> sqlx::postgres::PgPoolOptions {
+    pub(crate) fn pool_options(&self) -> sqlx::postgres::PgPoolOptions {
         sqlx::postgres::PgPoolOptions::new()
             .max_connections(self.pool_size)
             .acquire_timeout(self.acquire_timeout)

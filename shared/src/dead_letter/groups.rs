@@ -230,7 +230,7 @@ pub async fn group_of_letter(
 
 /// What a group's incident needs next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum IncidentStep {
+pub(crate) enum IncidentStep {
     /// The group is open and has no incident: page.
     Open,
     /// The incident shows an older count: update it.
@@ -241,7 +241,7 @@ pub enum IncidentStep {
 
 impl Group {
     /// What the group's incident needs next, if anything.
-    pub fn incident_step(&self) -> Option<IncidentStep> {
+    pub(crate) fn incident_step(&self) -> Option<IncidentStep> {
         match (&self.incident, self.status) {
             (None, GroupStatus::Open) => Some(IncidentStep::Open),
             (None, GroupStatus::Resolved) => None,
@@ -256,7 +256,7 @@ impl Group {
 
 /// Claims up to `limit` groups whose incident is due a step at `now`, for `lease`; another
 /// sender skips them until the lease ends.
-pub async fn claim_due(
+pub(crate) async fn claim_due(
     conn: &mut PgConnection,
     now: DateTime<Utc>,
     lease: Duration,
@@ -281,7 +281,7 @@ pub async fn claim_due(
 
 /// Records that `group`'s incident `incident_id` was opened showing `count` letters; its first
 /// update is due no sooner than `next_update`. A group resolved meanwhile is due at once.
-pub async fn record_opened(
+pub(crate) async fn record_opened(
     db: impl PgExecutor<'_>,
     group: GroupId,
     incident_id: &str,
@@ -308,7 +308,7 @@ pub async fn record_opened(
 
 /// Records that the incident now shows `count` letters; the next update is due no sooner than
 /// `next_update` (a group resolved meanwhile is due at once).
-pub async fn record_updated(
+pub(crate) async fn record_updated(
     db: impl PgExecutor<'_>,
     group: GroupId,
     count: i64,
@@ -332,7 +332,7 @@ pub async fn record_updated(
 }
 
 /// Records that the group's incident is resolved.
-pub async fn record_resolved(
+pub(crate) async fn record_resolved(
     db: impl PgExecutor<'_>,
     group: GroupId,
     now: DateTime<Utc>,
@@ -353,7 +353,7 @@ pub async fn record_resolved(
 /// Claims, for `lease`, up to `limit` open groups whose incident is open and was last read back
 /// from BetterStack (or opened) at or before `checked_before`: their incident is to be read
 /// again, in case a person resolved it there while the group's letters are still pending.
-pub async fn claim_incident_checks(
+pub(crate) async fn claim_incident_checks(
     conn: &mut PgConnection,
     now: DateTime<Utc>,
     checked_before: DateTime<Utc>,
@@ -383,7 +383,7 @@ pub async fn claim_incident_checks(
 
 /// Records that `group`'s incident was read back at `now` (still open, or the read failed) and
 /// ends the claim.
-pub async fn record_incident_checked(
+pub(crate) async fn record_incident_checked(
     db: impl PgExecutor<'_>,
     group: GroupId,
     now: DateTime<Utc>,
@@ -403,7 +403,7 @@ pub async fn record_incident_checked(
 /// BetterStack by hand: the group no longer has an incident, so it is due a new one at once
 /// (the next delivery opens it, saying why). `false` if the group resolved or changed
 /// incident meanwhile (nothing is changed then but the end of the claim).
-pub async fn record_resolved_by_hand(
+pub(crate) async fn record_resolved_by_hand(
     db: impl PgExecutor<'_>,
     group: GroupId,
     incident_id: &str,
@@ -429,7 +429,7 @@ pub async fn record_resolved_by_hand(
 
 /// The group's last incident resolved in BetterStack by hand while its letters were still
 /// pending (the group was raised again as a new incident since), if any.
-pub async fn previous_incident(
+pub(crate) async fn previous_incident(
     db: impl PgExecutor<'_>,
     group: GroupId,
 ) -> sqlx::Result<Option<String>> {
@@ -441,7 +441,7 @@ pub async fn previous_incident(
 }
 
 /// Records a failed delivery and when to try again.
-pub async fn record_delivery_failed(
+pub(crate) async fn record_delivery_failed(
     db: impl PgExecutor<'_>,
     group: GroupId,
     error: &str,
@@ -473,7 +473,7 @@ pub struct DeliveryBacklog {
 }
 
 /// The [`DeliveryBacklog`] at `now`.
-pub async fn delivery_backlog(
+pub(crate) async fn delivery_backlog(
     db: impl PgExecutor<'_>,
     now: DateTime<Utc>,
 ) -> sqlx::Result<DeliveryBacklog> {

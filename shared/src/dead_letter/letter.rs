@@ -10,7 +10,7 @@ use sqlx::PgExecutor;
 use uuid::Uuid;
 
 /// `last_error` is cut to this many bytes (at a character boundary).
-pub const MAX_ERROR_BYTES: usize = 8 * 1024;
+pub(crate) const MAX_ERROR_BYTES: usize = 8 * 1024;
 
 /// A dead letter about to be written.
 #[derive(Debug, Clone)]
@@ -144,7 +144,7 @@ pub async fn replays_of(db: impl PgExecutor<'_>, id: DeadLetterId) -> sqlx::Resu
 }
 
 /// An error as a letter stores it: cut to [`MAX_ERROR_BYTES`], NUL replaced.
-pub fn storable_error(error: &str) -> std::borrow::Cow<'_, str> {
+pub(crate) fn storable_error(error: &str) -> std::borrow::Cow<'_, str> {
     storable(error, MAX_ERROR_BYTES)
 }
 

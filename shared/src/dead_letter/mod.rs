@@ -26,24 +26,25 @@ mod record;
 mod review;
 
 pub use groups::{
-    DeliveryBacklog, Group, GroupFilter, GroupPosition, Incident, IncidentStep, claim_due,
-    claim_incident_checks, delivery_backlog, group, group_of_letter, list_groups, pending_review,
-    previous_incident, record_delivery_failed, record_incident_checked, record_opened,
-    record_resolved, record_resolved_by_hand, record_updated,
+    DeliveryBacklog, Group, GroupFilter, GroupPosition, Incident, group, group_of_letter,
+    list_groups, pending_review,
+};
+pub(crate) use groups::{
+    IncidentStep, claim_due, claim_incident_checks, delivery_backlog, previous_incident,
+    record_delivery_failed, record_incident_checked, record_opened, record_resolved,
+    record_resolved_by_hand, record_updated,
 };
 pub use kinds::{ErrorKind, GroupStatus, ReplayOutcome, ReviewStatus};
 pub use letter::{
-    DeadLetter, MAX_ERROR_BYTES, NewDeadLetter, letter, letter_for_message, letters_for_job,
-    replays_of, storable_error,
+    DeadLetter, NewDeadLetter, letter, letter_for_message, letters_for_job, replays_of,
 };
-pub use record::{
-    CONFLICT_ERROR, Recorded, Settled, record_dead_letter, record_unless_processed,
-    record_without_settling,
-};
+pub(crate) use letter::{MAX_ERROR_BYTES, storable_error};
+pub(crate) use record::{CONFLICT_ERROR, record_without_settling};
+pub use record::{Recorded, Settled, record_dead_letter, record_unless_processed};
 pub use review::{
-    LIST_ERROR_CHARS, LetterSummary, ListFilter, LockedLetter, Position, Verdict,
-    fence_is_another_job, is_lock_timeout, letter_fence_exists, list_letters, lock_letter,
-    queued_replays, record_replay_sent,
+    LetterSummary, ListFilter, LockedLetter, Position, Verdict, fence_is_another_job,
+    is_lock_timeout, letter_fence_exists, list_letters, lock_letter, queued_replays,
+    record_replay_sent,
 };
 
 /// The most bytes an identifier keeps in a letter's indexed columns.
@@ -51,8 +52,7 @@ pub use crate::ids::MAX_ID_BYTES;
 
 /// The message attribute a replay sets to the id of the dead letter it republishes; a letter
 /// written for such a message links back to it (`replay_of`).
-pub const REPLAY_OF_ATTRIBUTE: &str = "replay_of";
+pub(crate) const REPLAY_OF_ATTRIBUTE: &str = "replay_of";
 
-// shim: issue 23 merge
-#[doc(hidden)]
-pub use crate::ids::{bounded_correlation_id, bounded_id};
+// shim: issue 23 merge (harness/mod.rs and execution.rs name them here)
+pub(crate) use crate::ids::{bounded_correlation_id, bounded_id};

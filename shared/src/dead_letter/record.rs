@@ -151,7 +151,7 @@ pub async fn record_unless_processed(
 /// Writes `letter` without settling through the fence, with [`record_unless_processed`]'s
 /// fallback: for a letter whose fence cannot say anything (an `unsettled` copy) or says the
 /// wrong thing (a `conflict`, another job under a processed job's id).
-pub async fn record_without_settling(
+pub(crate) async fn record_without_settling(
     pool: &sqlx::PgPool,
     letter: &NewDeadLetter<'_>,
     digest: Option<&JobDigest>,
@@ -269,6 +269,6 @@ async fn settle_in(
 }
 
 /// What a `conflict` letter says.
-pub const CONFLICT_ERROR: &str = "this job id was already processed with another payload (its \
+pub(crate) const CONFLICT_ERROR: &str = "this job id was already processed with another payload (its \
      fence keeps the digest of what made up the job): a producer reused the id for another job, \
      which did not run; send it under a new job id, then discard this letter";

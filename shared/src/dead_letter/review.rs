@@ -17,7 +17,7 @@ use std::time::Duration;
 use uuid::Uuid;
 
 /// Characters of `last_error` a list item carries; [`super::letter`] has all of it.
-pub const LIST_ERROR_CHARS: i32 = 300;
+pub(crate) const LIST_ERROR_CHARS: i32 = 300;
 
 /// Which letters to list; every field narrows, `None` does not.
 #[derive(Debug, Clone, Default, PartialEq)]
