@@ -40,9 +40,10 @@ pub struct NewDeadLetter<'a> {
     pub replay_of: Option<DeadLetterId>,
 }
 
-/// A stored dead letter, read back as the domain's types.
+/// What a stored letter and its list item ([`super::LetterSummary`]) both show: the letter
+/// without its payload, its body and its replay's send record.
 #[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
-pub struct DeadLetter {
+pub struct LetterHead {
     /// Primary key.
     pub id: DeadLetterId,
     /// The job, if the message carried one.
@@ -55,19 +56,11 @@ pub struct DeadLetter {
     pub queue: String,
     /// The SQS message id.
     pub message_id: String,
-    /// The body as JSON (a JSON string where it is not JSON, or not JSON `jsonb` can hold).
-    pub payload: Value,
-    /// The body exactly as received, what a replay sends (none for a letter older than it).
-    #[serde(skip)]
-    pub body: Option<String>,
-    /// The digest of the job it stands for (none where it was not known).
-    #[serde(skip)]
-    pub job_digest: Option<Vec<u8>>,
     /// The attempt on which it was written (executions; 0 for a redriven job that never ran).
     pub attempts: i32,
     /// Why.
     pub error_kind: ErrorKind,
-    /// The last error.
+    /// The last error (in a list item, its start).
     pub last_error: String,
     /// The correlation id.
     pub correlation_id: Option<String>,
@@ -86,14 +79,40 @@ pub struct DeadLetter {
     /// For a replayed letter: queued (recorded, not yet accepted by the queue), sent, or
     /// already processed (the job's fence existed, so nothing was sent).
     pub replay_outcome: Option<ReplayOutcome>,
+    /// The failure group it belongs to (none for a letter older than groups).
+    pub group_id: Option<GroupId>,
+}
+
+/// A stored dead letter, read back as the domain's types: its [`LetterHead`] (its fields read
+/// through it, `letter.status`), its payload and body, and its replay's send record.
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+pub struct DeadLetter {
+    /// What its list item shows too.
+    #[serde(flatten)]
+    #[sqlx(flatten)]
+    pub head: LetterHead,
+    /// The body as JSON (a JSON string where it is not JSON, or not JSON `jsonb` can hold).
+    pub payload: Value,
+    /// The body exactly as received, what a replay sends (none for a letter older than it).
+    #[serde(skip)]
+    pub body: Option<String>,
+    /// The digest of the job it stands for (none where it was not known).
+    #[serde(skip)]
+    pub job_digest: Option<Vec<u8>>,
     /// The message the queue accepted for the replay.
     pub replay_message_id: Option<String>,
     /// When the queue accepted it.
     pub replay_sent_at: Option<DateTime<Utc>>,
     /// Why it was replayed, if the operator said.
     pub replay_reason: Option<String>,
-    /// The failure group it belongs to (none for a letter older than groups).
-    pub group_id: Option<GroupId>,
+}
+
+impl std::ops::Deref for DeadLetter {
+    type Target = LetterHead;
+
+    fn deref(&self) -> &LetterHead {
+        &self.head
+    }
 }
 
 /// The letters of one job for one consumer, oldest first.

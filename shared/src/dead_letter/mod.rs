@@ -36,7 +36,7 @@ pub(crate) use groups::{
 };
 pub use kinds::{ErrorKind, GroupStatus, ReplayOutcome, ReviewStatus};
 pub use letter::{
-    DeadLetter, NewDeadLetter, letter, letter_for_message, letters_for_job, replays_of,
+    DeadLetter, LetterHead, NewDeadLetter, letter, letter_for_message, letters_for_job, replays_of,
 };
 pub(crate) use letter::{MAX_ERROR_BYTES, storable_error};
 pub(crate) use record::{CONFLICT_ERROR, record_without_settling};

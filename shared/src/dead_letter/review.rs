@@ -8,8 +8,8 @@
 //! is ever out while its letter could still be discarded or left pending.
 
 use super::list::Listing;
-use super::{DeadLetter, ErrorKind, ReplayOutcome, ReviewStatus};
-use crate::ids::{ConsumerName, DeadLetterId, GroupId, JobId, TenantId};
+use super::{DeadLetter, ErrorKind, LetterHead, ReplayOutcome, ReviewStatus};
+use crate::ids::{DeadLetterId, GroupId, JobId, TenantId};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::{PgConnection, PgExecutor, PgPool, Postgres, QueryBuilder, Transaction};
@@ -55,50 +55,27 @@ pub struct Position {
     pub id: Uuid,
 }
 
-/// A letter in a list: everything but the payload, `last_error` cut to [`LIST_ERROR_CHARS`].
+/// A letter in a list: its [`LetterHead`] (no payload, `last_error` cut to
+/// [`LIST_ERROR_CHARS`]), and what a list shows beside it.
 #[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
 pub struct LetterSummary {
-    /// Primary key.
-    pub id: DeadLetterId,
-    /// The job, if the message carried one.
-    pub job_id: Option<JobId>,
-    /// The tenant, if readable.
-    pub tenant_id: Option<TenantId>,
-    /// The consumer.
-    pub consumer: ConsumerName,
-    /// The source queue.
-    pub queue: String,
-    /// The SQS message id.
-    pub message_id: String,
-    /// The attempt on which it was written.
-    pub attempts: i32,
-    /// Why.
-    pub error_kind: ErrorKind,
-    /// The start of the last error.
-    pub last_error: String,
+    /// The letter, as far as a list shows it.
+    #[serde(flatten)]
+    #[sqlx(flatten)]
+    pub head: LetterHead,
     /// Whether `last_error` was cut.
     pub last_error_truncated: bool,
-    /// The correlation id.
-    pub correlation_id: Option<String>,
-    /// The letter whose replay produced this one.
-    pub replay_of: Option<DeadLetterId>,
-    /// Where its review stands.
-    pub status: ReviewStatus,
-    /// Why it was discarded.
-    pub discard_reason: Option<String>,
-    /// Who reviewed it.
-    pub reviewed_by: Option<String>,
-    /// When it was reviewed.
-    pub reviewed_at: Option<DateTime<Utc>>,
-    /// When it was written.
-    pub created_at: DateTime<Utc>,
-    /// For a replayed letter: what the replay did.
-    pub replay_outcome: Option<ReplayOutcome>,
-    /// The failure group it belongs to (none for a letter older than groups).
-    pub group_id: Option<GroupId>,
     /// Whether its job's fence exists (its effect committed, so a replay would send nothing);
     /// `None` for a letter without a job id.
     pub fence_exists: Option<bool>,
+}
+
+impl std::ops::Deref for LetterSummary {
+    type Target = LetterHead;
+
+    fn deref(&self) -> &LetterHead {
+        &self.head
+    }
 }
 
 impl LetterSummary {
