@@ -20,7 +20,7 @@ pub mod config;
 pub mod consumer;
 pub mod db;
 pub mod dead_letter;
-pub(crate) mod decision;
+pub mod decision;
 pub mod dlq_ingester;
 pub mod envelope;
 pub mod escalation;
