@@ -1,4 +1,5 @@
-//! BetterStack alerting: one incident per failure group ([`crate::groups`]) while it lasts.
+//! BetterStack alerting: one incident per failure group ([`crate::dead_letter::Group`]) while
+//! it lasts.
 //!
 //! Invariants: a dead letter is committed before any alert is tried; an alert never blocks
 //! processing longer than its time budget; a step that could not be delivered stays due in
@@ -9,11 +10,12 @@
 //! again. The API token never appears in logs or `Debug`.
 
 use crate::clock::Clock;
-use crate::groups::{
+use crate::dead_letter::{
     Group, IncidentStep, claim_due, claim_incident_checks, previous_incident,
     record_delivery_failed, record_incident_checked, record_opened, record_resolved,
     record_resolved_by_hand, record_updated,
 };
+use crate::metrics::{Metric, Metrics};
 use crate::secrets::Secret;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -29,7 +31,7 @@ const LEASE: Duration = Duration::from_secs(60);
 
 /// How often the scheduled run reads an open group's incident back from BetterStack, to find
 /// one a person resolved there while the group's letters are still pending.
-pub const INCIDENT_CHECK_INTERVAL: Duration = Duration::from_secs(300);
+pub(crate) const INCIDENT_CHECK_INTERVAL: Duration = Duration::from_secs(300);
 
 /// Whom a queue's incidents page: a BetterStack escalation policy and/or team.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -54,7 +56,7 @@ pub struct Routes {
 
 impl Routes {
     /// The route of `queue`.
-    pub fn for_queue(&self, queue: &str) -> &Route {
+    pub(crate) fn for_queue(&self, queue: &str) -> &Route {
         self.by_queue.get(queue).unwrap_or(&self.default)
     }
 }
@@ -187,7 +189,7 @@ impl BetterStack {
     /// Whether the incident is resolved in BetterStack (`GET /api/v3/incidents/{id}`: its
     /// `resolved_at`), by the harness or by a person. One BetterStack no longer knows (404,
     /// deleted there) counts as resolved: it pages nobody either.
-    pub async fn incident_resolved(
+    pub(crate) async fn incident_resolved(
         &self,
         incident_id: &str,
         budget: Duration,
@@ -310,7 +312,7 @@ impl BetterStack {
 
 /// The incident for a group: what failed, how often, an example, where to look, and whom it
 /// pages.
-pub fn incident_body(group: &Group, route: &Route) -> Value {
+pub(crate) fn incident_body(group: &Group, route: &Route) -> Value {
     let mut body = json!({
         "name": format!("Dead letters: {} / {} on {}", group.consumer, group.error_kind, group.queue),
         "summary": format!("{} {} dead letter(s) on {}: {}", group.letter_count, group.error_kind,
@@ -322,7 +324,7 @@ pub fn incident_body(group: &Group, route: &Route) -> Value {
 }
 
 /// Sets `route`'s policy and team on an incident body.
-pub fn with_route(body: &mut Value, route: &Route) {
+pub(crate) fn with_route(body: &mut Value, route: &Route) {
     if let Some(policy) = &route.policy_id {
         body["policy_id"] = json!(policy);
     }
@@ -358,7 +360,7 @@ fn description(group: &Group) -> String {
 }
 
 /// The comment that brings an incident up to the group's count.
-pub fn update_comment(group: &Group) -> String {
+pub(crate) fn update_comment(group: &Group) -> String {
     format!(
         "Group {}: now {} dead letter(s), {} pending review; the latest at {}.\nLatest error: {}",
         group.id,
@@ -370,7 +372,7 @@ pub fn update_comment(group: &Group) -> String {
 }
 
 /// What a group's new incident says when its previous one was resolved by hand.
-pub fn raised_again_note(group: &Group, previous: &str) -> String {
+pub(crate) fn raised_again_note(group: &Group, previous: &str) -> String {
     format!(
         "Raised again: incident {previous} was resolved in BetterStack while {pending} letter(s) \
          of group {id} were still pending review. This incident stays open until they are \
@@ -411,6 +413,14 @@ impl Delivery {
     /// Steps delivered.
     pub fn delivered(&self) -> usize {
         self.opened + self.updated + self.resolved
+    }
+}
+
+impl Metrics {
+    /// Counts what an alert delivery round failed to deliver.
+    pub(crate) fn count_delivery(&self, delivery: &Delivery) {
+        self.add(Metric::AlertDeliveryFailed, delivery.failed as u64);
+        self.add(Metric::AlertRejected, delivery.rejected as u64);
     }
 }
 
@@ -525,7 +535,7 @@ impl Alerter {
     /// delivery round raises it again ([`raised_again_note`]). Returns how many were (in
     /// `raised_again`) and the reads that failed (in `failed`, retried by a later run). Never
     /// returns an error.
-    pub async fn raise_again_resolved_by_hand(&self, limit: i64) -> Delivery {
+    pub(crate) async fn raise_again_resolved_by_hand(&self, limit: i64) -> Delivery {
         let started = Instant::now();
         let now = self.clock.now();
         let checked_before = now

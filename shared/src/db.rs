@@ -5,9 +5,10 @@
 //! rotation), the secret is read again and the pool opens every new connection with the new
 //! ones, with no deploy and no restart. Connections already open stay as they are (PostgreSQL
 //! keeps a session whose password changed).
+//!
+//! Its settings are `crate::config::DatabaseConfig`, which builds it ([`Database::new`]).
 
-use crate::config::{ConfigError, DATABASE_SECRET_ARN, DatabaseConfig, DatabaseSource};
-use crate::secrets::{ManagedSecret, Secret, SecretError};
+use crate::secrets::{Secret, SecretError};
 use serde::Deserialize;
 use sqlx::PgPool;
 use sqlx::postgres::PgConnectOptions;
@@ -91,7 +92,7 @@ impl ClassifyName for serde_json::Error {
 
 /// Whether `error` is the database rejecting the credentials (`28P01` invalid password, `28000`
 /// invalid authorization).
-pub fn is_rejected_credentials(error: &sqlx::Error) -> bool {
+pub(crate) fn is_rejected_credentials(error: &sqlx::Error) -> bool {
     error
         .as_database_error()
         .and_then(|e| e.code())
@@ -112,45 +113,15 @@ fn is_lost_connection(error: &sqlx::Error) -> bool {
 }
 
 impl Database {
-    /// The database `config` describes. With a secret, nothing is read yet: [`Database::ready`]
-    /// reads it, so a function starts even while Secrets Manager or the database is down.
-    pub fn new(
-        config: &DatabaseConfig,
-        secrets: &aws_sdk_secretsmanager::Client,
-    ) -> Result<Self, ConfigError> {
-        match &config.source {
-            DatabaseSource::Url(_) => Ok(Self {
-                pool: config.lazy_pool()?,
-                credentials: None,
-            }),
-            DatabaseSource::Secret(arn) => {
-                if arn.trim().is_empty() {
-                    return Err(ConfigError {
-                        variable: DATABASE_SECRET_ARN,
-                        problem: "is blank".into(),
-                    });
-                }
-                let secret =
-                    Secret::Managed(Arc::new(ManagedSecret::new(secrets.clone(), arn.clone())));
-                Ok(Self {
-                    // A placeholder until the secret is read: nothing connects before `ready`.
-                    pool: config
-                        .pool_options()
-                        .connect_lazy_with(PgConnectOptions::new()),
-                    credentials: Some(Credentials {
-                        secret,
-                        loaded: Arc::default(),
-                    }),
-                })
-            }
-        }
-    }
-
-    /// A database on `pool` as it is (tests).
-    pub fn from_pool(pool: PgPool) -> Self {
+    /// A database on `pool`, whose credentials, if any, `secret` holds (read by
+    /// [`Database::ready`]). [`Database::new`] builds one from its settings.
+    pub(crate) fn on(pool: PgPool, secret: Option<Secret>) -> Self {
         Self {
             pool,
-            credentials: None,
+            credentials: secret.map(|secret| Credentials {
+                secret,
+                loaded: Arc::default(),
+            }),
         }
     }
 

@@ -20,7 +20,7 @@ const LEASE: Duration = Duration::from_secs(120);
 
 /// An open group past the escalation threshold.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
-pub struct DueGroup {
+pub(crate) struct DueGroup {
     /// The group.
     pub id: GroupId,
     /// Its queue.
@@ -40,7 +40,7 @@ pub struct DueGroup {
 }
 
 /// The open groups that have reached a step not yet paged, at `now` with threshold `after`.
-pub async fn due_groups(
+pub(crate) async fn due_groups(
     pool: &PgPool,
     now: DateTime<Utc>,
     after: Duration,
@@ -86,7 +86,7 @@ pub struct EscalationReport {
 
 /// Pages every due (group, step) once: claims it, pages, marks it paged. A page is started only
 /// with a whole `budget` left before `until`; the others wait for the next run.
-pub async fn escalate(
+pub(crate) async fn escalate(
     pool: &PgPool,
     client: &BetterStack,
     route: &Route,
@@ -175,7 +175,7 @@ fn page(group: &DueGroup, after: Duration) -> Value {
 
 impl EscalationReport {
     /// Adds `other`'s counts to these.
-    pub fn add(&mut self, other: EscalationReport) {
+    pub(crate) fn add(&mut self, other: EscalationReport) {
         self.pages += other.pages;
         self.letters += other.letters;
         self.failed += other.failed;

@@ -6,14 +6,14 @@
 //! claims it); `lock_timeout` bounds that wait.
 
 use crate::envelope::JobDigest;
-use crate::ids::{ConsumerName, JobId, TenantId};
+use crate::ids::{ConsumerName, JobId, TenantId, bounded_id};
 use crate::retry::RetryPolicy;
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgExecutor};
 use std::time::Duration;
 
 /// Extra time a fence outlives every copy of its job that can still arrive.
-pub const TTL_MARGIN: Duration = Duration::from_secs(24 * 60 * 60);
+pub(crate) const TTL_MARGIN: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// PostgreSQL's `lock_not_available`, raised when `lock_timeout` expires.
 const LOCK_NOT_AVAILABLE: &str = "55P03";
@@ -64,7 +64,7 @@ pub fn ttl_floor(
 /// How old (from its own send) a copy of a job may be for its fence to be still there if the
 /// job committed: a fence lives `ttl` from its commit, which came after the send. An older copy
 /// cannot be settled through the fence (see [`crate::dead_letter::ErrorKind::Unsettled`]).
-pub fn settle_horizon(ttl: Duration) -> Duration {
+pub(crate) fn settle_horizon(ttl: Duration) -> Duration {
     ttl.saturating_sub(TTL_MARGIN)
 }
 
@@ -143,7 +143,7 @@ pub async fn finish_job(
     sqlx::query_scalar("SELECT core.finish_job_of($1, $2, $3, $4, $5)")
         .bind(job_id.0)
         .bind(consumer.as_str())
-        .bind(&*crate::dead_letter::bounded_id(message_id, "message"))
+        .bind(&*bounded_id(message_id, "message"))
         .bind(now)
         .bind(digest.map(|d| d.0.as_slice()))
         .fetch_one(tx)
@@ -154,7 +154,7 @@ pub async fn finish_job(
 /// waits (at most `wait`) for a copy still inside its transaction, so an in-flight commit is
 /// seen as it ends. The claim is rolled back. For a `COMMIT` whose reply was lost. With the
 /// job's `digest`, a fence of another job under its id is not this job committed.
-pub async fn settle_committed(
+pub(crate) async fn settle_committed(
     pool: &sqlx::PgPool,
     job_id: JobId,
     consumer: &ConsumerName,
@@ -285,7 +285,7 @@ pub async fn processed_digests(
 }
 
 /// A stored digest as a [`JobDigest`] (anything but 32 bytes is no digest).
-pub fn digest_of(bytes: &[u8]) -> Option<JobDigest> {
+pub(crate) fn digest_of(bytes: &[u8]) -> Option<JobDigest> {
     bytes.try_into().ok().map(JobDigest)
 }
 

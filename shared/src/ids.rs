@@ -1,5 +1,6 @@
 //! Newtypes for the identifiers that must never be mixed up: a job, a tenant, a dead letter, a
-//! failure group, and the consumer name that keys the fence.
+//! failure group, and the consumer name that keys the fence; and how an identifier a producer
+//! sent is bounded before an indexed column (a fence's, a ledger's, a letter's) keeps it.
 
 use serde::{Deserialize, Serialize};
 
@@ -131,9 +132,67 @@ impl fmt::Display for ConsumerName {
     }
 }
 
+/// The most bytes a producer-controlled identifier (`correlation_id`, the message id, the
+/// queue) keeps in a letter's indexed columns; the body keeps every value whole. A btree index
+/// row holds at most 2,704 bytes, so an identifier as it came could make a letter unwritable.
+pub const MAX_ID_BYTES: usize = 256;
+
+/// An identifier as a letter's indexed column keeps it: at most [`MAX_ID_BYTES`], never blank,
+/// no NUL. A longer one keeps its start and a digest of the whole, so two long ids that share
+/// their start stay two ids (one letter per message).
+pub(crate) fn bounded_id<'s>(id: &'s str, if_blank: &'static str) -> std::borrow::Cow<'s, str> {
+    if id.trim().is_empty() {
+        return if_blank.into();
+    }
+    if id.len() <= MAX_ID_BYTES && !id.contains('\0') {
+        return id.into();
+    }
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(id.as_bytes());
+    let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+    format!("{}~sha256:{hex}", storable(id, MAX_ID_BYTES - 48)).into()
+}
+
+/// A correlation id as a letter (and every log line of its job) keeps it: its first
+/// [`MAX_ID_BYTES`] at a character boundary, NUL replaced. The body keeps it whole.
+pub(crate) fn bounded_correlation_id(id: &str) -> std::borrow::Cow<'_, str> {
+    storable(id, MAX_ID_BYTES)
+}
+
+/// `s` with NUL replaced by U+FFFD (PostgreSQL text cannot store NUL, and a letter must be
+/// writable whatever the error or the message said), then cut to `max` bytes at a character
+/// boundary (in that order: a replaced NUL takes three bytes).
+pub(crate) fn storable(s: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    match without_nul(s) {
+        std::borrow::Cow::Borrowed(clean) => truncate(clean, max).into(),
+        std::borrow::Cow::Owned(clean) => truncate(&clean, max).to_owned().into(),
+    }
+}
+
+/// `s` with NUL replaced by U+FFFD.
+pub(crate) fn without_nul(s: &str) -> std::borrow::Cow<'_, str> {
+    if s.contains('\0') {
+        s.replace('\0', "\u{fffd}").into()
+    } else {
+        s.into()
+    }
+}
+
+/// `s` cut to at most `max` bytes, at a character boundary.
+pub(crate) fn truncate(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
 #[cfg(test)]
 mod tests {
-    use super::ConsumerName;
+    use super::*;
 
     #[test]
     fn consumer_names_are_validated() {
@@ -141,5 +200,30 @@ mod tests {
         assert!(ConsumerName::new("").is_err());
         assert!(ConsumerName::new("Award Points").is_err());
         assert!(ConsumerName::new("x".repeat(129)).is_err());
+    }
+
+    #[test]
+    fn a_bounded_id_stays_within_its_bound_whatever_it_holds() {
+        let nuls = "\0".repeat(300);
+        assert_eq!(
+            bounded_correlation_id(&nuls).len(),
+            MAX_ID_BYTES - MAX_ID_BYTES % 3
+        );
+        assert!(bounded_id(&nuls, "m").len() <= MAX_ID_BYTES);
+        assert_eq!(bounded_id("   ", "blank"), "blank");
+        let long = "é".repeat(1_000);
+        let longer = format!("{long}x");
+        let (a, b) = (bounded_id(&long, "m"), bounded_id(&longer, "m"));
+        assert!(
+            a.len() <= MAX_ID_BYTES && a != b,
+            "two long ids stay two ids"
+        );
+    }
+
+    #[test]
+    fn truncation_respects_character_boundaries() {
+        assert_eq!(truncate("héllo", 2), "h");
+        assert_eq!(truncate("héllo", 3), "hé");
+        assert_eq!(truncate("short", 100), "short");
     }
 }

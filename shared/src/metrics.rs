@@ -120,19 +120,13 @@ pub struct Metrics {
 
 impl Metrics {
     /// Counts one `metric`.
-    pub fn increment(&self, metric: Metric) {
+    pub(crate) fn increment(&self, metric: Metric) {
         self.counters[metric.index()].fetch_add(1, Relaxed);
     }
 
     /// Counts `n` of `metric`.
-    pub fn add(&self, metric: Metric, n: u64) {
+    pub(crate) fn add(&self, metric: Metric, n: u64) {
         self.counters[metric.index()].fetch_add(n, Relaxed);
-    }
-
-    /// Counts what an alert delivery round failed to deliver.
-    pub fn count_delivery(&self, delivery: &crate::alerting::Delivery) {
-        self.add(Metric::AlertDeliveryFailed, delivery.failed as u64);
-        self.add(Metric::AlertRejected, delivery.rejected as u64);
     }
 
     /// The current count of `metric`.
@@ -190,7 +184,7 @@ impl Metrics {
 }
 
 /// One EMF document: `values` as (name, value, CloudWatch unit) under one dimension.
-pub fn emf_line(
+pub(crate) fn emf_line(
     namespace: &str,
     dimension: (&str, &str),
     values: &[(&str, f64, &str)],

@@ -8,8 +8,7 @@
 //! refusal says whether it was the queue's ([`Refusal::Queue`]) or this message's
 //! ([`Refusal::Message`]).
 
-use crate::dead_letter::DeadLetter;
-use crate::sqs::REPLAY_OF_ATTRIBUTE;
+use crate::dead_letter::{DeadLetter, REPLAY_OF_ATTRIBUTE};
 use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_sqs::types::MessageAttributeValue;
 use serde_json::Value;
@@ -48,7 +47,7 @@ pub enum Refusal {
 
 impl Refusal {
     /// Whether the queue refused, not only this message.
-    pub fn queue_level(&self) -> bool {
+    pub(crate) fn queue_level(&self) -> bool {
         matches!(self, Self::Queue(_))
     }
 
@@ -86,7 +85,7 @@ impl fmt::Display for Refusal {
 /// Whether SQS's error `code` for a SendMessage is about the message (its body, its attributes,
 /// its parameters), which another message to the same queue would not meet. Both spellings are
 /// known: the query code (`InvalidParameterValue`) and the JSON one (`…Exception`).
-pub fn refuses_the_message(code: Option<&str>) -> bool {
+pub(crate) fn refuses_the_message(code: Option<&str>) -> bool {
     let code = code.unwrap_or_default();
     let code = code.strip_suffix("Exception").unwrap_or(code);
     matches!(

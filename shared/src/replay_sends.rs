@@ -19,12 +19,12 @@ use std::time::Duration;
 
 /// The wait after a queued replay's first refused send by the scheduled run; each refusal
 /// doubles it, up to [`SEND_BACKOFF_CAP`].
-pub const SEND_BACKOFF_BASE: Duration = Duration::from_secs(60);
+pub(crate) const SEND_BACKOFF_BASE: Duration = Duration::from_secs(60);
 /// The longest wait between two sends of a queued replay.
-pub const SEND_BACKOFF_CAP: Duration = Duration::from_secs(3_600);
+pub(crate) const SEND_BACKOFF_CAP: Duration = Duration::from_secs(3_600);
 
 /// The wait after the `attempts`-th refused send: 1, 2, 4, … minutes, at most an hour.
-pub fn send_backoff(attempts: u32) -> Duration {
+pub(crate) fn send_backoff(attempts: u32) -> Duration {
     let doublings = attempts.saturating_sub(1).min(16);
     SEND_BACKOFF_BASE
         .saturating_mul(1 << doublings)
@@ -63,7 +63,7 @@ pub async fn send_state(
 
 /// A queued replay due for a send, with its letter.
 #[derive(Debug, Clone, sqlx::FromRow)]
-pub struct DueReplay {
+pub(crate) struct DueReplay {
     /// The letter.
     #[sqlx(flatten)]
     pub letter: DeadLetter,
@@ -76,7 +76,7 @@ pub struct DueReplay {
 /// Where a scan of due replays stands: the last replay taken, by the scan's order (when it was
 /// due, then its letter).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DueAfter(DateTime<Utc>, DeadLetterId);
+pub(crate) struct DueAfter(DateTime<Utc>, DeadLetterId);
 
 impl DueReplay {
     /// The scan's position once this replay is taken: the next page starts after it.
@@ -89,7 +89,7 @@ impl DueReplay {
 /// `after` and none to `except_queues`, the one due longest first: a replay the queue keeps
 /// refusing waits out its backoff behind the others, and the queues that refused a replay in
 /// this run (`except_queues`) take no room from the others' replays.
-pub async fn due_replays(
+pub(crate) async fn due_replays(
     db: impl PgExecutor<'_>,
     now: DateTime<Utc>,
     recorded_before: DateTime<Utc>,
@@ -119,7 +119,7 @@ pub async fn due_replays(
 /// Records that the queue refused `letter`'s replay at `now` (its `attempts`-th refusal) with
 /// `error`; it is due again after [`send_backoff`]. Only for a replay that was tried: one left
 /// untried keeps its attempts and its place.
-pub async fn record_send_refused(
+pub(crate) async fn record_send_refused(
     db: impl PgExecutor<'_>,
     letter: DeadLetterId,
     attempts: u32,
@@ -177,14 +177,14 @@ pub async fn unsent(
 }
 
 /// Replays recorded before this are past `bound` at `now`.
-pub fn overdue_before(now: DateTime<Utc>, bound: Duration) -> DateTime<Utc> {
+pub(crate) fn overdue_before(now: DateTime<Utc>, bound: Duration) -> DateTime<Utc> {
     now.checked_sub_signed(chrono::Duration::from_std(bound).unwrap_or(chrono::Duration::MAX))
         .unwrap_or(DateTime::<Utc>::MIN_UTC)
 }
 
 /// The replays of one queue unsent past the bound.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
-pub struct UnsentQueue {
+pub(crate) struct UnsentQueue {
     /// The queue.
     pub queue: String,
     /// Its replays queued past the bound.
@@ -199,7 +199,7 @@ pub struct UnsentQueue {
 
 /// The queues with replays recorded before `overdue_before` still unsent, up to `limit`, the
 /// one waiting longest first.
-pub async fn unsent_by_queue(
+pub(crate) async fn unsent_by_queue(
     db: impl PgExecutor<'_>,
     overdue_before: DateTime<Utc>,
     limit: i64,

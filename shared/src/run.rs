@@ -11,12 +11,13 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::{ConsumerConfig, Env, or_exit};
 use crate::consumer::Consumer;
 use crate::db::Database;
-use crate::harness::Harness;
+use crate::harness::{Harness, HarnessSettings};
 use crate::ids::ConsumerName;
-use crate::sqs::{SqsVisibility, invocation_deadline, process_batch};
+use crate::sqs::{BatchSettings, SqsVisibility, invocation_deadline, process_batch};
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use lambda_runtime::{LambdaEvent, service_fn};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Runs `make(CONSUMER_NAME)` as the Lambda function on an SQS event source (with
 /// `ReportBatchItemFailures`) until the runtime stops:
@@ -54,7 +55,7 @@ where
     let harness = Harness::new(
         consumer,
         database.pool().clone(),
-        config.harness_settings(),
+        harness_settings(&config),
         clock,
         rand::make_rng(),
     )
@@ -75,7 +76,7 @@ where
                 visibility,
                 event.payload.records,
                 deadline,
-                config.batch_settings(),
+                batch_settings(config),
             )
             .await;
             harness.metrics().flush_emf(
@@ -88,4 +89,24 @@ where
         },
     )))
     .await
+}
+
+/// The harness settings a consumer's configuration describes. A contended fence is retried
+/// after the lock timeout plus a second, when the copy holding it has usually finished.
+pub(crate) fn harness_settings(config: &ConsumerConfig) -> HarnessSettings {
+    HarnessSettings {
+        policy: config.fence.policy,
+        fence_ttl: config.fence.ttl,
+        lock_timeout: config.fence.lock_timeout,
+        contended_retry_after: config.fence.lock_timeout + Duration::from_secs(1),
+        commit: config.commit,
+    }
+}
+
+/// How batches are processed: as many records at once as the pool has connections.
+fn batch_settings(config: &ConsumerConfig) -> BatchSettings {
+    BatchSettings {
+        concurrency: config.database.pool_size as usize,
+        deadline_margin: config.deadline_margin,
+    }
 }

@@ -11,8 +11,8 @@
 
 use crate::alerting::{Alerter, Delivery};
 use crate::clock::Clock;
+use crate::dead_letter::{DeliveryBacklog, delivery_backlog, pending_review};
 use crate::escalation::{EscalationReport, escalate};
-use crate::groups::{DeliveryBacklog, delivery_backlog, pending_review};
 use crate::metrics::emf_line;
 use crate::replay::Refusal;
 use crate::replay_sends::{Unsent, due_replays, record_send_refused, unsent};
@@ -34,11 +34,12 @@ const REPLAYS_PER_RUN: i64 = 500;
 /// A queued replay younger than this is left to the replay request that recorded it.
 const REPLAY_GRACE: Duration = Duration::from_secs(60);
 /// The most the replay step may take (without a deadline, all of it).
-pub const REPLAY_BUDGET: Duration = Duration::from_secs(60);
+pub(crate) const REPLAY_BUDGET: Duration = Duration::from_secs(60);
 /// The most the escalation step may take.
-pub const ESCALATION_BUDGET: Duration = Duration::from_secs(60);
-/// The default of [`ScheduledRun::replay_alert_after`] (`REPLAY_UNSENT_ALERT_SECONDS`).
-pub const REPLAY_ALERT_AFTER: Duration = Duration::from_secs(3_600);
+pub(crate) const ESCALATION_BUDGET: Duration = Duration::from_secs(60);
+// shim: issue 23 merge (the default is read with the variable, in `config`)
+#[doc(hidden)]
+pub use crate::config::REPLAY_ALERT_AFTER;
 
 /// What the scheduled run works with.
 pub struct ScheduledRun {
@@ -71,7 +72,7 @@ pub struct Heartbeat {
 }
 
 /// How long a heartbeat ping may take.
-pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(3);
+pub(crate) const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(3);
 
 impl Heartbeat {
     /// A heartbeat at `url`.
@@ -87,7 +88,7 @@ impl Heartbeat {
 
     /// Pings it: `url` after a good run, `url/fail` when a step failed (BetterStack then pages
     /// at once instead of waiting for the period). The error is for the report.
-    pub async fn ping(&self, failed: bool) -> Result<(), String> {
+    pub(crate) async fn ping(&self, failed: bool) -> Result<(), String> {
         let url = if failed {
             format!("{}/fail", self.url)
         } else {
@@ -310,7 +311,7 @@ impl ScheduledRun {
                 };
                 match result {
                     Ok(sent) => {
-                        crate::review::record_replay_sent(
+                        crate::dead_letter::record_replay_sent(
                             &self.pool,
                             letter.id,
                             &sent.message_id,

@@ -14,15 +14,13 @@
 //! have committed before it runs, and a crash is charged to it alone (see [`crate::execution`]).
 
 use crate::consumer::Consumer;
+use crate::dead_letter::REPLAY_OF_ATTRIBUTE;
 use crate::harness::{Harness, IncomingMessage, RecordOutcome};
 use crate::ids::DeadLetterId;
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsMessage};
 use chrono::{DateTime, Utc};
 use std::future::Future;
 use std::time::Duration;
-
-/// The message attribute a replay sets to the id of the dead letter it republishes.
-pub const REPLAY_OF_ATTRIBUTE: &str = "replay_of";
 
 /// Hides a message for a while: the one SQS call the consumer makes (`ChangeMessageVisibility`).
 pub trait Visibility: Send + Sync {

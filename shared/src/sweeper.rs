@@ -58,7 +58,7 @@ pub async fn sweep_expired(
 
 /// The sweepable fence that expires first: (`processed_at`, `expires_at`), if any. Fences kept
 /// for a letter pending review or a queued replay are not backlog.
-pub async fn oldest_fence(
+pub(crate) async fn oldest_fence(
     db: impl PgExecutor<'_>,
 ) -> sqlx::Result<Option<(DateTime<Utc>, DateTime<Utc>)>> {
     sqlx::query_as(sqlx::AssertSqlSafe(format!(

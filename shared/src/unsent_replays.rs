@@ -31,7 +31,7 @@ const UNSENT_QUEUES_PER_RUN: i64 = 50;
 /// queue's replays is past the bound. Each step is claimed (committed) before BetterStack is
 /// called, so nothing is locked meanwhile; one is started only with a whole `budget` left
 /// before `until`.
-pub async fn page_unsent_replays(
+pub(crate) async fn page_unsent_replays(
     pool: &PgPool,
     client: &BetterStack,
     routes: &Routes,

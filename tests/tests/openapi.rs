@@ -6,7 +6,7 @@ use dead_letter_api::api::list_query::{
 };
 use dead_letter_api::api::{MAX_REASON_CHARS, ROUTES, Scope};
 use serde_json::Value;
-use shared::dead_letter::{DeadLetter, ErrorKind};
+use shared::dead_letter::{DeadLetter, ErrorKind, LetterHead};
 use shared::review::{LetterSummary, ReviewStatus};
 use std::collections::BTreeSet;
 
@@ -142,16 +142,13 @@ fn parameters_bounds_and_enums_match_the_validation() {
 fn the_letter_schemas_have_exactly_the_fields_the_api_sends() {
     let doc = document();
     let schemas = &doc["components"]["schemas"];
-    let letter = DeadLetter {
+    let head = LetterHead {
         id: shared::ids::DeadLetterId(uuid::Uuid::nil()),
         job_id: None,
         tenant_id: None,
         consumer: shared::ids::ConsumerName::new("c").unwrap(),
         queue: "q".into(),
         message_id: "m".into(),
-        payload: Value::Null,
-        body: None,
-        job_digest: None,
         attempts: 1,
         error_kind: shared::dead_letter::ErrorKind::Poison,
         last_error: "e".into(),
@@ -163,33 +160,22 @@ fn the_letter_schemas_have_exactly_the_fields_the_api_sends() {
         reviewed_at: None,
         created_at: chrono::Utc::now(),
         replay_outcome: None,
+        group_id: None,
+    };
+    let letter = DeadLetter {
+        head: head.clone(),
+        payload: Value::Null,
+        body: None,
+        job_digest: None,
         replay_message_id: None,
         replay_sent_at: None,
         replay_reason: None,
-        group_id: None,
     };
     let sent = serde_json::to_value(&letter).unwrap();
     assert_eq!(keys(&schemas["DeadLetter"]["properties"]), keys(&sent));
     let summary = LetterSummary {
-        id: letter.id,
-        job_id: None,
-        tenant_id: None,
-        consumer: letter.consumer.clone(),
-        queue: letter.queue.clone(),
-        message_id: letter.message_id.clone(),
-        attempts: 1,
-        error_kind: letter.error_kind,
-        last_error: letter.last_error.clone(),
+        head,
         last_error_truncated: false,
-        correlation_id: None,
-        replay_of: None,
-        status: letter.status,
-        discard_reason: None,
-        reviewed_by: None,
-        reviewed_at: None,
-        created_at: letter.created_at,
-        replay_outcome: None,
-        group_id: None,
         fence_exists: None,
     };
     let listed = serde_json::to_value(&summary).unwrap();

@@ -1,7 +1,10 @@
 //! The database connection settings every function shares: where the credentials come from
-//! (a URL locally, a Secrets Manager secret deployed), the pool's size and its wait.
+//! (a URL locally, a Secrets Manager secret deployed), the pool's size and its wait; and the
+//! [`Database`] they describe.
 
 use super::*;
+use crate::db::Database;
+use crate::secrets::{ManagedSecret, Secret};
 
 /// Where a function's database credentials come from.
 #[derive(Clone, PartialEq, Eq)]
@@ -111,7 +114,7 @@ impl DatabaseConfig {
     /// Connections are not pinged before each use (sqlx's default would add a round trip to
     /// every job, a third more than the transaction itself needs): a connection that died is
     /// discarded on its first error, and that record fails transiently and is retried.
-    pub fn pool_options(&self) -> sqlx::postgres::PgPoolOptions {
+    pub(crate) fn pool_options(&self) -> sqlx::postgres::PgPoolOptions {
         sqlx::postgres::PgPoolOptions::new()
             .max_connections(self.pool_size)
             .acquire_timeout(self.acquire_timeout)
@@ -119,7 +122,7 @@ impl DatabaseConfig {
     }
 
     /// A lazily connecting pool on [`DatabaseSource::Url`]; a secret's pool is
-    /// [`crate::db::Database`]'s.
+    /// [`Database`]'s.
     pub fn lazy_pool(&self) -> Result<sqlx::PgPool, ConfigError> {
         let DatabaseSource::Url(url) = &self.source else {
             return Err(ConfigError {
@@ -133,6 +136,36 @@ impl DatabaseConfig {
                 variable: DATABASE_URL,
                 problem: format!("is not a valid connection URL: {e}"),
             })
+    }
+}
+
+impl Database {
+    /// The database `config` describes. With a secret, nothing is read yet: [`Database::ready`]
+    /// reads it, so a function starts even while Secrets Manager or the database is down.
+    pub fn new(
+        config: &DatabaseConfig,
+        secrets: &aws_sdk_secretsmanager::Client,
+    ) -> Result<Self, ConfigError> {
+        match &config.source {
+            DatabaseSource::Url(_) => Ok(Self::on(config.lazy_pool()?, None)),
+            DatabaseSource::Secret(arn) => {
+                if arn.trim().is_empty() {
+                    return Err(ConfigError {
+                        variable: DATABASE_SECRET_ARN,
+                        problem: "is blank".into(),
+                    });
+                }
+                let secret = Secret::Managed(std::sync::Arc::new(ManagedSecret::new(
+                    secrets.clone(),
+                    arn.clone(),
+                )));
+                // A placeholder until the secret is read: nothing connects before `ready`.
+                let placeholder = config
+                    .pool_options()
+                    .connect_lazy_with(sqlx::postgres::PgConnectOptions::new());
+                Ok(Self::on(placeholder, Some(secret)))
+            }
+        }
     }
 }
 

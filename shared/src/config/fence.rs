@@ -27,15 +27,15 @@ pub struct FenceConfig {
 
 /// The fence TTL when [`FENCE_TTL_SECONDS`] is unset: above the floor of the default
 /// retentions (5 + 5 days + the retry window + a day).
-pub const DEFAULT_FENCE_TTL: Duration = Duration::from_secs(14 * 86_400);
+pub(crate) const DEFAULT_FENCE_TTL: Duration = Duration::from_secs(14 * 86_400);
 
 /// The DLQ retention when [`DLQ_RETENTION_SECONDS`] is unset (the template's default): five
 /// days for an ingester that fails to be mended (its alarm fires in 15 minutes).
-pub const DEFAULT_DLQ_RETENTION: Duration = Duration::from_secs(5 * 86_400);
+pub(crate) const DEFAULT_DLQ_RETENTION: Duration = Duration::from_secs(5 * 86_400);
 
 /// SQS must keep a message this much longer than its retry window: time for the last attempt
 /// to run and for deliveries handed back on the way (deadline near, fence contended).
-pub const RETENTION_MARGIN: Duration = Duration::from_secs(60 * 60);
+pub(crate) const RETENTION_MARGIN: Duration = Duration::from_secs(60 * 60);
 
 impl FenceConfig {
     /// Reads the retry policy, [`FENCE_TTL_SECONDS`] (default 14 days),

@@ -2,6 +2,9 @@
 
 use super::*;
 
+/// The default of [`ScheduledConfig::replay_alert_after`] ([`REPLAY_UNSENT_ALERT_SECONDS`]).
+pub const REPLAY_ALERT_AFTER: Duration = Duration::from_secs(3_600);
+
 /// Everything the scheduled function (sweep, escalation, alert retries) needs at start-up.
 #[derive(Debug, Clone)]
 pub struct ScheduledConfig {
@@ -40,10 +43,7 @@ impl ScheduledConfig {
                 problem: format!("must be a positive number of days, got {days}"),
             });
         }
-        let replay_alert_after = env.seconds(
-            REPLAY_UNSENT_ALERT_SECONDS,
-            crate::scheduled::REPLAY_ALERT_AFTER,
-        )?;
+        let replay_alert_after = env.seconds(REPLAY_UNSENT_ALERT_SECONDS, REPLAY_ALERT_AFTER)?;
         if !(120..=7 * 86_400).contains(&replay_alert_after.as_secs()) {
             return Err(ConfigError {
                 variable: REPLAY_UNSENT_ALERT_SECONDS,
@@ -130,26 +130,6 @@ impl ConsumerConfig {
             alerts: AlertConfig::from_env(env)?,
             commit: commit_mode(env)?,
         })
-    }
-
-    /// The harness settings this configuration describes. A contended fence is retried after
-    /// the lock timeout plus a second, when the copy holding it has usually finished.
-    pub fn harness_settings(&self) -> crate::harness::HarnessSettings {
-        crate::harness::HarnessSettings {
-            policy: self.fence.policy,
-            fence_ttl: self.fence.ttl,
-            lock_timeout: self.fence.lock_timeout,
-            contended_retry_after: self.fence.lock_timeout + Duration::from_secs(1),
-            commit: self.commit,
-        }
-    }
-
-    /// How batches are processed: as many records at once as the pool has connections.
-    pub fn batch_settings(&self) -> crate::sqs::BatchSettings {
-        crate::sqs::BatchSettings {
-            concurrency: self.database.pool_size as usize,
-            deadline_margin: self.deadline_margin,
-        }
     }
 }
 

@@ -12,7 +12,9 @@ mod functions;
 pub use alerts::AlertConfig;
 pub use database::{DatabaseConfig, DatabaseSource};
 pub use fence::FenceConfig;
-pub use functions::{ApiConfig, ConsumerConfig, DlqIngesterConfig, ScheduledConfig};
+pub use functions::{
+    ApiConfig, ConsumerConfig, DlqIngesterConfig, REPLAY_ALERT_AFTER, ScheduledConfig,
+};
 
 use crate::ids::ConsumerName;
 use std::fmt;
@@ -40,11 +42,11 @@ pub const RETRY_OVERRIDE_RATIONALE: &str = "RETRY_OVERRIDE_RATIONALE";
 /// How long a fence row lives, in seconds.
 pub const FENCE_TTL_SECONDS: &str = "FENCE_TTL_SECONDS";
 /// The job queue's `MessageRetentionPeriod`, in seconds.
-pub const QUEUE_RETENTION_SECONDS: &str = "QUEUE_RETENTION_SECONDS";
+pub(crate) const QUEUE_RETENTION_SECONDS: &str = "QUEUE_RETENTION_SECONDS";
 /// The job queue's DLQ's `MessageRetentionPeriod`, in seconds.
-pub const DLQ_RETENTION_SECONDS: &str = "DLQ_RETENTION_SECONDS";
+pub(crate) const DLQ_RETENTION_SECONDS: &str = "DLQ_RETENTION_SECONDS";
 /// How long a copy of a job waits for a concurrent copy's fence, in milliseconds.
-pub const FENCE_LOCK_TIMEOUT_MS: &str = "FENCE_LOCK_TIMEOUT_MS";
+pub(crate) const FENCE_LOCK_TIMEOUT_MS: &str = "FENCE_LOCK_TIMEOUT_MS";
 /// The CloudWatch namespace of the EMF metrics.
 pub const METRICS_NAMESPACE: &str = "METRICS_NAMESPACE";
 /// A record is started only with at least this many milliseconds left before the Lambda deadline.
@@ -68,30 +70,30 @@ pub const BETTERSTACK_HEARTBEAT_URL: &str = "BETTERSTACK_HEARTBEAT_URL";
 /// The BetterStack Uptime API base URL.
 pub const BETTERSTACK_BASE_URL: &str = "BETTERSTACK_BASE_URL";
 /// The e-mail incidents are requested as (optional).
-pub const BETTERSTACK_REQUESTER_EMAIL: &str = "BETTERSTACK_REQUESTER_EMAIL";
+pub(crate) const BETTERSTACK_REQUESTER_EMAIL: &str = "BETTERSTACK_REQUESTER_EMAIL";
 /// How long one alert delivery round may take, in ms.
-pub const ALERT_TIMEOUT_MS: &str = "ALERT_TIMEOUT_MS";
+pub(crate) const ALERT_TIMEOUT_MS: &str = "ALERT_TIMEOUT_MS";
 /// How often at most an open incident is updated with its group's count, in seconds.
-pub const ALERT_UPDATE_INTERVAL_SECONDS: &str = "ALERT_UPDATE_INTERVAL_SECONDS";
+pub(crate) const ALERT_UPDATE_INTERVAL_SECONDS: &str = "ALERT_UPDATE_INTERVAL_SECONDS";
 /// The BetterStack escalation policy incidents page by default (optional).
-pub const BETTERSTACK_POLICY_ID: &str = "BETTERSTACK_POLICY_ID";
+pub(crate) const BETTERSTACK_POLICY_ID: &str = "BETTERSTACK_POLICY_ID";
 /// The BetterStack team that owns the incidents (needed with a global API token; optional).
-pub const BETTERSTACK_TEAM_NAME: &str = "BETTERSTACK_TEAM_NAME";
+pub(crate) const BETTERSTACK_TEAM_NAME: &str = "BETTERSTACK_TEAM_NAME";
 /// Per-queue routes, JSON: `{"<queue>": {"policy_id": "…", "team_name": "…"}}` (optional).
-pub const BETTERSTACK_QUEUE_ROUTES: &str = "BETTERSTACK_QUEUE_ROUTES";
+pub(crate) const BETTERSTACK_QUEUE_ROUTES: &str = "BETTERSTACK_QUEUE_ROUTES";
 /// The escalation policy escalations of unreviewed letters page (optional; else the default).
-pub const BETTERSTACK_ESCALATION_POLICY_ID: &str = "BETTERSTACK_ESCALATION_POLICY_ID";
+pub(crate) const BETTERSTACK_ESCALATION_POLICY_ID: &str = "BETTERSTACK_ESCALATION_POLICY_ID";
 
 /// API: how long a review waits for a concurrent review of the same letter, in milliseconds.
-pub const API_LOCK_WAIT_MS: &str = "API_LOCK_WAIT_MS";
+pub(crate) const API_LOCK_WAIT_MS: &str = "API_LOCK_WAIT_MS";
 /// Fences deleted per sweep statement.
 pub const SWEEP_BATCH_SIZE: &str = "SWEEP_BATCH_SIZE";
 /// How long one scheduled run may sweep, in seconds.
-pub const SWEEP_TIME_BUDGET_SECONDS: &str = "SWEEP_TIME_BUDGET_SECONDS";
+pub(crate) const SWEEP_TIME_BUDGET_SECONDS: &str = "SWEEP_TIME_BUDGET_SECONDS";
 /// Milliseconds the sweep rests between batches (its share of the database vs the consumers').
 pub const SWEEP_PAUSE_MS: &str = "SWEEP_PAUSE_MS";
 /// Days a dead letter may stay `pending_review` before it is escalated (and again every as many).
-pub const ESCALATE_AFTER_DAYS: &str = "ESCALATE_AFTER_DAYS";
+pub(crate) const ESCALATE_AFTER_DAYS: &str = "ESCALATE_AFTER_DAYS";
 /// Scheduled: seconds a replay may stay recorded but unsent before it alerts (metric, incident,
 /// failed heartbeat).
 pub const REPLAY_UNSENT_ALERT_SECONDS: &str = "REPLAY_UNSENT_ALERT_SECONDS";
@@ -144,8 +146,9 @@ impl<'a> Env<'a> {
         }
     }
 
-    /// Variables from a list of pairs.
-    pub fn from_pairs(pairs: &'a [(&'a str, &'a str)]) -> Self {
+    /// Variables from a list of pairs (the configuration's tests).
+    #[cfg(test)]
+    pub(crate) fn from_pairs(pairs: &'a [(&'a str, &'a str)]) -> Self {
         Self::from_fn(move |k| {
             pairs
                 .iter()
@@ -168,7 +171,11 @@ impl<'a> Env<'a> {
     }
 
     /// An optional variable parsed as `T`, or `default`.
-    pub fn parsed<T: FromStr>(&self, name: &'static str, default: T) -> Result<T, ConfigError>
+    pub(crate) fn parsed<T: FromStr>(
+        &self,
+        name: &'static str,
+        default: T,
+    ) -> Result<T, ConfigError>
     where
         T::Err: fmt::Display,
     {

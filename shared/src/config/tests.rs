@@ -24,7 +24,7 @@ fn defaults_are_the_platform_policy() {
 
 #[test]
 fn the_harness_default_is_what_an_unconfigured_function_runs_with() {
-    let configured = load(&[]).unwrap().harness_settings();
+    let configured = crate::run::harness_settings(&load(&[]).unwrap());
     let default = crate::harness::HarnessSettings::default();
     assert_eq!(format!("{configured:?}"), format!("{default:?}"));
 }
@@ -215,7 +215,10 @@ fn the_commit_mode_is_per_job_unless_a_consumer_opts_into_batches() {
     use crate::harness::CommitMode;
     assert_eq!(load(&[]).unwrap().commit, CommitMode::PerJob);
     let batch = load(&[(COMMIT_MODE, "batch")]).unwrap();
-    assert_eq!(batch.harness_settings().commit, CommitMode::Batch);
+    assert_eq!(
+        crate::run::harness_settings(&batch).commit,
+        CommitMode::Batch
+    );
     assert_eq!(
         load(&[(COMMIT_MODE, "batched")]).unwrap_err().variable,
         COMMIT_MODE

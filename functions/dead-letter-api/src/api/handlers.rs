@@ -1,7 +1,7 @@
 //! The operations, after routing and authorization.
 //!
 //! Invariant: input is validated before the first query; a review changes a row only through
-//! [`shared::review`]'s lock-check-mark-commit. A replay commits its verdict before it sends, so
+//! [`shared::dead_letter`]'s lock-check-mark-commit. A replay commits its verdict before it sends, so
 //! a message is never out while the letter says otherwise; a refused send leaves the replay
 //! `queued` for the scheduled run.
 
@@ -11,10 +11,8 @@ use super::list_query::{
 };
 use super::{Api, ApiRequest, ApiResponse, Operation, Route};
 use serde_json::{Value, json};
-use shared::dead_letter::ErrorKind;
-use shared::groups;
+use shared::dead_letter::{self, ErrorKind, LockedLetter, ReplayOutcome, ReviewStatus, Verdict};
 use shared::ids::{DeadLetterId, GroupId};
-use shared::review::{self, LockedLetter, ReplayOutcome, ReviewStatus, Verdict};
 
 /// The longest reason (discard or replay), in characters, after trimming.
 pub const MAX_REASON_CHARS: usize = 1000;
@@ -79,9 +77,10 @@ fn bounded(body: &[u8]) -> Result<&[u8], ApiError> {
 
 async fn list(api: &Api, route: &Route, request: &ApiRequest) -> Result<ApiResponse, ApiError> {
     let query = parse_list_query(&request.query)?;
-    let mut items = review::list_letters(&api.pool, &query.filter, query.after, query.limit + 1)
-        .await
-        .map_err(|e| ApiError::database(route.path, &e))?;
+    let mut items =
+        dead_letter::list_letters(&api.pool, &query.filter, query.after, query.limit + 1)
+            .await
+            .map_err(|e| ApiError::database(route.path, &e))?;
     let next_cursor = if items.len() > query.limit as usize {
         items.truncate(query.limit as usize);
         items.last().map(|last| encode_cursor(last.position()))
@@ -97,9 +96,10 @@ async fn list_groups(
     request: &ApiRequest,
 ) -> Result<ApiResponse, ApiError> {
     let query = parse_group_query(&request.query)?;
-    let mut items = groups::list_groups(&api.pool, &query.filter, query.after, query.limit + 1)
-        .await
-        .map_err(|e| ApiError::database(route.path, &e))?;
+    let mut items =
+        dead_letter::list_groups(&api.pool, &query.filter, query.after, query.limit + 1)
+            .await
+            .map_err(|e| ApiError::database(route.path, &e))?;
     let next_cursor = if items.len() > query.limit as usize {
         items.truncate(query.limit as usize);
         items
@@ -112,7 +112,7 @@ async fn list_groups(
 }
 
 async fn get_group(api: &Api, route: &Route, id: GroupId) -> Result<ApiResponse, ApiError> {
-    let group = groups::group(&api.pool, id)
+    let group = dead_letter::group(&api.pool, id)
         .await
         .map_err(|e| ApiError::database(route.path, &e))?
         .ok_or_else(|| ApiError::not_found(format!("there is no failure group {id}")))?;
@@ -121,14 +121,14 @@ async fn get_group(api: &Api, route: &Route, id: GroupId) -> Result<ApiResponse,
 
 async fn get(api: &Api, route: &Route, id: DeadLetterId) -> Result<ApiResponse, ApiError> {
     let db = |e: sqlx::Error| ApiError::database(route.path, &e);
-    let letter = review::letter(&api.pool, id)
+    let letter = dead_letter::letter(&api.pool, id)
         .await
         .map_err(db)?
         .ok_or_else(|| not_found(id))?;
-    let fence_exists = review::letter_fence_exists(&api.pool, &letter)
+    let fence_exists = dead_letter::letter_fence_exists(&api.pool, &letter)
         .await
         .map_err(db)?;
-    let failed_replays = review::replays_of(&api.pool, id).await.map_err(db)?;
+    let failed_replays = dead_letter::replays_of(&api.pool, id).await.map_err(db)?;
     ok(json!({"letter": letter, "fence_exists": fence_exists, "failed_replays": failed_replays}))
 }
 
@@ -199,8 +199,13 @@ async fn replay(
     } else {
         match replayer.send(&letter).await {
             Ok(sent) => {
-                match review::record_replay_sent(&api.pool, id, &sent.message_id, api.clock.now())
-                    .await
+                match dead_letter::record_replay_sent(
+                    &api.pool,
+                    id,
+                    &sent.message_id,
+                    api.clock.now(),
+                )
+                .await
                 {
                     Ok(Some(updated)) => letter = updated,
                     Ok(None) => {}
@@ -268,10 +273,10 @@ async fn lock_pending(
     route: &Route,
     id: DeadLetterId,
 ) -> Result<LockedLetter, ApiError> {
-    let locked = review::lock_letter(&api.pool, id, api.lock_wait)
+    let locked = dead_letter::lock_letter(&api.pool, id, api.lock_wait)
         .await
         .map_err(|e| {
-            if review::is_lock_timeout(&e) {
+            if dead_letter::is_lock_timeout(&e) {
                 ApiError::conflict(
                     "review_in_progress",
                     "another review of this letter is in progress; read it again in a moment",

@@ -11,10 +11,10 @@ use super::error::ApiError;
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use chrono::{DateTime, Utc};
-use shared::dead_letter::ErrorKind;
-use shared::groups::{GroupFilter, GroupPosition, GroupStatus};
+use shared::dead_letter::{
+    ErrorKind, GroupFilter, GroupPosition, GroupStatus, ListFilter, Position, ReviewStatus,
+};
 use shared::ids::{ConsumerName, GroupId, JobId, TenantId};
-use shared::review::{ListFilter, Position, ReviewStatus};
 
 /// The query parameters the list endpoint accepts (the OpenAPI document lists the same).
 pub const LIST_PARAMETERS: [&str; 13] = [

@@ -7,60 +7,17 @@
 //! a replay commits its verdict first and sends after ([`record_replay_sent`]), so no message
 //! is ever out while its letter could still be discarded or left pending.
 
-use crate::dead_letter::{DeadLetter, ErrorKind};
-use crate::ids::{ConsumerName, DeadLetterId, GroupId, JobId, TenantId};
+use super::list::Listing;
+use super::{DeadLetter, ErrorKind, LetterHead, ReplayOutcome, ReviewStatus};
+use crate::ids::{DeadLetterId, GroupId, JobId, TenantId};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::{PgConnection, PgExecutor, PgPool, Postgres, QueryBuilder, Transaction};
-use std::fmt;
 use std::time::Duration;
 use uuid::Uuid;
 
-/// Characters of `last_error` a list item carries; [`letter`] has all of it.
-pub const LIST_ERROR_CHARS: i32 = 300;
-
-/// Where a dead letter stands in its review.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ReviewStatus {
-    /// Waiting for an operator.
-    PendingReview,
-    /// Republished to its queue.
-    Replayed,
-    /// Closed with a reason.
-    Discarded,
-}
-
-impl ReviewStatus {
-    /// Every status, in the schema's order.
-    pub const ALL: [ReviewStatus; 3] = [Self::PendingReview, Self::Replayed, Self::Discarded];
-
-    /// The value stored in `core.dead_letters.status`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::PendingReview => "pending_review",
-            Self::Replayed => "replayed",
-            Self::Discarded => "discarded",
-        }
-    }
-
-    /// The status stored as `s`, if it is one.
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|k| k.as_str() == s)
-    }
-}
-
-crate::ids::text_column!(
-    ReviewStatus,
-    |s: &str| ReviewStatus::parse(s).ok_or_else(|| format!("unknown review status {s:?}")),
-    |k: &ReviewStatus| k.as_str()
-);
-
-impl fmt::Display for ReviewStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+/// Characters of `last_error` a list item carries; [`super::letter`] has all of it.
+pub(crate) const LIST_ERROR_CHARS: i32 = 300;
 
 /// Which letters to list; every field narrows, `None` does not.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -98,50 +55,27 @@ pub struct Position {
     pub id: Uuid,
 }
 
-/// A letter in a list: everything but the payload, `last_error` cut to [`LIST_ERROR_CHARS`].
+/// A letter in a list: its [`LetterHead`] (no payload, `last_error` cut to
+/// [`LIST_ERROR_CHARS`]), and what a list shows beside it.
 #[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
 pub struct LetterSummary {
-    /// Primary key.
-    pub id: DeadLetterId,
-    /// The job, if the message carried one.
-    pub job_id: Option<JobId>,
-    /// The tenant, if readable.
-    pub tenant_id: Option<TenantId>,
-    /// The consumer.
-    pub consumer: ConsumerName,
-    /// The source queue.
-    pub queue: String,
-    /// The SQS message id.
-    pub message_id: String,
-    /// The attempt on which it was written.
-    pub attempts: i32,
-    /// Why.
-    pub error_kind: ErrorKind,
-    /// The start of the last error.
-    pub last_error: String,
+    /// The letter, as far as a list shows it.
+    #[serde(flatten)]
+    #[sqlx(flatten)]
+    pub head: LetterHead,
     /// Whether `last_error` was cut.
     pub last_error_truncated: bool,
-    /// The correlation id.
-    pub correlation_id: Option<String>,
-    /// The letter whose replay produced this one.
-    pub replay_of: Option<DeadLetterId>,
-    /// Where its review stands.
-    pub status: ReviewStatus,
-    /// Why it was discarded.
-    pub discard_reason: Option<String>,
-    /// Who reviewed it.
-    pub reviewed_by: Option<String>,
-    /// When it was reviewed.
-    pub reviewed_at: Option<DateTime<Utc>>,
-    /// When it was written.
-    pub created_at: DateTime<Utc>,
-    /// For a replayed letter: what the replay did.
-    pub replay_outcome: Option<ReplayOutcome>,
-    /// The failure group it belongs to (none for a letter older than groups).
-    pub group_id: Option<GroupId>,
     /// Whether its job's fence exists (its effect committed, so a replay would send nothing);
     /// `None` for a letter without a job id.
     pub fence_exists: Option<bool>,
+}
+
+impl std::ops::Deref for LetterSummary {
+    type Target = LetterHead;
+
+    fn deref(&self) -> &LetterHead {
+        &self.head
+    }
 }
 
 impl LetterSummary {
@@ -179,68 +113,21 @@ pub async fn list_letters(
                     WHERE p.job_id = d.job_id AND p.consumer = d.consumer) END AS fence_exists
              FROM core.dead_letters d WHERE true",
         );
-    if let Some(status) = filter.status {
-        q.push(" AND status = ").push_bind(status.as_str());
-    }
-    if let Some(queue) = &filter.queue {
-        q.push(" AND queue = ").push_bind(queue.clone());
-    }
-    if let Some(consumer) = &filter.consumer {
-        q.push(" AND consumer = ").push_bind(consumer.clone());
-    }
-    if let Some(kind) = filter.error_kind {
-        q.push(" AND error_kind = ").push_bind(kind.as_str());
-    }
-    if let Some(from) = filter.created_from {
-        q.push(" AND created_at >= ").push_bind(from);
-    }
-    if let Some(before) = filter.created_before {
-        q.push(" AND created_at < ").push_bind(before);
-    }
-    if let Some(job_id) = filter.job_id {
-        q.push(" AND job_id = ").push_bind(job_id.0);
-    }
-    if let Some(correlation_id) = &filter.correlation_id {
-        q.push(" AND correlation_id = ")
-            .push_bind(correlation_id.clone());
-    }
-    if let Some(tenant_id) = filter.tenant_id {
-        q.push(" AND tenant_id = ").push_bind(tenant_id.0);
-    }
-    if let Some(message_id) = &filter.message_id {
-        q.push(" AND message_id = ").push_bind(message_id.clone());
-    }
-    if let Some(group_id) = filter.group_id {
-        q.push(" AND group_id = ").push_bind(group_id.0);
-    }
-    if let Some(after) = after {
-        q.push(" AND (created_at, id) < (")
-            .push_bind(after.created_at)
-            .push(", ")
-            .push_bind(after.id)
-            .push(")");
-    }
-    q.push(" ORDER BY created_at DESC, id DESC LIMIT ")
-        .push_bind(i64::from(limit));
+    let mut list = Listing::new(q);
+    list.test("status =", filter.status.map(ReviewStatus::as_str))
+        .test("queue =", filter.queue.clone())
+        .test("consumer =", filter.consumer.clone())
+        .test("error_kind =", filter.error_kind.map(ErrorKind::as_str))
+        .test("created_at >=", filter.created_from)
+        .test("created_at <", filter.created_before)
+        .test("job_id =", filter.job_id.map(|j| j.0))
+        .test("correlation_id =", filter.correlation_id.clone())
+        .test("tenant_id =", filter.tenant_id.map(|t| t.0))
+        .test("message_id =", filter.message_id.clone())
+        .test("group_id =", filter.group_id.map(|g| g.0));
+    let after = after.map(|a| (a.created_at, a.id));
+    let mut q = list.page("created_at", after, limit);
     q.build_query_as().fetch_all(db).await
-}
-
-/// One letter, whole, if it exists.
-pub async fn letter(db: impl PgExecutor<'_>, id: DeadLetterId) -> sqlx::Result<Option<DeadLetter>> {
-    sqlx::query_as("SELECT * FROM core.dead_letters WHERE id = $1")
-        .bind(id.0)
-        .fetch_optional(db)
-        .await
-}
-
-/// The letters written when replays of `id` failed again, oldest first.
-pub async fn replays_of(db: impl PgExecutor<'_>, id: DeadLetterId) -> sqlx::Result<Vec<Uuid>> {
-    sqlx::query_scalar(
-        "SELECT id FROM core.dead_letters WHERE replay_of = $1 ORDER BY created_at, id",
-    )
-    .bind(id.0)
-    .fetch_all(db)
-    .await
 }
 
 /// Whether `letter`'s job already has a fence for its consumer (a replay is then a no-op).
@@ -275,43 +162,6 @@ pub async fn fence_is_another_job(
     .await?;
     Ok(matches!(committed, Some(Some(c)) if c != digest))
 }
-
-/// What a replay did, as the letter records it (`replay_outcome`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ReplayOutcome {
-    /// Recorded; the message is to be sent (by the replay itself, else by the scheduled run).
-    Queued,
-    /// The queue accepted the message.
-    Sent,
-    /// The job's fence existed: its effect has committed, so nothing was sent.
-    AlreadyProcessed,
-}
-
-impl ReplayOutcome {
-    /// Every outcome.
-    pub const ALL: [ReplayOutcome; 3] = [Self::Queued, Self::Sent, Self::AlreadyProcessed];
-
-    /// The value stored in `core.dead_letters.replay_outcome`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Queued => "queued",
-            Self::Sent => "sent",
-            Self::AlreadyProcessed => "already_processed",
-        }
-    }
-
-    /// The outcome stored as `s`, if it is one.
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|k| k.as_str() == s)
-    }
-}
-
-crate::ids::text_column!(
-    ReplayOutcome,
-    |s: &str| ReplayOutcome::parse(s).ok_or_else(|| format!("unknown replay outcome {s:?}")),
-    |k: &ReplayOutcome| k.as_str()
-);
 
 /// How a review closes a letter.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -472,20 +322,4 @@ pub fn is_lock_timeout(error: &sqlx::Error) -> bool {
         .as_database_error()
         .and_then(|e| e.code())
         .is_some_and(|code| code == "55P03")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn statuses_match_the_schema_check() {
-        let names: Vec<_> = ReviewStatus::ALL.iter().map(|s| s.as_str()).collect();
-        assert_eq!(names, ["pending_review", "replayed", "discarded"]);
-        assert_eq!(
-            ReviewStatus::parse("replayed"),
-            Some(ReviewStatus::Replayed)
-        );
-        assert_eq!(ReviewStatus::parse("Replayed"), None);
-    }
 }

@@ -8,47 +8,13 @@
 //! by one sender at a time (a lease, `FOR UPDATE SKIP LOCKED`) and recorded after it went out, so
 //! no lock is held while BetterStack answers.
 
-use crate::dead_letter::ErrorKind;
+use super::list::Listing;
+use super::{ErrorKind, GroupStatus, storable_error};
 use crate::ids::{ConsumerName, DeadLetterId, GroupId, JobId};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::{PgConnection, PgExecutor, Postgres, QueryBuilder};
-use std::fmt;
 use std::time::Duration;
-
-/// Whether a group still has letters pending review.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum GroupStatus {
-    /// Some of its letters are pending review.
-    Open,
-    /// Every letter has been reviewed.
-    Resolved,
-}
-
-impl GroupStatus {
-    /// Both, in order.
-    pub const ALL: [GroupStatus; 2] = [Self::Open, Self::Resolved];
-
-    /// As the API spells it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Open => "open",
-            Self::Resolved => "resolved",
-        }
-    }
-
-    /// The status spelled `s`, if it is one.
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|k| k.as_str() == s)
-    }
-}
-
-impl fmt::Display for GroupStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// The incident a group stands for, as far as it has been delivered.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -218,32 +184,20 @@ pub async fn list_groups(
     after: Option<GroupPosition>,
     limit: u32,
 ) -> sqlx::Result<Vec<Group>> {
-    let mut q = QueryBuilder::<Postgres>::new(format!(
+    let q = QueryBuilder::<Postgres>::new(format!(
         "SELECT {COLUMNS} FROM core.dead_letter_groups WHERE true"
     ));
+    let mut list = Listing::new(q);
     match filter.status {
-        Some(GroupStatus::Open) => q.push(" AND resolved_at IS NULL"),
-        Some(GroupStatus::Resolved) => q.push(" AND resolved_at IS NOT NULL"),
-        None => &mut q,
+        Some(GroupStatus::Open) => list.and("resolved_at IS NULL"),
+        Some(GroupStatus::Resolved) => list.and("resolved_at IS NOT NULL"),
+        None => &mut list,
     };
-    if let Some(queue) = &filter.queue {
-        q.push(" AND queue = ").push_bind(queue.clone());
-    }
-    if let Some(consumer) = &filter.consumer {
-        q.push(" AND consumer = ").push_bind(consumer.clone());
-    }
-    if let Some(kind) = filter.error_kind {
-        q.push(" AND error_kind = ").push_bind(kind.as_str());
-    }
-    if let Some(after) = after {
-        q.push(" AND (last_letter_at, id) < (")
-            .push_bind(after.last_letter_at)
-            .push(", ")
-            .push_bind(after.id.0)
-            .push(")");
-    }
-    q.push(" ORDER BY last_letter_at DESC, id DESC LIMIT ")
-        .push_bind(i64::from(limit));
+    list.test("queue =", filter.queue.clone())
+        .test("consumer =", filter.consumer.clone())
+        .test("error_kind =", filter.error_kind.map(ErrorKind::as_str));
+    let after = after.map(|a| (a.last_letter_at, a.id.0));
+    let mut q = list.page("last_letter_at", after, limit);
     let rows: Vec<GroupRow> = q.build_query_as().fetch_all(db).await?;
     Ok(rows.into_iter().map(Group::from).collect())
 }
@@ -276,7 +230,7 @@ pub async fn group_of_letter(
 
 /// What a group's incident needs next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum IncidentStep {
+pub(crate) enum IncidentStep {
     /// The group is open and has no incident: page.
     Open,
     /// The incident shows an older count: update it.
@@ -287,7 +241,7 @@ pub enum IncidentStep {
 
 impl Group {
     /// What the group's incident needs next, if anything.
-    pub fn incident_step(&self) -> Option<IncidentStep> {
+    pub(crate) fn incident_step(&self) -> Option<IncidentStep> {
         match (&self.incident, self.status) {
             (None, GroupStatus::Open) => Some(IncidentStep::Open),
             (None, GroupStatus::Resolved) => None,
@@ -302,7 +256,7 @@ impl Group {
 
 /// Claims up to `limit` groups whose incident is due a step at `now`, for `lease`; another
 /// sender skips them until the lease ends.
-pub async fn claim_due(
+pub(crate) async fn claim_due(
     conn: &mut PgConnection,
     now: DateTime<Utc>,
     lease: Duration,
@@ -327,7 +281,7 @@ pub async fn claim_due(
 
 /// Records that `group`'s incident `incident_id` was opened showing `count` letters; its first
 /// update is due no sooner than `next_update`. A group resolved meanwhile is due at once.
-pub async fn record_opened(
+pub(crate) async fn record_opened(
     db: impl PgExecutor<'_>,
     group: GroupId,
     incident_id: &str,
@@ -354,7 +308,7 @@ pub async fn record_opened(
 
 /// Records that the incident now shows `count` letters; the next update is due no sooner than
 /// `next_update` (a group resolved meanwhile is due at once).
-pub async fn record_updated(
+pub(crate) async fn record_updated(
     db: impl PgExecutor<'_>,
     group: GroupId,
     count: i64,
@@ -378,7 +332,7 @@ pub async fn record_updated(
 }
 
 /// Records that the group's incident is resolved.
-pub async fn record_resolved(
+pub(crate) async fn record_resolved(
     db: impl PgExecutor<'_>,
     group: GroupId,
     now: DateTime<Utc>,
@@ -399,7 +353,7 @@ pub async fn record_resolved(
 /// Claims, for `lease`, up to `limit` open groups whose incident is open and was last read back
 /// from BetterStack (or opened) at or before `checked_before`: their incident is to be read
 /// again, in case a person resolved it there while the group's letters are still pending.
-pub async fn claim_incident_checks(
+pub(crate) async fn claim_incident_checks(
     conn: &mut PgConnection,
     now: DateTime<Utc>,
     checked_before: DateTime<Utc>,
@@ -429,7 +383,7 @@ pub async fn claim_incident_checks(
 
 /// Records that `group`'s incident was read back at `now` (still open, or the read failed) and
 /// ends the claim.
-pub async fn record_incident_checked(
+pub(crate) async fn record_incident_checked(
     db: impl PgExecutor<'_>,
     group: GroupId,
     now: DateTime<Utc>,
@@ -449,7 +403,7 @@ pub async fn record_incident_checked(
 /// BetterStack by hand: the group no longer has an incident, so it is due a new one at once
 /// (the next delivery opens it, saying why). `false` if the group resolved or changed
 /// incident meanwhile (nothing is changed then but the end of the claim).
-pub async fn record_resolved_by_hand(
+pub(crate) async fn record_resolved_by_hand(
     db: impl PgExecutor<'_>,
     group: GroupId,
     incident_id: &str,
@@ -475,7 +429,7 @@ pub async fn record_resolved_by_hand(
 
 /// The group's last incident resolved in BetterStack by hand while its letters were still
 /// pending (the group was raised again as a new incident since), if any.
-pub async fn previous_incident(
+pub(crate) async fn previous_incident(
     db: impl PgExecutor<'_>,
     group: GroupId,
 ) -> sqlx::Result<Option<String>> {
@@ -487,7 +441,7 @@ pub async fn previous_incident(
 }
 
 /// Records a failed delivery and when to try again.
-pub async fn record_delivery_failed(
+pub(crate) async fn record_delivery_failed(
     db: impl PgExecutor<'_>,
     group: GroupId,
     error: &str,
@@ -500,7 +454,7 @@ pub async fn record_delivery_failed(
          WHERE id = $1",
     )
     .bind(group.0)
-    .bind(crate::dead_letter::storable_error(error).as_ref())
+    .bind(storable_error(error).as_ref())
     .bind(retry_at)
     .execute(db)
     .await
@@ -519,7 +473,7 @@ pub struct DeliveryBacklog {
 }
 
 /// The [`DeliveryBacklog`] at `now`.
-pub async fn delivery_backlog(
+pub(crate) async fn delivery_backlog(
     db: impl PgExecutor<'_>,
     now: DateTime<Utc>,
 ) -> sqlx::Result<DeliveryBacklog> {

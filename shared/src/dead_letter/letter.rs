@@ -1,0 +1,179 @@
+//! A letter as it is written ([`NewDeadLetter`]) and as it is read back ([`DeadLetter`]), and
+//! the reads of whole letters.
+
+use super::{ErrorKind, ReplayOutcome, ReviewStatus};
+use crate::ids::{ConsumerName, DeadLetterId, GroupId, JobId, TenantId, bounded_id, storable};
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+use sqlx::PgExecutor;
+use uuid::Uuid;
+
+/// `last_error` is cut to this many bytes (at a character boundary).
+pub(crate) const MAX_ERROR_BYTES: usize = 8 * 1024;
+
+/// A dead letter about to be written.
+#[derive(Debug, Clone)]
+pub struct NewDeadLetter<'a> {
+    /// The job, unless the message was too broken to carry one.
+    pub job_id: Option<JobId>,
+    /// The tenant, if readable.
+    pub tenant_id: Option<TenantId>,
+    /// The consumer that gave up.
+    pub consumer: &'a ConsumerName,
+    /// The queue the message came from (and where a replay sends it).
+    pub queue: &'a str,
+    /// The SQS message id.
+    pub message_id: &'a str,
+    /// The body as received: kept exactly (what a replay sends), and as JSON in `payload`
+    /// where `jsonb` can hold it (see [`crate::envelope::body_as_json`]).
+    pub body: &'a str,
+    /// The attempt on which the letter was written.
+    pub attempts: u32,
+    /// Why.
+    pub kind: ErrorKind,
+    /// The last error, as a sentence; cut to [`MAX_ERROR_BYTES`].
+    pub last_error: &'a str,
+    /// The correlation id, if readable.
+    pub correlation_id: Option<&'a str>,
+    /// The letter whose replay produced this message, if any.
+    pub replay_of: Option<DeadLetterId>,
+}
+
+/// What a stored letter and its list item ([`super::LetterSummary`]) both show: the letter
+/// without its payload, its body and its replay's send record.
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+pub struct LetterHead {
+    /// Primary key.
+    pub id: DeadLetterId,
+    /// The job, if the message carried one.
+    pub job_id: Option<JobId>,
+    /// The tenant, if readable.
+    pub tenant_id: Option<TenantId>,
+    /// The consumer.
+    pub consumer: ConsumerName,
+    /// The source queue.
+    pub queue: String,
+    /// The SQS message id.
+    pub message_id: String,
+    /// The attempt on which it was written (executions; 0 for a redriven job that never ran).
+    pub attempts: i32,
+    /// Why.
+    pub error_kind: ErrorKind,
+    /// The last error (in a list item, its start).
+    pub last_error: String,
+    /// The correlation id.
+    pub correlation_id: Option<String>,
+    /// The letter whose replay produced this one.
+    pub replay_of: Option<DeadLetterId>,
+    /// Where its review stands.
+    pub status: ReviewStatus,
+    /// Why it was discarded.
+    pub discard_reason: Option<String>,
+    /// Who reviewed it.
+    pub reviewed_by: Option<String>,
+    /// When it was reviewed.
+    pub reviewed_at: Option<DateTime<Utc>>,
+    /// When it was written.
+    pub created_at: DateTime<Utc>,
+    /// For a replayed letter: queued (recorded, not yet accepted by the queue), sent, or
+    /// already processed (the job's fence existed, so nothing was sent).
+    pub replay_outcome: Option<ReplayOutcome>,
+    /// The failure group it belongs to (none for a letter older than groups).
+    pub group_id: Option<GroupId>,
+}
+
+/// A stored dead letter, read back as the domain's types: its [`LetterHead`] (its fields read
+/// through it, `letter.status`), its payload and body, and its replay's send record.
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+pub struct DeadLetter {
+    /// What its list item shows too.
+    #[serde(flatten)]
+    #[sqlx(flatten)]
+    pub head: LetterHead,
+    /// The body as JSON (a JSON string where it is not JSON, or not JSON `jsonb` can hold).
+    pub payload: Value,
+    /// The body exactly as received, what a replay sends (none for a letter older than it).
+    #[serde(skip)]
+    pub body: Option<String>,
+    /// The digest of the job it stands for (none where it was not known).
+    #[serde(skip)]
+    pub job_digest: Option<Vec<u8>>,
+    /// The message the queue accepted for the replay.
+    pub replay_message_id: Option<String>,
+    /// When the queue accepted it.
+    pub replay_sent_at: Option<DateTime<Utc>>,
+    /// Why it was replayed, if the operator said.
+    pub replay_reason: Option<String>,
+}
+
+impl std::ops::Deref for DeadLetter {
+    type Target = LetterHead;
+
+    fn deref(&self) -> &LetterHead {
+        &self.head
+    }
+}
+
+/// The letters of one job for one consumer, oldest first.
+pub async fn letters_for_job(
+    db: impl PgExecutor<'_>,
+    job_id: JobId,
+    consumer: &ConsumerName,
+) -> sqlx::Result<Vec<DeadLetter>> {
+    sqlx::query_as(
+        "SELECT * FROM core.dead_letters WHERE job_id = $1 AND consumer = $2
+         ORDER BY created_at, id",
+    )
+    .bind(job_id.0)
+    .bind(consumer.as_str())
+    .fetch_all(db)
+    .await
+}
+
+/// The letter written for one SQS message, if any.
+pub async fn letter_for_message(
+    db: impl PgExecutor<'_>,
+    consumer: &ConsumerName,
+    message_id: &str,
+) -> sqlx::Result<Option<DeadLetter>> {
+    sqlx::query_as("SELECT * FROM core.dead_letters WHERE consumer = $1 AND message_id = $2")
+        .bind(consumer.as_str())
+        .bind(&*bounded_id(message_id, "message"))
+        .fetch_optional(db)
+        .await
+}
+
+/// One letter, whole, if it exists.
+pub async fn letter(db: impl PgExecutor<'_>, id: DeadLetterId) -> sqlx::Result<Option<DeadLetter>> {
+    sqlx::query_as("SELECT * FROM core.dead_letters WHERE id = $1")
+        .bind(id.0)
+        .fetch_optional(db)
+        .await
+}
+
+/// The letters written when replays of `id` failed again, oldest first.
+pub async fn replays_of(db: impl PgExecutor<'_>, id: DeadLetterId) -> sqlx::Result<Vec<Uuid>> {
+    sqlx::query_scalar(
+        "SELECT id FROM core.dead_letters WHERE replay_of = $1 ORDER BY created_at, id",
+    )
+    .bind(id.0)
+    .fetch_all(db)
+    .await
+}
+
+/// An error as a letter stores it: cut to [`MAX_ERROR_BYTES`], NUL replaced.
+pub(crate) fn storable_error(error: &str) -> std::borrow::Cow<'_, str> {
+    storable(error, MAX_ERROR_BYTES)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stored_error_stays_within_its_bound_whatever_it_holds() {
+        assert!(storable_error(&"\0".repeat(MAX_ERROR_BYTES)).len() <= MAX_ERROR_BYTES);
+        assert!(storable_error(&"é".repeat(MAX_ERROR_BYTES)).len() <= MAX_ERROR_BYTES);
+    }
+}
