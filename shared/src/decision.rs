@@ -7,21 +7,7 @@ use crate::retry::RetryPolicy;
 use rand::Rng;
 use std::time::Duration;
 
-/// The fate of one delivery of a message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Disposition {
-    /// Done (processed, or a duplicate): delete the message.
-    Ack,
-    /// Hide the message for `after`, then let it be delivered again.
-    Retry {
-        /// The backoff delay.
-        after: Duration,
-    },
-    /// Record a dead letter of this kind, then delete the message.
-    DeadLetter(ErrorKind),
-}
-
-/// What follows a failed attempt: [`Disposition`] without its `Ack`, which only success earns.
+/// What follows a failed attempt. (A success needs no decision: its message is deleted.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AfterFailure {
     /// Hide the message for `after`, then let it be delivered again.
@@ -33,33 +19,11 @@ pub enum AfterFailure {
     DeadLetter(ErrorKind),
 }
 
-impl From<AfterFailure> for Disposition {
-    fn from(after: AfterFailure) -> Self {
-        match after {
-            AfterFailure::Retry { after } => Disposition::Retry { after },
-            AfterFailure::DeadLetter(kind) => Disposition::DeadLetter(kind),
-        }
-    }
-}
-
-/// Decides what follows attempt `attempt` (1-based) that ended in `result`.
+/// Decides what follows attempt `attempt` (1-based) that failed with `error`.
 ///
 /// Transient failures retry with backoff until the last attempt, which dead-letters as
 /// `exhausted`; permanent failures and poison dead-letter at once, whatever the attempt.
 pub fn decide(
-    result: Result<(), &ProcessError>,
-    attempt: u32,
-    policy: &RetryPolicy,
-    rng: &mut impl Rng,
-) -> Disposition {
-    match result {
-        Ok(()) => Disposition::Ack,
-        Err(error) => decide_failure(error, attempt, policy, rng).into(),
-    }
-}
-
-/// [`decide`] for an attempt that failed with `error`.
-pub fn decide_failure(
     error: &ProcessError,
     attempt: u32,
     policy: &RetryPolicy,
@@ -94,8 +58,8 @@ mod tests {
         let err = transient();
         let mut previous = Duration::ZERO;
         for attempt in 1..policy.max_attempts() {
-            match decide(Err(&err), attempt, &policy, &mut rng) {
-                Disposition::Retry { after } => {
+            match decide(&err, attempt, &policy, &mut rng) {
+                AfterFailure::Retry { after } => {
                     assert!(
                         after > previous,
                         "attempt {attempt}: {after:?} <= {previous:?}"
@@ -106,8 +70,8 @@ mod tests {
             }
         }
         assert_eq!(
-            decide(Err(&err), policy.max_attempts(), &policy, &mut rng),
-            Disposition::DeadLetter(ErrorKind::Exhausted)
+            decide(&err, policy.max_attempts(), &policy, &mut rng),
+            AfterFailure::DeadLetter(ErrorKind::Exhausted)
         );
     }
 
@@ -119,23 +83,14 @@ mod tests {
             let permanent = ProcessError::permanent("account closed");
             let poison = ProcessError::poison("points must be positive");
             assert_eq!(
-                decide(Err(&permanent), attempt, &policy, &mut rng),
-                Disposition::DeadLetter(ErrorKind::Permanent)
+                decide(&permanent, attempt, &policy, &mut rng),
+                AfterFailure::DeadLetter(ErrorKind::Permanent)
             );
             assert_eq!(
-                decide(Err(&poison), attempt, &policy, &mut rng),
-                Disposition::DeadLetter(ErrorKind::Poison)
+                decide(&poison, attempt, &policy, &mut rng),
+                AfterFailure::DeadLetter(ErrorKind::Poison)
             );
         }
-    }
-
-    #[test]
-    fn success_acks() {
-        let mut rng = StdRng::seed_from_u64(3);
-        assert_eq!(
-            decide(Ok(()), 3, &RetryPolicy::default(), &mut rng),
-            Disposition::Ack
-        );
     }
 
     #[test]
@@ -143,8 +98,8 @@ mod tests {
         let policy = RetryPolicy::new(1, Duration::from_secs(1), Duration::from_secs(1)).unwrap();
         let mut rng = StdRng::seed_from_u64(4);
         assert_eq!(
-            decide(Err(&transient()), 1, &policy, &mut rng),
-            Disposition::DeadLetter(ErrorKind::Exhausted)
+            decide(&transient(), 1, &policy, &mut rng),
+            AfterFailure::DeadLetter(ErrorKind::Exhausted)
         );
     }
 }

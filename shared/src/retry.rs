@@ -86,12 +86,6 @@ impl RetryPolicy {
         self.cap
     }
 
-    /// True when `attempt` (1-based) is past the budget: earlier attempts ended without
-    /// recording an outcome, and the job must be dead-lettered without running again.
-    pub fn is_over_budget(&self, attempt: u32) -> bool {
-        attempt > self.max_attempts
-    }
-
     /// The delay after failed attempt `attempt` (1-based):
     /// `min(cap, base · 2^(attempt-1) · f)` with jitter `f` drawn from `[1, 1.5)` by `rng`.
     pub fn delay_after(&self, attempt: u32, rng: &mut impl Rng) -> Duration {

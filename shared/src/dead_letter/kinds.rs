@@ -90,7 +90,7 @@ macro_rules! text_enum {
     ($ty:ident $(, $noun:literal)?) => {
         impl $ty {
             /// Every value, in the declared (the schema's) order.
-            pub const ALL: &'static [$ty] = <$ty as VariantArray>::VARIANTS;
+            pub const ALL: &'static [$ty] = <$ty as ::strum::VariantArray>::VARIANTS;
 
             /// The value as stored and spelled.
             pub fn as_str(self) -> &'static str {
@@ -109,6 +109,8 @@ macro_rules! text_enum {
         );)?
     };
 }
+
+pub(crate) use text_enum;
 
 text_enum!(ErrorKind, "error kind");
 text_enum!(ReviewStatus, "review status");

@@ -34,6 +34,7 @@ pub(crate) use groups::{
     record_delivery_failed, record_incident_checked, record_opened, record_resolved,
     record_resolved_by_hand, record_updated,
 };
+pub(crate) use kinds::text_enum;
 pub use kinds::{ErrorKind, GroupStatus, ReplayOutcome, ReviewStatus};
 pub use letter::{
     DeadLetter, LetterHead, NewDeadLetter, letter, letter_for_message, letters_for_job, replays_of,

@@ -18,8 +18,19 @@ use super::{Harness, RecordOutcome};
 use crate::consumer::{Consumer, Job};
 use crate::metrics::Metric;
 
-/// How a consumer commits its new jobs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// How a consumer commits its new jobs, as `COMMIT_MODE` spells it.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    strum::IntoStaticStr,
+    strum::EnumString,
+    strum::VariantArray,
+)]
+#[strum(serialize_all = "kebab-case")]
 pub enum CommitMode {
     /// One transaction per job (the default).
     #[default]
@@ -29,22 +40,7 @@ pub enum CommitMode {
     Batch,
 }
 
-impl CommitMode {
-    /// As `COMMIT_MODE` spells it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::PerJob => "per-job",
-            Self::Batch => "batch",
-        }
-    }
-
-    /// The mode spelled `s`, if it is one.
-    pub fn parse(s: &str) -> Option<Self> {
-        [Self::PerJob, Self::Batch]
-            .into_iter()
-            .find(|m| m.as_str() == s)
-    }
-}
+crate::dead_letter::text_enum!(CommitMode);
 
 impl<C: Consumer> Harness<C> {
     /// Commits the new jobs of `fresh` (one record per job, see `process_batch`) as one group and

@@ -6,7 +6,7 @@ use super::attempt::{Committed, Jobs, Unfinished};
 use super::{Harness, IncomingMessage, RecordOutcome, record_ids};
 use crate::consumer::{Consumer, Job, ProcessError};
 use crate::dead_letter::{ErrorKind, Recorded};
-use crate::decision::{AfterFailure, decide_failure};
+use crate::decision::AfterFailure;
 use crate::envelope::{Envelope, JobDigest, Poison};
 use crate::execution::{Ledger, Start, record_failure, start_execution, uncharge};
 use crate::fence::{FenceError, conflicts, settle_committed};
@@ -271,7 +271,7 @@ impl<C: Consumer> Harness<C> {
         failure: ProcessError,
     ) -> RecordOutcome {
         let policy = &self.settings.policy;
-        let after = decide_failure(
+        let after = crate::decision::decide(
             &failure,
             attempt,
             policy,
