@@ -10,19 +10,18 @@ use e2e::event_source::{Queue, create_queue, depth, sqs_client};
 use serde_json::json;
 use shared::config::DatabaseConfig;
 use shared::consumer::{Consumer, Job, ProcessError};
-use shared::fence::fence_exists;
 use shared::harness::RecordOutcome;
-use shared::ids::{ConsumerName, JobId};
+use shared::ids::{ConsumerName, JobId, TenantId};
 use shared::sqs::{BatchSettings, SqsVisibility, process_batch};
+use shared_testkit::envelope;
 use sqlx::{PgConnection, PgPool};
 use std::time::Duration;
 use uuid::Uuid;
 
 fn job() -> (JobId, String) {
-    let job_id = JobId(Uuid::new_v4());
-    let body = json!({"job_id": job_id, "tenant_id": Uuid::new_v4(), "correlation_id": "fault",
-        "payload": {"account_id": "a", "points": 2}});
-    (job_id, body.to_string())
+    let (job_id, tenant_id) = (JobId(Uuid::new_v4()), TenantId(Uuid::new_v4()));
+    let payload = json!({"account_id": "a", "points": 2});
+    (job_id, envelope(job_id, tenant_id, "fault", payload))
 }
 
 async fn queue() -> (aws_sdk_sqs::Client, Queue) {
@@ -200,10 +199,7 @@ async fn the_database_gone_between_work_and_commit_leaves_neither_and_retries(po
     );
     let msg = shared::harness::IncomingMessage {
         message_id: "m-1".into(),
-        queue: "jobs".into(),
-        body,
-        receive_count: 1,
-        replay_of: None,
+        ..shared_testkit::message_on("jobs", &body, 1)
     };
     let outcome = dying.process(&msg).await;
     assert!(
@@ -211,12 +207,7 @@ async fn the_database_gone_between_work_and_commit_leaves_neither_and_retries(po
         "{outcome:?}"
     );
     assert_eq!(count_awards(&pool, job_id).await.unwrap(), 0, "no effect");
-    assert!(
-        !fence_exists(&pool, job_id, &e2e::consumer_name())
-            .await
-            .unwrap(),
-        "no fence"
-    );
+    assert!(!e2e::fenced(&pool, job_id).await, "no fence");
 
     let healthy = e2e::harness(pool.clone(), AwardPoints::new(e2e::consumer_name()));
     let redelivery = shared::harness::IncomingMessage {
