@@ -9,9 +9,7 @@
 use consumer::{AwardPoints, count_awards};
 use serde_json::{Value, json};
 use shared::consumer::{Consumer, Job, ProcessError};
-use shared::dead_letter::{
-    ErrorKind, Settled, letters_for_job, record_unless_processed,
-};
+use shared::dead_letter::{ErrorKind, Settled, letters_for_job, record_unless_processed};
 use shared::envelope::Envelope;
 use shared::harness::{CommitMode, RecordOutcome};
 use shared::ids::{ConsumerName, JobId, TenantId};

@@ -9,7 +9,7 @@ use shared::dead_letter::ErrorKind;
 use shared::fence::fence_exists;
 use shared::harness::{HarnessSettings, IncomingMessage, RecordOutcome};
 use shared::ids::{ConsumerName, DeadLetterId, JobId};
-use shared::sweeper::{SweepSettings, sweep};
+use shared::sweeper::sweep;
 use shared_testkit::commit_cutter::{Cut, pools_through};
 use shared_testkit::reference::*;
 use shared_testkit::*;
@@ -28,32 +28,22 @@ async fn letters(pool: &PgPool, job_id: JobId) -> Vec<shared::dead_letter::DeadL
     shared_testkit::letters(pool, job_id, &reference_name()).await
 }
 
-/// How [`Misbehaving`] departs from the reference consumer.
-enum Misbehaviour {
-    /// Fails permanently on its first call, then awards like the reference consumer.
-    PermanentOnce,
-    /// Writes its effect, then hits an SQL error and ignores it: the transaction is aborted.
-    SwallowsSqlError,
-}
-
-/// The reference consumer, misbehaving as told, counting its calls.
-struct Misbehaving {
+/// Fails permanently on its first call, then awards like the reference consumer.
+struct PermanentOnce {
     inner: AwardPoints,
-    how: Misbehaviour,
     calls: AtomicUsize,
 }
 
-impl Misbehaving {
-    fn new(how: Misbehaviour) -> Self {
+impl PermanentOnce {
+    fn new() -> Self {
         Self {
             inner: award_points(),
-            how,
             calls: AtomicUsize::new(0),
         }
     }
 }
 
-impl Consumer for Misbehaving {
+impl Consumer for PermanentOnce {
     type Payload = PointsAward;
     fn name(&self) -> &ConsumerName {
         self.inner.name()
@@ -63,20 +53,24 @@ impl Consumer for Misbehaving {
         job: &Job<PointsAward>,
         tx: &mut PgConnection,
     ) -> Result<(), ProcessError> {
-        let first = self.calls.fetch_add(1, Ordering::SeqCst) == 0;
-        match self.how {
-            Misbehaviour::PermanentOnce if first => Err(ProcessError::permanent(
+        if self.calls.fetch_add(1, Ordering::SeqCst) == 0 {
+            return Err(ProcessError::permanent(
                 "the account was closed (then reopened)",
-            )),
-            Misbehaviour::PermanentOnce => self.inner.handle(job, tx).await,
-            Misbehaviour::SwallowsSqlError => {
-                self.inner.handle(job, tx).await?;
-                let ignored = sqlx::query("SELECT 1 / 0").execute(&mut *tx).await;
-                assert!(ignored.is_err(), "the statement fails");
-                Ok(())
-            }
+            ));
         }
+        self.inner.handle(job, tx).await
     }
+}
+
+/// Writes its effect, then hits an SQL error and ignores it: the transaction is aborted.
+fn swallows_sql_error() -> impl Consumer<Payload = PointsAward> {
+    Counting::then(award_points(), |tx| {
+        Box::pin(async move {
+            let ignored = sqlx::query("SELECT 1 / 0").execute(&mut *tx).await;
+            assert!(ignored.is_err(), "the statement fails");
+            Ok(())
+        })
+    })
 }
 
 /// Hole 1: the over-budget path read the fence with a query that cannot see a copy still inside
@@ -156,7 +150,7 @@ async fn hole1_a_commit_lost_before_the_server_is_a_failure_and_its_letter_is_tr
 async fn hole1_a_redelivered_permanent_failure_is_acked_by_its_letter_without_running_again(
     pool: PgPool,
 ) {
-    let harness = harness(&pool, Misbehaving::new(Misbehaviour::PermanentOnce));
+    let harness = harness(&pool, PermanentOnce::new());
     let (job_id, body) = job(award(2));
     let msg = message(&body, 1);
     let first = harness.process(&msg).await;
@@ -188,7 +182,7 @@ async fn hole1_a_redelivered_permanent_failure_is_acked_by_its_letter_without_ru
 /// pending for a job whose effect exists.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn hole1_a_letter_pending_for_a_job_is_closed_when_another_copy_commits_it(pool: PgPool) {
-    let harness = harness(&pool, Misbehaving::new(Misbehaviour::PermanentOnce));
+    let harness = harness(&pool, PermanentOnce::new());
     let (job_id, body) = job(award(2));
     let failed = message(&body, 1);
     assert!(matches!(
@@ -232,13 +226,7 @@ async fn hole1_the_fence_of_a_job_with_a_pending_letter_outlives_its_ttl(pool: P
     .await
     .unwrap();
     let clock = shared::clock::ManualClock::new(t0() + chrono::Duration::days(30));
-    let settings = SweepSettings {
-        batch_size: 100,
-        budget: Duration::from_secs(60),
-        pause: Duration::ZERO,
-        ledger_ttl: Duration::from_secs(7 * 86_400),
-    };
-    let report = sweep(&pool, &clock, settings, None).await.unwrap();
+    let report = sweep(&pool, &clock, SWEEP, None).await.unwrap();
     assert_eq!(report.deleted, 0);
     assert_eq!(report.backlog, Duration::ZERO, "a kept fence is no backlog");
     assert!(
@@ -255,10 +243,7 @@ async fn hole1_the_fence_of_a_job_with_a_pending_letter_outlives_its_ttl(pool: P
     .execute(&pool)
     .await
     .unwrap();
-    assert_eq!(
-        sweep(&pool, &clock, settings, None).await.unwrap().deleted,
-        1
-    );
+    assert_eq!(sweep(&pool, &clock, SWEEP, None).await.unwrap().deleted, 1);
 }
 
 /// Hole 2: a handler that ignored an SQL error and returned Ok left its transaction aborted;
@@ -268,7 +253,7 @@ async fn hole1_the_fence_of_a_job_with_a_pending_letter_outlives_its_ttl(pool: P
 async fn hole2_a_handler_returning_ok_from_an_aborted_transaction_is_retried_then_dead_lettered(
     pool: PgPool,
 ) {
-    let harness = harness(&pool, Misbehaving::new(Misbehaviour::SwallowsSqlError));
+    let harness = harness(&pool, swallows_sql_error());
     let (job_id, body) = job(award(4));
     let first = harness.process(&message(&body, 1)).await;
     let RecordOutcome::Retry {
@@ -448,13 +433,7 @@ async fn hole7_the_sweeper_runs_on_a_pool_of_one_connection(
         RecordOutcome::Processed
     );
     let clock = shared::clock::ManualClock::new(t0() + chrono::Duration::days(30));
-    let settings = SweepSettings {
-        batch_size: 100,
-        budget: Duration::from_secs(60),
-        pause: Duration::ZERO,
-        ledger_ttl: Duration::from_secs(7 * 86_400),
-    };
-    let report = sweep(&one, &clock, settings, None).await.unwrap();
+    let report = sweep(&one, &clock, SWEEP, None).await.unwrap();
     assert_eq!(report.deleted, 1);
 }
 

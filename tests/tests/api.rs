@@ -310,12 +310,7 @@ async fn hole7_a_replay_is_recorded_before_it_is_sent_and_a_refused_send_is_sent
             chrono::Utc::now() + chrono::Duration::minutes(2),
         )),
         alerter: None,
-        sweep: shared::sweeper::SweepSettings {
-            batch_size: 10,
-            budget: Duration::from_secs(10),
-            pause: Duration::ZERO,
-            ledger_ttl: Duration::from_secs(7 * 86_400),
-        },
+        sweep: shared_testkit::SWEEP,
         escalate_after: Duration::from_secs(3 * 86_400),
         page_budget: Duration::from_secs(1),
         replayer: Some(Replayer::new(apis.sqs.clone())),
@@ -906,30 +901,19 @@ async fn every_filter_out_of_its_class_is_a_400_naming_it_before_any_sql(pool: P
             cases.push((name, bad.to_owned()));
         }
     }
+    let group_parameters = ["queue", "consumer", "limit", "error_kind"];
     for (name, value) in &cases {
-        let response = apis.call(list(&[(name, value)])).await;
-        let what = format!("{name}={:?}", value.get(..40).unwrap_or(value));
-        assert_names(
-            &response,
-            400,
-            "invalid_parameter",
-            &format!("`{name}`"),
-            &what,
-        );
-    }
-    for (name, value) in &cases {
-        if !["queue", "consumer", "limit", "error_kind"].contains(name) {
-            continue;
+        let shown = value.get(..40).unwrap_or(value);
+        let mut requests = vec![(list(&[(name, value)]), format!("{name}={shown:?}"))];
+        if group_parameters.contains(name) {
+            let groups = list_groups(&[(name, value)]);
+            requests.push((groups, format!("groups {name}={shown:?}")));
         }
-        let response = apis.call(list_groups(&[(name, value)])).await;
-        let what = format!("groups {name}={:?}", value.get(..40).unwrap_or(value));
-        assert_names(
-            &response,
-            400,
-            "invalid_parameter",
-            &format!("`{name}`"),
-            &what,
-        );
+        for (request, what) in requests {
+            let response = apis.call(request).await;
+            let field = format!("`{name}`");
+            assert_names(&response, 400, "invalid_parameter", &field, &what);
+        }
     }
     // A name that is not a parameter, however long, is named but not echoed whole.
     for r in [list(&[(&kb10, "x")]), list_groups(&[(&kb10, "x")])] {

@@ -14,7 +14,6 @@ use shared::ids::{DeadLetterId, JobId};
 use shared::replay::Replayer;
 use shared::review::{Verdict, lock_letter};
 use shared::scheduled::{Heartbeat, ScheduledRun};
-use shared::sweeper::SweepSettings;
 use shared_testkit::{TestLetter, record_letter, t0};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -91,12 +90,7 @@ fn scheduled(pool: &PgPool, receiver: &AlertReceiver, clock: Arc<ManualClock>) -
             Duration::from_secs(900),
         )),
         clock,
-        sweep: SweepSettings {
-            batch_size: 1_000,
-            budget: Duration::from_secs(60),
-            pause: Duration::ZERO,
-            ledger_ttl: Duration::from_secs(7 * 86_400),
-        },
+        sweep: shared_testkit::SWEEP,
         escalate_after: Duration::from_secs(3 * 86_400),
         page_budget: Duration::from_secs(5),
         replayer: None,

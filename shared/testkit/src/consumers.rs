@@ -1,9 +1,12 @@
-//! A consumer around a real one, counting how often its work was entered and, if told, failing
-//! in a controlled way after doing it (the work then rolls back with the job's transaction).
+//! A consumer around a real one, counting how often its work was entered and, if told, doing
+//! more after that work on the job's transaction: failing in a controlled way (the work then
+//! rolls back), or a step of the test's own (ignoring an SQL error, losing the session).
 
 use shared::consumer::{Consumer, Job, ProcessError};
 use shared::ids::ConsumerName;
 use sqlx::PgConnection;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// How [`Counting::failing`] fails after its consumer's real work.
@@ -17,31 +20,55 @@ pub enum Fault {
     Permanent,
 }
 
-/// `inner`, counting how often its handler was entered, failing after its work if it has a
-/// [`Fault`]. In batch mode its batch work is the default one (each job through
+/// A step of [`Counting::then`] on the job's transaction: a future borrowing it, boxed (write
+/// it `|tx| Box::pin(async move { .. })`).
+pub type OnTx<'t> = Pin<Box<dyn Future<Output = Result<(), ProcessError>> + Send + 't>>;
+
+type Step = Box<dyn for<'t> Fn(&'t mut PgConnection) -> OnTx<'t> + Send + Sync>;
+
+/// What runs after the work.
+enum After {
+    Nothing,
+    Fault(Fault),
+    Step(Step),
+}
+
+/// `inner`, counting how often its handler was entered, and doing what it was told after its
+/// work. In batch mode its batch work is the default one (each job through
 /// [`Consumer::handle`]), so every job of a batch counts.
 pub struct Counting<C> {
     /// The consumer whose work runs.
     pub inner: C,
-    /// How it fails after the work, if it does.
-    pub fault: Option<Fault>,
+    after: After,
     calls: AtomicUsize,
 }
 
 impl<C> Counting<C> {
-    /// `inner`, not yet called, never failing.
+    /// `inner`, not yet called, doing nothing more.
     pub fn new(inner: C) -> Self {
         Self {
             inner,
-            fault: None,
+            after: After::Nothing,
             calls: AtomicUsize::new(0),
         }
     }
 
-    /// `inner`, not yet called, failing with `fault` after its work.
+    /// `inner`, failing with `fault` after its work.
     pub fn failing(inner: C, fault: Fault) -> Self {
         Self {
-            fault: Some(fault),
+            after: After::Fault(fault),
+            ..Self::new(inner)
+        }
+    }
+
+    /// `inner`, then `step` on the same transaction before the harness commits: a consumer
+    /// that misbehaves after its real effect. `step`'s error is the job's.
+    pub fn then<F>(inner: C, step: F) -> Self
+    where
+        F: for<'t> Fn(&'t mut PgConnection) -> OnTx<'t> + Send + Sync + 'static,
+    {
+        Self {
+            after: After::Step(Box::new(step)),
             ..Self::new(inner)
         }
     }
@@ -70,13 +97,14 @@ impl<C: Consumer> Consumer for Counting<C> {
     ) -> Result<(), ProcessError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         self.inner.handle(job, tx).await?;
-        match self.fault {
-            None => Ok(()),
-            Some(Fault::TransientUntilAttempt(n)) if job.attempt >= n => Ok(()),
-            Some(Fault::AlwaysTransient | Fault::TransientUntilAttempt(_)) => Err(
+        match &self.after {
+            After::Nothing => Ok(()),
+            After::Step(step) => step(tx).await,
+            After::Fault(Fault::TransientUntilAttempt(n)) if job.attempt >= *n => Ok(()),
+            After::Fault(Fault::AlwaysTransient | Fault::TransientUntilAttempt(_)) => Err(
                 ProcessError::transient(format!("provider timeout on attempt {}", job.attempt)),
             ),
-            Some(Fault::Permanent) => Err(ProcessError::permanent("account is closed")),
+            After::Fault(Fault::Permanent) => Err(ProcessError::permanent("account is closed")),
         }
     }
 }
