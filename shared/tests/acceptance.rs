@@ -1,19 +1,21 @@
 //! The spec's acceptance criteria owned by the harness, each a named test against real
 //! PostgreSQL (a fresh migrated database per test).
 
-mod support;
-
-use consumer::count_awards;
+use consumer::{AwardPoints, count_awards};
 use shared::dead_letter::{ErrorKind, Recorded, letter_for_message, letters_for_job};
 use shared::fence::{count_fences, fence_exists};
 use shared::harness::{CommitMode, HarnessSettings, RecordOutcome};
-use shared::retry::RetryPolicy;
+use shared_testkit::reference::*;
+use shared_testkit::*;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use std::sync::Arc;
 use std::time::Duration;
-use support::*;
 use tokio::sync::Barrier;
+
+fn award_points() -> AwardPoints {
+    AwardPoints::new(reference_name())
+}
 
 const COPIES: usize = 24;
 const ROUNDS: usize = 25;
@@ -39,11 +41,7 @@ async fn ac1_same_job_processed_concurrently_has_exactly_one_effect_in_batch_mod
 
 async fn ac1(connect: PgConnectOptions, mode: CommitMode) {
     // One connection per copy, so every copy runs its own transaction at the same time.
-    let pool = PgPoolOptions::new()
-        .max_connections(COPIES as u32)
-        .connect_with(connect)
-        .await
-        .unwrap();
+    let pool = own_pool(connect, COPIES as u32).await;
     let harness = Arc::new(harness_in(&pool, award_points(), mode));
     for round in 0..ROUNDS {
         let (job_id, body) = job(award(10));
@@ -104,7 +102,7 @@ async fn ac1(connect: PgConnectOptions, mode: CommitMode) {
 /// AC1, sequential form: a redelivered copy is acked as a duplicate without calling the handler.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn ac1_a_redelivered_job_is_skipped_as_a_duplicate_without_running(pool: PgPool) {
-    let harness = harness(&pool, Counting::new());
+    let harness = harness(&pool, Counting::new(award_points()));
     let (job_id, body) = job(award(3));
     assert_eq!(
         harness.process(&message(&body, 1)).await,
@@ -128,7 +126,11 @@ async fn ac2_control_work_and_fence_commit_together(pool: PgPool) {
         RecordOutcome::Processed
     );
     assert_eq!(count_awards(&pool, job_id).await.unwrap(), 1);
-    assert!(fence_exists(&pool, job_id, &consumer_name()).await.unwrap());
+    assert!(
+        fence_exists(&pool, job_id, &reference_name())
+            .await
+            .unwrap()
+    );
 }
 
 /// AC3: a transient failure retries with growing intervals, then dead-letters on attempt 5.
@@ -136,7 +138,10 @@ async fn ac2_control_work_and_fence_commit_together(pool: PgPool) {
 async fn ac3_transient_failure_retries_with_growing_delays_then_dead_letters_on_attempt_5(
     pool: PgPool,
 ) {
-    let harness = harness(&pool, Failing::new(Fault::AlwaysTransient));
+    let harness = harness(
+        &pool,
+        Counting::failing(award_points(), Fault::AlwaysTransient),
+    );
     let (job_id, body) = job(award(1));
     let msg = message(&body, 1);
     let mut delays = Vec::new();
@@ -178,7 +183,7 @@ async fn ac3_transient_failure_retries_with_growing_delays_then_dead_letters_on_
         "{outcome:?}"
     );
     assert!(outcome.is_ack());
-    let letters = letters_for_job(&pool, job_id, &consumer_name())
+    let letters = letters_for_job(&pool, job_id, &reference_name())
         .await
         .unwrap();
     assert_eq!(letters.len(), 1);
@@ -210,13 +215,20 @@ async fn ac3_transient_failure_retries_with_growing_delays_then_dead_letters_on_
         0,
         "every failed attempt rolled back its work"
     );
-    assert!(!fence_exists(&pool, job_id, &consumer_name()).await.unwrap());
+    assert!(
+        !fence_exists(&pool, job_id, &reference_name())
+            .await
+            .unwrap()
+    );
 }
 
 /// AC3, jitter: two jobs failing at the same moment do not come back at the same moment.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn ac3_jitter_spreads_the_retries_of_different_jobs(pool: PgPool) {
-    let harness = harness(&pool, Failing::new(Fault::AlwaysTransient));
+    let harness = harness(
+        &pool,
+        Counting::failing(award_points(), Fault::AlwaysTransient),
+    );
     let mut firsts = std::collections::BTreeSet::new();
     for _ in 0..20 {
         let (_, body) = job(award(1));
@@ -233,7 +245,7 @@ async fn ac3_jitter_spreads_the_retries_of_different_jobs(pool: PgPool) {
 }
 
 async fn assert_poison_without_retry(pool: &PgPool, body: &str, expect_job: bool, reason: &str) {
-    let harness = harness(pool, Counting::new());
+    let harness = harness(pool, Counting::new(award_points()));
     let msg = message(body, 1);
     let outcome = harness.process(&msg).await;
     assert!(
@@ -242,7 +254,7 @@ async fn assert_poison_without_retry(pool: &PgPool, body: &str, expect_job: bool
     );
     assert!(outcome.is_ack(), "poison is acked: zero retries");
     assert_eq!(harness.consumer().calls(), 0, "the handler is never called");
-    let letter = letter_for_message(pool, &consumer_name(), &msg.message_id)
+    let letter = letter_for_message(pool, &reference_name(), &msg.message_id)
         .await
         .unwrap()
         .expect("a letter");
@@ -281,17 +293,16 @@ async fn ac4_a_handler_reporting_poison_is_not_retried(pool: PgPool) {
     let harness = harness(&pool, award_points());
     let (job_id, body) = job(award(-5));
     let outcome = harness.process(&message(&body, 1)).await;
-    assert!(
-        matches!(
-            outcome,
-            RecordOutcome::DeadLettered {
-                kind: ErrorKind::Poison,
-                ..
-            }
-        ),
+    assert_eq!(
+        outcome.dead_letter_kind(),
+        Some(ErrorKind::Poison),
         "{outcome:?}"
     );
-    assert!(!fence_exists(&pool, job_id, &consumer_name()).await.unwrap());
+    assert!(
+        !fence_exists(&pool, job_id, &reference_name())
+            .await
+            .unwrap()
+    );
 }
 
 /// AC8 (negative): a successful job writes its fence and its own effect, and nothing else.
@@ -335,20 +346,15 @@ async fn ac8(pool: PgPool, mode: CommitMode, jobs: usize) {
 /// A permanent failure is dead-lettered on its first attempt and nothing of its work remains.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn a_permanent_failure_is_dead_lettered_at_once(pool: PgPool) {
-    let harness = harness(&pool, Failing::new(Fault::Permanent));
+    let harness = harness(&pool, Counting::failing(award_points(), Fault::Permanent));
     let (job_id, body) = job(award(1));
     let outcome = harness.process(&message(&body, 1)).await;
-    assert!(
-        matches!(
-            outcome,
-            RecordOutcome::DeadLettered {
-                kind: ErrorKind::Permanent,
-                ..
-            }
-        ),
+    assert_eq!(
+        outcome.dead_letter_kind(),
+        Some(ErrorKind::Permanent),
         "{outcome:?}"
     );
-    let letters = letters_for_job(&pool, job_id, &consumer_name())
+    let letters = letters_for_job(&pool, job_id, &reference_name())
         .await
         .unwrap();
     assert_eq!((letters.len(), letters[0].attempts), (1, 1));
@@ -389,22 +395,17 @@ async fn a_redelivered_dead_lettered_message_writes_no_second_letter(pool: PgPoo
 async fn a_delivery_past_the_attempt_budget_is_dead_lettered_as_crashed_without_running(
     pool: PgPool,
 ) {
-    let harness = harness(&pool, Counting::new());
+    let harness = harness(&pool, Counting::new(award_points()));
     let (job_id, body) = job(award(1));
-    charge_crashed_executions(&pool, job_id, 5).await;
+    charge_executions(&pool, job_id, &reference_name(), 5, None).await;
     let outcome = harness.process(&message(&body, 9)).await;
-    assert!(
-        matches!(
-            outcome,
-            RecordOutcome::DeadLettered {
-                kind: ErrorKind::Crashed,
-                ..
-            }
-        ),
+    assert_eq!(
+        outcome.dead_letter_kind(),
+        Some(ErrorKind::Crashed),
         "{outcome:?}"
     );
     assert_eq!(harness.consumer().calls(), 0);
-    let letters = letters_for_job(&pool, job_id, &consumer_name())
+    let letters = letters_for_job(&pool, job_id, &reference_name())
         .await
         .unwrap();
     assert_eq!(letters[0].attempts, 5);
@@ -430,7 +431,7 @@ async fn a_processed_job_delivered_past_the_budget_is_still_a_duplicate(pool: Pg
         RecordOutcome::Duplicate
     );
     assert!(
-        letters_for_job(&pool, job_id, &consumer_name())
+        letters_for_job(&pool, job_id, &reference_name())
             .await
             .unwrap()
             .is_empty()
@@ -443,25 +444,14 @@ async fn a_processed_job_delivered_past_the_budget_is_still_a_duplicate(pool: Pg
 async fn a_copy_blocked_on_a_held_fence_is_handed_back_then_processed(pool: PgPool) {
     let settings = HarnessSettings {
         lock_timeout: Duration::from_millis(200),
-        ..settings(RetryPolicy::default())
+        contended_retry_after: Duration::from_secs(2),
+        ..settings()
     };
     let (harness, _) = harness_with(&pool, award_points(), settings);
     let (job_id, body) = job(award(1));
     let envelope = shared::envelope::Envelope::<serde_json::Value>::parse(&body).unwrap();
 
-    let mut holder = pool.begin().await.unwrap();
-    let claim = shared::fence::claim_fence(
-        &mut holder,
-        job_id,
-        &consumer_name(),
-        envelope.tenant_id,
-        t0(),
-        Duration::from_secs(60),
-        Duration::from_secs(1),
-    )
-    .await
-    .unwrap();
-    assert_eq!(claim, shared::fence::FenceClaim::Claimed);
+    let holder = hold_fence(&pool, job_id, &reference_name(), envelope.tenant_id, t0()).await;
 
     let outcome = harness.process(&message(&body, 1)).await;
     assert_eq!(
@@ -483,11 +473,15 @@ async fn a_copy_blocked_on_a_held_fence_is_handed_back_then_processed(pool: PgPo
 /// The fence expires one TTL after the attempt started, by the injected clock.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn the_fence_expires_one_ttl_after_the_attempt(pool: PgPool) {
-    let (harness, clock) = harness_with(&pool, award_points(), settings(RetryPolicy::default()));
+    let settings = HarnessSettings {
+        fence_ttl: Duration::from_secs(7 * 86_400),
+        ..settings()
+    };
+    let (harness, clock) = harness_with(&pool, award_points(), settings);
     clock.advance(chrono::Duration::minutes(3));
     let (job_id, body) = job(award(1));
     harness.process(&message(&body, 1)).await;
-    let expires = shared::fence::fence_expiry(&pool, job_id, &consumer_name())
+    let expires = shared::fence::fence_expiry(&pool, job_id, &reference_name())
         .await
         .unwrap();
     assert_eq!(
@@ -527,7 +521,7 @@ async fn with_the_database_unreachable_nothing_is_acked(_: PgPool) {
 async fn the_fence_lock_timeout_does_not_limit_the_work(pool: PgPool) {
     let settings = HarnessSettings {
         lock_timeout: Duration::from_millis(100),
-        ..settings(RetryPolicy::default())
+        ..settings()
     };
     let (harness, _) = harness_with(&pool, award_points(), settings);
     let (job_id, body) = job(award(1));

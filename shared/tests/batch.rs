@@ -6,22 +6,24 @@
 //! or ends the transaction itself is caught before `COMMIT`. (AC1, AC2 and AC8 run in both
 //! modes in `acceptance.rs` and `tests/tests/ac2_crash.rs`; the chaos soak too.)
 
-mod support;
-
-use consumer::count_awards;
+use consumer::{AwardPoints, count_awards};
 use shared::dead_letter::{ErrorKind, letters_for_job};
 use shared::execution::ledger;
 use shared::fence::count_fences;
-use shared::harness::{CommitMode, IncomingMessage, RecordOutcome};
+use shared::harness::{CommitMode, HarnessSettings, RecordOutcome};
 use shared::ids::JobId;
 use shared::metrics::Metric;
-use shared::retry::RetryPolicy;
+use shared_testkit::commit_cutter::{Cut, pools_through};
+use shared_testkit::reference::*;
+use shared_testkit::*;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use std::sync::Arc;
-use support::commit_cutter::{Cut, pools_through};
-use support::*;
 use tokio::sync::Barrier;
+
+fn award_points() -> AwardPoints {
+    AwardPoints::new(reference_name())
+}
 
 /// A trigger on the reference consumer's effect table refusing account `boom`: a statement that
 /// fails (transiently, as any SQL error) for one job of a batch.
@@ -40,28 +42,12 @@ async fn refuse_account_boom(pool: &PgPool) {
     .unwrap();
 }
 
-fn batch_of(bodies: &[String]) -> Vec<IncomingMessage> {
-    bodies.iter().map(|b| message(b, 1)).collect()
-}
-
-async fn run(
-    harness: &shared::harness::Harness<impl shared::consumer::Consumer>,
-    batch: &[IncomingMessage],
-) -> Vec<RecordOutcome> {
-    harness
-        .process_batch(batch, &|| true, 10)
-        .await
-        .into_iter()
-        .map(|o| o.expect("started"))
-        .collect()
-}
-
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn a_batch_commits_its_new_jobs_in_one_transaction(pool: PgPool) {
     let harness = harness_in(&pool, award_points(), CommitMode::Batch);
     let jobs: Vec<(JobId, String)> = (0..10).map(|i| job(award(i + 1))).collect();
     let bodies: Vec<String> = jobs.iter().map(|(_, b)| b.clone()).collect();
-    let outcomes = run(&harness, &batch_of(&bodies)).await;
+    let outcomes = run_batch(&harness, &batch(&bodies)).await;
     assert_eq!(outcomes, vec![RecordOutcome::Processed; 10]);
     for (job_id, _) in &jobs {
         assert_eq!(count_awards(&pool, *job_id).await.unwrap(), 1);
@@ -88,13 +74,15 @@ async fn a_batch_commits_its_new_jobs_in_one_transaction(pool: PgPool) {
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn a_batch_of_duplicates_is_answered_by_one_lookup_without_a_transaction(pool: PgPool) {
     for mode in [CommitMode::PerJob, CommitMode::Batch] {
-        let mut settings = settings(RetryPolicy::default());
-        settings.commit = mode;
-        settings.lock_timeout = std::time::Duration::from_millis(50);
-        let harness = harness_with(&pool, Counting::new(), settings).0;
+        let settings = HarnessSettings {
+            commit: mode,
+            lock_timeout: std::time::Duration::from_millis(50),
+            ..settings()
+        };
+        let harness = harness_with(&pool, Counting::new(award_points()), settings).0;
         let bodies: Vec<String> = (0..10).map(|_| job(award(1)).1).collect();
         assert_eq!(
-            run(&harness, &batch_of(&bodies)).await,
+            run_batch(&harness, &batch(&bodies)).await,
             vec![RecordOutcome::Processed; 10]
         );
         let calls = harness.consumer().calls();
@@ -103,7 +91,7 @@ async fn a_batch_of_duplicates_is_answered_by_one_lookup_without_a_transaction(p
             .execute(&mut *blocker)
             .await
             .unwrap();
-        let again = run(&harness, &batch_of(&bodies)).await;
+        let again = run_batch(&harness, &batch(&bodies)).await;
         blocker.rollback().await.unwrap();
         assert_eq!(again, vec![RecordOutcome::Duplicate; 10], "{mode:?}");
         assert_eq!(harness.consumer().calls(), calls, "the handler never ran");
@@ -121,7 +109,7 @@ async fn a_duplicate_inside_a_batch_is_skipped(pool: PgPool) {
         message(&other_body, 1),
         message(&body, 1),
     ];
-    let outcomes = run(&harness, &batch).await;
+    let outcomes = run_batch(&harness, &batch).await;
     assert_eq!(
         outcomes,
         [
@@ -144,11 +132,7 @@ async fn concurrent_batches_sharing_jobs_in_opposite_orders_neither_double_nor_d
     _: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    let pool = PgPoolOptions::new()
-        .max_connections(4)
-        .connect_with(connect)
-        .await
-        .unwrap();
+    let pool = own_pool(connect, 4).await;
     sqlx::raw_sql(
         "CREATE FUNCTION core.slow_fence() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN PERFORM pg_sleep(0.01); RETURN NEW; END $$;
@@ -170,7 +154,7 @@ async fn concurrent_batches_sharing_jobs_in_opposite_orders_neither_double_nor_d
                 let (harness, start) = (harness.clone(), start.clone());
                 tokio::spawn(async move {
                     start.wait().await;
-                    run(&harness, &batch_of(&bodies)).await
+                    run_batch(&harness, &batch(&bodies)).await
                 })
             })
             .collect();
@@ -207,7 +191,7 @@ async fn a_poison_job_in_a_batch_costs_only_itself(pool: PgPool) {
     let mut jobs: Vec<(JobId, String)> = (0..4).map(|_| job(award(3))).collect();
     jobs.insert(2, job(award(0))); // points must be positive: poison, as the handler says
     let bodies: Vec<String> = jobs.iter().map(|(_, b)| b.clone()).collect();
-    let outcomes = run(&harness, &batch_of(&bodies)).await;
+    let outcomes = run_batch(&harness, &batch(&bodies)).await;
     for (i, outcome) in outcomes.iter().enumerate() {
         if i == 2 {
             assert_eq!(
@@ -220,7 +204,7 @@ async fn a_poison_job_in_a_batch_costs_only_itself(pool: PgPool) {
             assert_eq!(count_awards(&pool, jobs[i].0).await.unwrap(), 1);
         }
     }
-    let letters = letters_for_job(&pool, jobs[2].0, &consumer_name())
+    let letters = letters_for_job(&pool, jobs[2].0, &reference_name())
         .await
         .unwrap();
     assert_eq!((letters.len(), letters[0].attempts), (1, 1));
@@ -242,7 +226,7 @@ async fn a_failing_statement_falls_back_and_retries_only_the_job_that_fails(pool
     let bad = job(serde_json::json!({"account_id": "boom", "points": 1}));
     let mut bodies: Vec<String> = good.iter().map(|(_, b)| b.clone()).collect();
     bodies.push(bad.1.clone());
-    let outcomes = run(&harness, &batch_of(&bodies)).await;
+    let outcomes = run_batch(&harness, &batch(&bodies)).await;
     assert_eq!(&outcomes[..3], vec![RecordOutcome::Processed; 3]);
     assert!(
         matches!(&outcomes[3], RecordOutcome::Retry { attempt: 1, error, .. } if error.contains("ledger refused")),
@@ -252,7 +236,7 @@ async fn a_failing_statement_falls_back_and_retries_only_the_job_that_fails(pool
     for (job_id, _) in &good {
         assert_eq!(count_awards(&pool, *job_id).await.unwrap(), 1);
         assert_eq!(
-            ledger(&pool, *job_id, &consumer_name())
+            ledger(&pool, *job_id, &reference_name())
                 .await
                 .unwrap()
                 .executions,
@@ -261,7 +245,7 @@ async fn a_failing_statement_falls_back_and_retries_only_the_job_that_fails(pool
         );
     }
     assert_eq!(
-        ledger(&pool, bad.0, &consumer_name())
+        ledger(&pool, bad.0, &reference_name())
             .await
             .unwrap()
             .executions,
@@ -281,7 +265,7 @@ async fn a_batch_whose_commit_reply_is_lost_settles_through_the_fences(
     let jobs: Vec<(JobId, String)> = (0..5).map(|_| job(award(1))).collect();
     let bodies: Vec<String> = jobs.iter().map(|(_, b)| b.clone()).collect();
     cutter.arm(Cut::AfterCommitSent);
-    let outcomes = run(&harness, &batch_of(&bodies)).await;
+    let outcomes = run_batch(&harness, &batch(&bodies)).await;
     assert!(cutter.fired());
     assert!(outcomes.iter().all(RecordOutcome::is_ack), "{outcomes:?}");
     for (job_id, _) in &jobs {
@@ -307,7 +291,7 @@ impl shared::consumer::Consumer for Misbehaves {
     type Payload = consumer::PointsAward;
     fn name(&self) -> &shared::ids::ConsumerName {
         static NAME: std::sync::OnceLock<shared::ids::ConsumerName> = std::sync::OnceLock::new();
-        NAME.get_or_init(consumer_name)
+        NAME.get_or_init(reference_name)
     }
     async fn handle(
         &self,
@@ -345,7 +329,7 @@ async fn a_batch_whose_work_swallows_an_sql_error_is_not_acked_with_nothing_comm
     let harness = harness_in(&pool, Misbehaves::SwallowsSqlError, CommitMode::Batch);
     let jobs: Vec<(JobId, String)> = (0..4).map(|i| job(award(i + 1))).collect();
     let bodies: Vec<String> = jobs.iter().map(|(_, b)| b.clone()).collect();
-    let outcomes = run(&harness, &batch_of(&bodies)).await;
+    let outcomes = run_batch(&harness, &batch(&bodies)).await;
     assert_eq!(outcomes, vec![RecordOutcome::Processed; 4]);
     for (job_id, _) in &jobs {
         assert_eq!(
@@ -370,7 +354,7 @@ async fn a_batch_whose_work_commits_the_transaction_itself_doubles_nothing(pool:
     let harness = harness_in(&pool, Misbehaves::CommitsItself, CommitMode::Batch);
     let jobs: Vec<(JobId, String)> = (0..4).map(|i| job(award(i + 1))).collect();
     let bodies: Vec<String> = jobs.iter().map(|(_, b)| b.clone()).collect();
-    let outcomes = run(&harness, &batch_of(&bodies)).await;
+    let outcomes = run_batch(&harness, &batch(&bodies)).await;
     assert_eq!(outcomes, vec![RecordOutcome::Duplicate; 4]);
     for (job_id, _) in &jobs {
         assert_eq!(count_awards(&pool, *job_id).await.unwrap(), 1);
@@ -386,9 +370,11 @@ async fn a_batch_whose_work_commits_the_transaction_itself_doubles_nothing(pool:
 /// batch that fell back is ever contended.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn hole6_a_batch_that_falls_back_is_rolled_back_before_its_jobs_run_one_by_one(pool: PgPool) {
-    let mut settings = settings(RetryPolicy::default());
-    settings.commit = CommitMode::Batch;
-    settings.lock_timeout = std::time::Duration::from_millis(1);
+    let settings = HarnessSettings {
+        commit: CommitMode::Batch,
+        lock_timeout: std::time::Duration::from_millis(1),
+        ..settings()
+    };
     let harness = harness_with(&pool, award_points(), settings).0;
     for round in 0..150 {
         let mut jobs: Vec<(JobId, String)> = (0..9).map(|_| job(award(2))).collect();
@@ -398,7 +384,7 @@ async fn hole6_a_batch_that_falls_back_is_rolled_back_before_its_jobs_run_one_by
         // batch then is the batch's own (ten concurrent inserts can also wait on each other for
         // the table's extension lock, longer than 1 ms on a busy machine).
         let outcomes: Vec<RecordOutcome> = harness
-            .process_batch(&batch_of(&bodies), &|| true, 1)
+            .process_batch(&batch(&bodies), &|| true, 1)
             .await
             .into_iter()
             .map(|o| o.expect("started"))
@@ -424,13 +410,13 @@ async fn hole7_the_same_job_twice_in_one_sqs_batch_is_charged_one_execution(pool
         let harness = harness_in(&pool, award_points(), mode);
         let failing = job(serde_json::json!({"account_id": "boom", "points": 1}));
         let good = job(award(1));
-        let batch = batch_of(&[
+        let batch = batch(&[
             failing.1.clone(),
             good.1.clone(),
             failing.1.clone(),
             good.1.clone(),
         ]);
-        let outcomes = run(&harness, &batch).await;
+        let outcomes = run_batch(&harness, &batch).await;
         let after = match &outcomes[0] {
             RecordOutcome::Retry {
                 attempt: 1, after, ..
@@ -447,7 +433,7 @@ async fn hole7_the_same_job_twice_in_one_sqs_batch_is_charged_one_execution(pool
             (&RecordOutcome::Processed, &RecordOutcome::Duplicate),
             "{mode:?}"
         );
-        let charged = ledger(&pool, failing.0, &consumer_name()).await.unwrap();
+        let charged = ledger(&pool, failing.0, &reference_name()).await.unwrap();
         assert_eq!(
             charged.executions, 1,
             "{mode:?}: one failure, one execution"

@@ -6,21 +6,22 @@
 //! delivery's ledger look, and batch mode's one-statement lookup. A copy with the same body, as
 //! every replay sends, stays a duplicate.
 
-mod support;
-
-use consumer::count_awards;
+use consumer::{AwardPoints, count_awards};
 use serde_json::{Value, json};
 use shared::consumer::{Consumer, Job, ProcessError};
-use shared::dead_letter::{
-    ErrorKind, NewDeadLetter, Settled, letters_for_job, record_unless_processed,
-};
+use shared::dead_letter::{ErrorKind, Settled, letters_for_job, record_unless_processed};
 use shared::envelope::Envelope;
 use shared::harness::{CommitMode, RecordOutcome};
 use shared::ids::{ConsumerName, JobId, TenantId};
 use shared::metrics::Metric;
+use shared_testkit::reference::*;
+use shared_testkit::*;
 use sqlx::{PgConnection, PgPool};
-use support::*;
 use uuid::Uuid;
+
+fn award_points() -> AwardPoints {
+    AwardPoints::new(reference_name())
+}
 
 /// The same job id and tenant as `body`, with another payload.
 fn reused(body: &str, payload: Value) -> String {
@@ -32,23 +33,13 @@ fn reused(body: &str, payload: Value) -> String {
 /// Settles and writes the letter of a copy of `job_id` carrying `body` that failed on its last
 /// attempt (as the harness does), with the digest of what makes up its job.
 async fn record_failed_copy(pool: &PgPool, job_id: JobId, body: &str) -> Settled {
-    let message_id = Uuid::new_v4().to_string();
-    let letter = NewDeadLetter {
-        job_id: Some(job_id),
-        tenant_id: None,
-        consumer: &consumer_name(),
-        queue: QUEUE,
-        message_id: &message_id,
-        body,
-        attempts: 5,
-        kind: ErrorKind::Exhausted,
-        last_error: "partner down",
-        correlation_id: None,
-        replay_of: None,
+    let letter = TestLetter {
+        last_error: "partner down".into(),
+        ..TestLetter::new(Some(job_id), &reference_name(), QUEUE, body)
     };
     let digest = Envelope::<Value>::parse_job(body, &[]).unwrap().1;
     let wait = std::time::Duration::from_secs(1);
-    record_unless_processed(pool, &letter, Some(&digest), t0(), wait)
+    record_unless_processed(pool, &letter.as_new(), Some(&digest), t0(), wait)
         .await
         .unwrap()
 }
@@ -76,7 +67,7 @@ async fn hole8_a_reused_job_id_with_another_payload_is_a_conflict_letter_on_ever
             "{mode:?}, delivery {receive_count}: {outcome:?}"
         );
         assert!(outcome.is_ack(), "no retry");
-        let letters = letters_for_job(&pool, job_id, &consumer_name())
+        let letters = letters_for_job(&pool, job_id, &reference_name())
             .await
             .unwrap();
         assert_eq!(letters.len(), 1, "{mode:?}");
@@ -129,7 +120,7 @@ impl Consumer for Transfer {
 
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn hole8_only_the_fields_a_consumer_names_make_up_its_job(pool: PgPool) {
-    let harness = harness_in(&pool, Transfer(consumer_name()), CommitMode::PerJob);
+    let harness = harness_in(&pool, Transfer(reference_name()), CommitMode::PerJob);
     let envelope = |payload: Value| {
         json!({"job_id": JobId(Uuid::from_u128(1)), "tenant_id": TenantId(Uuid::from_u128(2)),
             "correlation_id": "c", "payload": payload})
@@ -175,7 +166,7 @@ async fn hole8_a_commit_of_another_job_under_the_id_leaves_the_first_jobs_letter
             deliver(&harness, &message(&y, 1)).await,
             RecordOutcome::Processed
         );
-        let letters = letters_for_job(&pool, job_id, &consumer_name())
+        let letters = letters_for_job(&pool, job_id, &reference_name())
             .await
             .unwrap();
         assert_eq!(letters.len(), 1);
@@ -197,7 +188,7 @@ async fn hole8_a_commit_of_another_job_under_the_id_leaves_the_first_jobs_letter
             deliver(&harness, &message(&first, 1)).await,
             RecordOutcome::Processed
         );
-        let closed = letters_for_job(&pool, same_job, &consumer_name())
+        let closed = letters_for_job(&pool, same_job, &reference_name())
             .await
             .unwrap();
         assert_eq!(
@@ -224,7 +215,7 @@ async fn hole8_a_letter_settled_through_another_jobs_fence_is_a_conflict_not_a_s
     let x = reused(&y, award(3));
     let settled = record_failed_copy(&pool, job_id, &x).await;
     assert!(matches!(settled, Settled::Conflict(_)), "{settled:?}");
-    let letters = letters_for_job(&pool, job_id, &consumer_name())
+    let letters = letters_for_job(&pool, job_id, &reference_name())
         .await
         .unwrap();
     assert_eq!(letters[0].error_kind, ErrorKind::Conflict);

@@ -4,47 +4,30 @@
 //! bounded time, then the job's transaction fails whole and the job is retried, so no job ever
 //! commits with its letter left pending (a letter is a true record).
 
-mod support;
-
-use shared::dead_letter::{ErrorKind, NewDeadLetter, record_dead_letter};
+use consumer::AwardPoints;
 use shared::harness::{CommitMode, RecordOutcome};
 use shared::ids::{DeadLetterId, JobId};
 use shared::review::ReviewStatus;
+use shared_testkit::reference::*;
+use shared_testkit::*;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgPool, Postgres, Transaction};
 use std::time::Duration;
-use support::*;
+
+fn award_points() -> AwardPoints {
+    AwardPoints::new(reference_name())
+}
 
 /// Far longer than the bounded wait: only a close that waits without bound runs into it.
 const STALL: Duration = Duration::from_secs(60);
 
-async fn pool(connect: PgConnectOptions) -> PgPool {
-    PgPoolOptions::new()
-        .max_connections(8)
-        .connect_with(connect)
-        .await
-        .unwrap()
-}
-
 /// A letter pending for `job_id`, as a failed copy of the job left it.
 async fn pending_letter(pool: &PgPool, job_id: JobId, body: &str) -> DeadLetterId {
-    let letter = NewDeadLetter {
-        job_id: Some(job_id),
-        tenant_id: None,
-        consumer: &consumer_name(),
-        queue: QUEUE,
-        message_id: &uuid::Uuid::new_v4().to_string(),
-        body,
-        attempts: 5,
-        kind: ErrorKind::Exhausted,
-        last_error: "partner ledger offline",
-        correlation_id: None,
-        replay_of: None,
+    let letter = TestLetter {
+        last_error: "partner ledger offline".into(),
+        ..TestLetter::new(Some(job_id), &reference_name(), QUEUE, body)
     };
-    record_dead_letter(&mut pool.acquire().await.unwrap(), &letter, t0())
-        .await
-        .unwrap()
-        .id()
+    record_letter(pool, &letter, t0()).await
 }
 
 /// Another session holding the letter's row lock until it is dropped or rolled back.
@@ -67,14 +50,12 @@ async fn status(pool: &PgPool, letter: DeadLetterId) -> ReviewStatus {
 }
 
 async fn fenced(pool: &PgPool, job_id: JobId) -> bool {
-    shared::fence::fence_exists(pool, job_id, &consumer_name())
-        .await
-        .unwrap()
+    fence_committed(pool, job_id, &reference_name()).await
 }
 
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn a_locked_letter_does_not_stall_finish_job(_: PgPoolOptions, connect: PgConnectOptions) {
-    let pool = pool(connect).await;
+    let pool = own_pool(connect, 8).await;
     let harness = harness(&pool, award_points());
     let (job_id, body) = job(award(5));
     let letter = pending_letter(&pool, job_id, &body).await;
@@ -104,7 +85,7 @@ async fn a_locked_letter_does_not_stall_finish_job(_: PgPoolOptions, connect: Pg
 /// not hold the batch's other jobs back.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn a_locked_letter_does_not_stall_a_batch(_: PgPoolOptions, connect: PgConnectOptions) {
-    let pool = pool(connect).await;
+    let pool = own_pool(connect, 8).await;
     let harness = harness_in(&pool, award_points(), CommitMode::Batch);
     let (locked_job, locked_body) = job(award(5));
     let letter = pending_letter(&pool, locked_job, &locked_body).await;

@@ -1,32 +1,18 @@
 //! The database itself keeps `core.dead_letters` append-only: these tests go around every API
 //! with raw SQL, as a careless script or a bug would, and must be refused.
 
-mod support;
-
-use shared::dead_letter::{ErrorKind, NewDeadLetter, record_dead_letter};
+use shared_testkit::reference::*;
+use shared_testkit::*;
 use sqlx::PgPool;
-use support::*;
 
 async fn a_letter(pool: &PgPool) -> uuid::Uuid {
     let payload = serde_json::json!({"job_id": uuid::Uuid::new_v4()});
-    let letter = NewDeadLetter {
-        job_id: Some(shared::ids::JobId(uuid::Uuid::new_v4())),
-        tenant_id: None,
-        consumer: &consumer_name(),
-        queue: QUEUE,
-        message_id: &uuid::Uuid::new_v4().to_string(),
-        body: &payload.to_string(),
-        attempts: 5,
-        kind: ErrorKind::Exhausted,
-        last_error: "timeout",
-        correlation_id: Some("c"),
-        replay_of: None,
+    let job_id = shared::ids::JobId(uuid::Uuid::new_v4());
+    let letter = TestLetter {
+        correlation_id: Some("c".into()),
+        ..TestLetter::new(Some(job_id), &reference_name(), QUEUE, &payload.to_string())
     };
-    record_dead_letter(&mut pool.acquire().await.unwrap(), &letter, t0())
-        .await
-        .unwrap()
-        .id()
-        .0
+    record_letter(pool, &letter, t0()).await.0
 }
 
 async fn refused(pool: &PgPool, sql: &'static str, id: uuid::Uuid) -> String {

@@ -1,18 +1,22 @@
 //! The TTL sweep against real PostgreSQL (AC6): what it removes, what it must never remove, and
 //! how it behaves in batches, next to another sweep, and next to consumers.
 
-mod support;
-
 use chrono::{DateTime, Duration as Span};
+use consumer::AwardPoints;
 use shared::clock::ManualClock;
 use shared::fence::fence_exists;
 use shared::harness::RecordOutcome;
 use shared::sweeper::{SweepSettings, SweepStop, sweep, sweep_expired};
+use shared_testkit::reference::*;
+use shared_testkit::*;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use std::sync::Arc;
 use std::time::Duration;
-use support::*;
+
+fn award_points() -> AwardPoints {
+    AwardPoints::new(reference_name())
+}
 
 const ALL_AT_ONCE: SweepSettings = SweepSettings {
     batch_size: 1_000,
@@ -70,7 +74,7 @@ async fn ac6_sweep_removes_rows_just_past_expiry_and_keeps_rows_just_inside(pool
 /// AC6: a fence inside its retry window is never removed, so the late retry is a duplicate.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn ac6_a_fence_inside_its_retry_window_is_never_removed(pool: PgPool) {
-    let (harness, clock) = harness_with(&pool, award_points(), settings(Default::default()));
+    let (harness, clock) = harness_with(&pool, award_points(), settings());
     let (job_id, body) = job(award(1));
     assert_eq!(
         harness.process(&message(&body, 1)).await,
@@ -82,7 +86,11 @@ async fn ac6_a_fence_inside_its_retry_window_is_never_removed(pool: PgPool) {
         .await
         .unwrap();
     assert_eq!(swept.deleted, 0);
-    assert!(fence_exists(&pool, job_id, &consumer_name()).await.unwrap());
+    assert!(
+        fence_exists(&pool, job_id, &reference_name())
+            .await
+            .unwrap()
+    );
     clock.set(latest_copy);
     assert_eq!(
         harness.process(&message(&body, 2)).await,
@@ -150,11 +158,7 @@ async fn a_sweep_started_while_another_runs_steps_aside(
     _: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    let pool = PgPoolOptions::new()
-        .max_connections(4)
-        .connect_with(connect)
-        .await
-        .unwrap();
+    let pool = own_pool(connect, 4).await;
     seed(&pool, 20_000, t0() - Span::minutes(1)).await;
     let small = SweepSettings {
         batch_size: 500,
@@ -197,11 +201,7 @@ async fn a_sweep_while_consumers_insert_leaves_their_fences(
     _: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    let pool = PgPoolOptions::new()
-        .max_connections(8)
-        .connect_with(connect)
-        .await
-        .unwrap();
+    let pool = own_pool(connect, 8).await;
     seed(&pool, 30_000, t0() - Span::days(1)).await;
     let harness = Arc::new(harness(&pool, award_points()));
     let consumers: Vec<_> = (0..4)
@@ -229,7 +229,9 @@ async fn a_sweep_while_consumers_insert_leaves_their_fences(
     assert_eq!(swept, 30_000);
     for job_id in processed {
         assert!(
-            fence_exists(&pool, job_id, &consumer_name()).await.unwrap(),
+            fence_exists(&pool, job_id, &reference_name())
+                .await
+                .unwrap(),
             "fence of {job_id} kept"
         );
     }
@@ -250,26 +252,10 @@ async fn sweep_batches(pool: &PgPool) -> u64 {
 /// A letter of `job_id`, replayed by an operator at `t0()`, whose message no queue has taken
 /// yet (`replay_outcome = queued`).
 async fn queued_replay(pool: &PgPool, job_id: shared::ids::JobId) -> shared::ids::DeadLetterId {
-    use shared::dead_letter::{ErrorKind, NewDeadLetter, record_dead_letter};
     use shared::review::{ReplayOutcome, Verdict, lock_letter};
     let body = serde_json::json!({"job_id": job_id, "payload": {}}).to_string();
-    let letter = NewDeadLetter {
-        job_id: Some(job_id),
-        tenant_id: None,
-        consumer: &consumer_name(),
-        queue: QUEUE,
-        message_id: &uuid::Uuid::new_v4().to_string(),
-        body: &body,
-        attempts: 5,
-        kind: ErrorKind::Exhausted,
-        last_error: "timeout",
-        correlation_id: None,
-        replay_of: None,
-    };
-    let id = record_dead_letter(&mut pool.acquire().await.unwrap(), &letter, t0())
-        .await
-        .unwrap()
-        .id();
+    let letter = TestLetter::new(Some(job_id), &reference_name(), QUEUE, &body);
+    let id = record_letter(pool, &letter, t0()).await;
     let mut locked = lock_letter(pool, id, Duration::from_secs(1))
         .await
         .unwrap()
@@ -297,7 +283,7 @@ async fn the_fence_of_a_job_whose_replay_is_queued_is_never_swept(pool: PgPool) 
          VALUES ($1, $2, gen_random_uuid(), $3 - interval '7 days', $3)",
     )
     .bind(job_id.0)
-    .bind(consumer_name().as_str())
+    .bind(reference_name().as_str())
     .bind(expired)
     .execute(&pool)
     .await
@@ -309,7 +295,9 @@ async fn the_fence_of_a_job_whose_replay_is_queued_is_never_swept(pool: PgPool) 
         .unwrap();
     assert_eq!(report.deleted, 3, "{report:?}");
     assert!(
-        fence_exists(&pool, job_id, &consumer_name()).await.unwrap(),
+        fence_exists(&pool, job_id, &reference_name())
+            .await
+            .unwrap(),
         "kept while its replay is queued"
     );
     assert_eq!(
@@ -326,5 +314,9 @@ async fn the_fence_of_a_job_whose_replay_is_queued_is_never_swept(pool: PgPool) 
         .await
         .unwrap();
     assert_eq!(report.deleted, 1, "sent: the fence expires as any other");
-    assert!(!fence_exists(&pool, job_id, &consumer_name()).await.unwrap());
+    assert!(
+        !fence_exists(&pool, job_id, &reference_name())
+            .await
+            .unwrap()
+    );
 }

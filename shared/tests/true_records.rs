@@ -2,41 +2,51 @@
 //! not commit its fence, and attempts are executions. Each test is named by the hole it closes
 //! and failed on the code before the fix (see the closing note of issue 13).
 
-mod support;
-
-use consumer::{PointsAward, count_awards, insert_award};
+use consumer::{AwardPoints, PointsAward, count_awards, insert_award};
 use serde_json::{Value, json};
 use shared::consumer::{Consumer, Job, ProcessError};
-use shared::dead_letter::{ErrorKind, letters_for_job};
-use shared::fence::{claim_fence, fence_exists};
+use shared::dead_letter::ErrorKind;
+use shared::fence::fence_exists;
 use shared::harness::{HarnessSettings, IncomingMessage, RecordOutcome};
-use shared::ids::{ConsumerName, DeadLetterId, JobId, TenantId};
-use shared::retry::RetryPolicy;
-use shared::sweeper::{SweepSettings, sweep};
+use shared::ids::{ConsumerName, DeadLetterId, JobId};
+use shared::sweeper::sweep;
+use shared_testkit::commit_cutter::{Cut, pools_through};
+use shared_testkit::reference::*;
+use shared_testkit::*;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgConnection, PgPool};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
-use support::commit_cutter::{CommitCutter, Cut, pools_through};
-use support::*;
 use uuid::Uuid;
 
+fn award_points() -> AwardPoints {
+    AwardPoints::new(reference_name())
+}
+
+/// The reference consumer's letters of `job_id`, oldest first.
 async fn letters(pool: &PgPool, job_id: JobId) -> Vec<shared::dead_letter::DeadLetter> {
-    letters_for_job(pool, job_id, &consumer_name())
-        .await
-        .unwrap()
+    shared_testkit::letters(pool, job_id, &reference_name()).await
 }
 
 /// Fails permanently on its first call, then awards like the reference consumer.
 struct PermanentOnce {
+    inner: AwardPoints,
     calls: AtomicUsize,
+}
+
+impl PermanentOnce {
+    fn new() -> Self {
+        Self {
+            inner: award_points(),
+            calls: AtomicUsize::new(0),
+        }
+    }
 }
 
 impl Consumer for PermanentOnce {
     type Payload = PointsAward;
     fn name(&self) -> &ConsumerName {
-        static NAME: std::sync::OnceLock<ConsumerName> = std::sync::OnceLock::new();
-        NAME.get_or_init(consumer_name)
+        self.inner.name()
     }
     async fn handle(
         &self,
@@ -48,29 +58,19 @@ impl Consumer for PermanentOnce {
                 "the account was closed (then reopened)",
             ));
         }
-        award_points().handle(job, tx).await
+        self.inner.handle(job, tx).await
     }
 }
 
 /// Writes its effect, then hits an SQL error and ignores it: the transaction is aborted.
-struct SwallowsSqlError;
-
-impl Consumer for SwallowsSqlError {
-    type Payload = PointsAward;
-    fn name(&self) -> &ConsumerName {
-        static NAME: std::sync::OnceLock<ConsumerName> = std::sync::OnceLock::new();
-        NAME.get_or_init(consumer_name)
-    }
-    async fn handle(
-        &self,
-        job: &Job<PointsAward>,
-        tx: &mut PgConnection,
-    ) -> Result<(), ProcessError> {
-        award_points().handle(job, tx).await?;
-        let ignored = sqlx::query("SELECT 1 / 0").execute(&mut *tx).await;
-        assert!(ignored.is_err(), "the statement fails");
-        Ok(())
-    }
+fn swallows_sql_error() -> impl Consumer<Payload = PointsAward> {
+    Counting::then(award_points(), |tx| {
+        Box::pin(async move {
+            let ignored = sqlx::query("SELECT 1 / 0").execute(&mut *tx).await;
+            assert!(ignored.is_err(), "the statement fails");
+            Ok(())
+        })
+    })
 }
 
 /// Hole 1: the over-budget path read the fence with a query that cannot see a copy still inside
@@ -79,32 +79,14 @@ impl Consumer for SwallowsSqlError {
 async fn hole1_an_over_budget_delivery_waits_for_an_in_flight_copy_and_writes_no_letter(
     pool: PgPool,
 ) {
-    let harness = harness(&pool, Counting::new());
+    let harness = harness(&pool, Counting::new(award_points()));
     let (job_id, body) = job(award(3));
-    charge_crashed_executions(&pool, job_id, 5).await;
+    charge_executions(&pool, job_id, &reference_name(), 5, None).await;
     // Another copy is inside its transaction: fence claimed, effect written, not committed.
-    let mut copy = pool.begin().await.unwrap();
-    claim_fence(
-        &mut copy,
-        job_id,
-        &consumer_name(),
-        TenantId(Uuid::from_u128(7)),
-        t0(),
-        Duration::from_secs(86_400),
-        Duration::from_secs(1),
-    )
-    .await
-    .unwrap();
-    insert_award(
-        &mut copy,
-        job_id,
-        TenantId(Uuid::from_u128(7)),
-        "acct-1",
-        3,
-        t0(),
-    )
-    .await
-    .unwrap();
+    let mut copy = hold_fence(&pool, job_id, &reference_name(), TENANT, t0()).await;
+    insert_award(&mut copy, job_id, TENANT, "acct-1", 3, t0())
+        .await
+        .unwrap();
     let late = tokio::spawn(async move { harness.process(&message(&body, 7)).await });
     tokio::time::sleep(Duration::from_millis(400)).await;
     copy.commit().await.unwrap();
@@ -125,12 +107,7 @@ async fn hole1_a_commit_whose_reply_is_lost_is_settled_by_the_fence_as_processed
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    let (pool, cutter, harness) = through_a_commit_cutter(pool_opts, connect).await;
-    let (job_id, body) = job(award(5));
-    record_transient_failures(&pool, job_id, 4).await;
-    cutter.arm(Cut::AfterCommitSent);
-    let outcome = harness.process(&message(&body, 5)).await;
-    assert!(cutter.fired(), "the COMMIT went through the proxy");
+    let (pool, job_id, outcome) = last_attempt_cut(pool_opts, connect, Cut::AfterCommitSent).await;
     assert_eq!(outcome, RecordOutcome::Processed);
     assert_eq!(count_awards(&pool, job_id).await.unwrap(), 1);
     assert!(
@@ -146,24 +123,18 @@ async fn hole1_a_commit_lost_before_the_server_is_a_failure_and_its_letter_is_tr
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    let (pool, cutter, harness) = through_a_commit_cutter(pool_opts, connect).await;
-    let (job_id, body) = job(award(5));
-    record_transient_failures(&pool, job_id, 4).await;
-    cutter.arm(Cut::BeforeCommitSent);
-    let outcome = harness.process(&message(&body, 5)).await;
-    assert!(cutter.fired());
-    assert!(
-        matches!(
-            outcome,
-            RecordOutcome::DeadLettered {
-                kind: ErrorKind::Exhausted,
-                ..
-            }
-        ),
+    let (pool, job_id, outcome) = last_attempt_cut(pool_opts, connect, Cut::BeforeCommitSent).await;
+    assert_eq!(
+        outcome.dead_letter_kind(),
+        Some(ErrorKind::Exhausted),
         "{outcome:?}"
     );
     assert_eq!(count_awards(&pool, job_id).await.unwrap(), 0);
-    assert!(!fence_exists(&pool, job_id, &consumer_name()).await.unwrap());
+    assert!(
+        !fence_exists(&pool, job_id, &reference_name())
+            .await
+            .unwrap()
+    );
     let letter = &letters(&pool, job_id).await[0];
     assert!(
         letter.last_error.contains("did not commit"),
@@ -179,35 +150,19 @@ async fn hole1_a_commit_lost_before_the_server_is_a_failure_and_its_letter_is_tr
 async fn hole1_a_redelivered_permanent_failure_is_acked_by_its_letter_without_running_again(
     pool: PgPool,
 ) {
-    let harness = harness(
-        &pool,
-        PermanentOnce {
-            calls: AtomicUsize::new(0),
-        },
-    );
+    let harness = harness(&pool, PermanentOnce::new());
     let (job_id, body) = job(award(2));
     let msg = message(&body, 1);
     let first = harness.process(&msg).await;
-    assert!(matches!(
-        first,
-        RecordOutcome::DeadLettered {
-            kind: ErrorKind::Permanent,
-            ..
-        }
-    ));
+    assert_eq!(first.dead_letter_kind(), Some(ErrorKind::Permanent));
     let again = IncomingMessage {
         receive_count: 2,
         ..msg
     };
     let second = harness.process(&again).await;
-    assert!(
-        matches!(
-            second,
-            RecordOutcome::DeadLettered {
-                kind: ErrorKind::Permanent,
-                ..
-            }
-        ),
+    assert_eq!(
+        second.dead_letter_kind(),
+        Some(ErrorKind::Permanent),
         "{second:?}"
     );
     assert_eq!(
@@ -227,12 +182,7 @@ async fn hole1_a_redelivered_permanent_failure_is_acked_by_its_letter_without_ru
 /// pending for a job whose effect exists.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn hole1_a_letter_pending_for_a_job_is_closed_when_another_copy_commits_it(pool: PgPool) {
-    let harness = harness(
-        &pool,
-        PermanentOnce {
-            calls: AtomicUsize::new(0),
-        },
-    );
+    let harness = harness(&pool, PermanentOnce::new());
     let (job_id, body) = job(award(2));
     let failed = message(&body, 1);
     assert!(matches!(
@@ -268,7 +218,7 @@ async fn hole1_the_fence_of_a_job_with_a_pending_letter_outlives_its_ttl(pool: P
          VALUES ($1, $2, $3, 'older-copy', $4, 7, 'crashed', 'redriven', $5)",
     )
     .bind(job_id.0)
-    .bind(consumer_name().as_str())
+    .bind(reference_name().as_str())
     .bind(QUEUE)
     .bind(serde_json::from_str::<Value>(&body).unwrap())
     .bind(t0())
@@ -276,16 +226,14 @@ async fn hole1_the_fence_of_a_job_with_a_pending_letter_outlives_its_ttl(pool: P
     .await
     .unwrap();
     let clock = shared::clock::ManualClock::new(t0() + chrono::Duration::days(30));
-    let settings = SweepSettings {
-        batch_size: 100,
-        budget: Duration::from_secs(60),
-        pause: Duration::ZERO,
-        ledger_ttl: Duration::from_secs(7 * 86_400),
-    };
-    let report = sweep(&pool, &clock, settings, None).await.unwrap();
+    let report = sweep(&pool, &clock, SWEEP, None).await.unwrap();
     assert_eq!(report.deleted, 0);
     assert_eq!(report.backlog, Duration::ZERO, "a kept fence is no backlog");
-    assert!(fence_exists(&pool, job_id, &consumer_name()).await.unwrap());
+    assert!(
+        fence_exists(&pool, job_id, &reference_name())
+            .await
+            .unwrap()
+    );
     sqlx::query(
         "UPDATE core.dead_letters SET status = 'discarded', discard_reason = 'seen',
              reviewed_by = 'op', reviewed_at = $2 WHERE job_id = $1",
@@ -295,10 +243,7 @@ async fn hole1_the_fence_of_a_job_with_a_pending_letter_outlives_its_ttl(pool: P
     .execute(&pool)
     .await
     .unwrap();
-    assert_eq!(
-        sweep(&pool, &clock, settings, None).await.unwrap().deleted,
-        1
-    );
+    assert_eq!(sweep(&pool, &clock, SWEEP, None).await.unwrap().deleted, 1);
 }
 
 /// Hole 2: a handler that ignored an SQL error and returned Ok left its transaction aborted;
@@ -308,7 +253,7 @@ async fn hole1_the_fence_of_a_job_with_a_pending_letter_outlives_its_ttl(pool: P
 async fn hole2_a_handler_returning_ok_from_an_aborted_transaction_is_retried_then_dead_lettered(
     pool: PgPool,
 ) {
-    let harness = harness(&pool, SwallowsSqlError);
+    let harness = harness(&pool, swallows_sql_error());
     let (job_id, body) = job(award(4));
     let first = harness.process(&message(&body, 1)).await;
     let RecordOutcome::Retry {
@@ -323,19 +268,18 @@ async fn hole2_a_handler_returning_ok_from_an_aborted_transaction_is_retried_the
     );
     assert!(!first.is_ack());
     assert_eq!(count_awards(&pool, job_id).await.unwrap(), 0);
-    assert!(!fence_exists(&pool, job_id, &consumer_name()).await.unwrap());
+    assert!(
+        !fence_exists(&pool, job_id, &reference_name())
+            .await
+            .unwrap()
+    );
     let mut last = first;
     for delivery in 2..=5 {
         last = harness.process(&message(&body, delivery)).await;
     }
-    assert!(
-        matches!(
-            last,
-            RecordOutcome::DeadLettered {
-                kind: ErrorKind::Exhausted,
-                ..
-            }
-        ),
+    assert_eq!(
+        last.dead_letter_kind(),
+        Some(ErrorKind::Exhausted),
         "{last:?}"
     );
     assert_eq!(letters(&pool, job_id).await[0].attempts, 5);
@@ -352,14 +296,9 @@ async fn hole3_a_replay_of_naming_no_letter_still_gets_its_letter(pool: PgPool) 
         ..message(&body, 1)
     };
     let outcome = harness.process(&msg).await;
-    assert!(
-        matches!(
-            outcome,
-            RecordOutcome::DeadLettered {
-                kind: ErrorKind::Poison,
-                ..
-            }
-        ),
+    assert_eq!(
+        outcome.dead_letter_kind(),
+        Some(ErrorKind::Poison),
         "{outcome:?}"
     );
     assert_eq!(letters(&pool, job_id).await[0].replay_of, None);
@@ -369,7 +308,10 @@ async fn hole3_a_replay_of_naming_no_letter_still_gets_its_letter(pool: PgPool) 
 /// delivered many times by crashes of its batch-mates has not run: it runs as attempt 1.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn hole5_receives_that_ran_nothing_spend_no_attempts(pool: PgPool) {
-    let harness = harness(&pool, Failing::new(Fault::TransientUntilAttempt(2)));
+    let harness = harness(
+        &pool,
+        Counting::failing(award_points(), Fault::TransientUntilAttempt(2)),
+    );
     let (job_id, body) = job(award(1));
     let outcome = harness.process(&message(&body, 6)).await;
     assert!(
@@ -389,22 +331,11 @@ async fn hole5_receives_that_ran_nothing_spend_no_attempts(pool: PgPool) {
 async fn hole5_a_contended_fence_charges_no_execution(pool: PgPool) {
     let settings = HarnessSettings {
         lock_timeout: Duration::from_millis(100),
-        ..settings(RetryPolicy::default())
+        ..settings()
     };
     let (harness, _) = harness_with(&pool, award_points(), settings);
     let (job_id, body) = job(award(1));
-    let mut holder = pool.begin().await.unwrap();
-    claim_fence(
-        &mut holder,
-        job_id,
-        &consumer_name(),
-        TenantId(Uuid::from_u128(7)),
-        t0(),
-        Duration::from_secs(86_400),
-        Duration::from_secs(1),
-    )
-    .await
-    .unwrap();
+    let holder = hold_fence(&pool, job_id, &reference_name(), TENANT, t0()).await;
     for delivery in 2..=8 {
         let outcome = harness.process(&message(&body, delivery)).await;
         assert!(
@@ -413,7 +344,7 @@ async fn hole5_a_contended_fence_charges_no_execution(pool: PgPool) {
         );
     }
     holder.rollback().await.unwrap();
-    let ledger = shared::execution::ledger(&pool, job_id, &consumer_name())
+    let ledger = shared::execution::ledger(&pool, job_id, &reference_name())
         .await
         .unwrap();
     assert_eq!(
@@ -437,13 +368,7 @@ async fn hole6_a_letter_keeps_every_number_of_the_body_as_received(pool: PgPool)
         Uuid::from_u128(7)
     );
     let outcome = harness.process(&message(&body, 1)).await;
-    assert!(matches!(
-        outcome,
-        RecordOutcome::DeadLettered {
-            kind: ErrorKind::Poison,
-            ..
-        }
-    ));
+    assert_eq!(outcome.dead_letter_kind(), Some(ErrorKind::Poison));
     let stored: String =
         sqlx::query_scalar("SELECT payload::text FROM core.dead_letters WHERE job_id = $1")
             .bind(job_id.0)
@@ -508,13 +433,7 @@ async fn hole7_the_sweeper_runs_on_a_pool_of_one_connection(
         RecordOutcome::Processed
     );
     let clock = shared::clock::ManualClock::new(t0() + chrono::Duration::days(30));
-    let settings = SweepSettings {
-        batch_size: 100,
-        budget: Duration::from_secs(60),
-        pause: Duration::ZERO,
-        ledger_ttl: Duration::from_secs(7 * 86_400),
-    };
-    let report = sweep(&one, &clock, settings, None).await.unwrap();
+    let report = sweep(&one, &clock, SWEEP, None).await.unwrap();
     assert_eq!(report.deleted, 1);
 }
 
@@ -538,21 +457,25 @@ async fn hole7_the_schema_rejects_a_discard_reason_of_invisible_characters(pool:
     }
 }
 
-/// The test's pool, a commit-cutting proxy in front of its server, and a harness whose pool goes
-/// through the proxy.
-async fn through_a_commit_cutter(
+/// The last attempt of a job (four transient failures charged) through a harness whose pool
+/// goes through a commit-cutting proxy, its `COMMIT` cut at `cut`: the test's own pool, the job
+/// and the outcome.
+async fn last_attempt_cut(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
-) -> (
-    PgPool,
-    CommitCutter,
-    shared::harness::Harness<consumer::AwardPoints>,
-) {
+    cut: Cut,
+) -> (PgPool, JobId, RecordOutcome) {
     let (pool, cutter, through) = pools_through(pool_opts, connect).await;
-    (pool, cutter, harness(&through, award_points()))
+    let harness = harness(&through, award_points());
+    let (job_id, body) = job(award(5));
+    record_transient_failures(&pool, job_id, 4).await;
+    cutter.arm(cut);
+    let outcome = harness.process(&message(&body, 5)).await;
+    assert!(cutter.fired(), "the COMMIT went through the proxy");
+    (pool, job_id, outcome)
 }
 
 async fn record_transient_failures(pool: &PgPool, job_id: JobId, n: u32) {
     let error = Some("simulated provider timeout");
-    shared_testkit::charge_executions(pool, job_id, &consumer_name(), n, error).await;
+    charge_executions(pool, job_id, &reference_name(), n, error).await;
 }

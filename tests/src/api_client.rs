@@ -5,8 +5,9 @@
 use crate::lambda_host::LambdaHost;
 use dead_letter_api::api::{ApiRequest, ApiResponse, Caller, Scope};
 use serde_json::{Value, json};
-use shared::dead_letter::{ErrorKind, NewDeadLetter, record_dead_letter};
+use shared::dead_letter::ErrorKind;
 use shared::ids::{DeadLetterId, JobId, TenantId};
+use shared_testkit::{TestLetter, record_letter};
 use sqlx::PgPool;
 
 /// A caller with subject `sub` and `scopes`.
@@ -102,28 +103,19 @@ pub async fn seed_letter_for(
         .as_str()
         .and_then(|t| t.parse().ok())
         .map(TenantId);
-    let message_id = uuid::Uuid::new_v4().to_string();
-    let letter = NewDeadLetter {
-        job_id,
+    let letter = TestLetter {
         tenant_id,
-        consumer: &crate::consumer_name(),
-        queue,
-        message_id: &message_id,
-        body: &envelope.to_string(),
-        attempts: 5,
         kind,
-        last_error: "database unavailable on every attempt",
-        correlation_id: Some("api-test"),
-        replay_of: None,
+        last_error: "database unavailable on every attempt".into(),
+        correlation_id: Some("api-test".into()),
+        ..TestLetter::new(
+            job_id,
+            &crate::consumer_name(),
+            queue,
+            &envelope.to_string(),
+        )
     };
-    record_dead_letter(
-        &mut pool.acquire().await.unwrap(),
-        &letter,
-        chrono::Utc::now(),
-    )
-    .await
-    .expect("letter written")
-    .id()
+    record_letter(pool, &letter, chrono::Utc::now()).await
 }
 
 /// A fingerprint of every dead letter, fence and award: equal before and after means unchanged.

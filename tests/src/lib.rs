@@ -1,7 +1,8 @@
-//! Cross-crate test support: the reference consumer failing on request ([`faulty_award`], which
-//! `local-consumer` runs), a consumer that misbehaves on purpose right after the reference
-//! consumer's real effect, a harness for tests, and the local demo runner. Fault injection lives
-//! here only, never in a crate that deploys.
+//! Cross-crate test support, on the test kit (`shared-testkit`): the reference consumer failing
+//! on request ([`faulty_award`], which `local-consumer` runs), a consumer that misbehaves on
+//! purpose right after the reference consumer's real effect, the kit's harness on the wall
+//! clock, and the local demo runner. Fault injection lives here only, never in a crate that
+//! deploys.
 
 pub mod alert_receiver;
 pub mod api_client;
@@ -17,8 +18,6 @@ pub mod stack;
 pub mod throwaway_pg;
 
 use consumer::{AwardPoints, PointsAward};
-use rand::SeedableRng;
-use rand::rngs::StdRng;
 use shared::clock::SystemClock;
 use shared::consumer::{Consumer, Job, ProcessError};
 use shared::harness::{Harness, HarnessSettings};
@@ -35,9 +34,9 @@ pub fn shell_word(s: &str) -> String {
     dlq::args::shell_word(s)
 }
 
-/// The consumer name every test here fences under.
+/// The consumer name every test here fences under: the reference consumer's.
 pub fn consumer_name() -> ConsumerName {
-    ConsumerName::new("award-points").expect("valid name")
+    shared_testkit::reference::reference_name()
 }
 
 /// What [`FailAfterWork`] does between the work and the commit.
@@ -107,7 +106,12 @@ pub fn test_database_url(opts: &sqlx::postgres::PgConnectOptions) -> String {
     )
 }
 
-/// A harness with the platform's retry policy, the wall clock and a seeded RNG.
+/// How long a copy waits for another's fence here: the kit's wait is for tasks in one process;
+/// these tests race processes (and a local SQS API) on a loaded machine.
+pub const LOCK_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The kit's harness with the platform's retry policy on the wall clock (these tests meet
+/// processes, queues and the database's own `now()`), waiting [`LOCK_TIMEOUT`] for a fence.
 pub fn harness<C: Consumer>(pool: PgPool, consumer: C) -> Harness<C> {
     harness_in(pool, consumer, Default::default())
 }
@@ -119,19 +123,11 @@ pub fn harness_in<C: Consumer>(
     commit: shared::harness::CommitMode,
 ) -> Harness<C> {
     let settings = HarnessSettings {
-        policy: Default::default(),
-        fence_ttl: Duration::from_secs(7 * 86_400),
-        lock_timeout: Duration::from_secs(30),
-        contended_retry_after: Duration::from_secs(2),
+        lock_timeout: LOCK_TIMEOUT,
         commit,
+        ..shared_testkit::settings()
     };
-    Harness::new(
-        consumer,
-        pool,
-        settings,
-        Arc::new(SystemClock),
-        StdRng::seed_from_u64(5),
-    )
+    shared_testkit::harness_on(&pool, consumer, settings, Arc::new(SystemClock))
 }
 
 /// Charges `executions` to `job_id` in the execution ledger, as if that many had run and the
@@ -150,7 +146,52 @@ pub async fn letters(
     pool: &PgPool,
     job_id: shared::ids::JobId,
 ) -> Vec<shared::dead_letter::DeadLetter> {
-    shared::dead_letter::letters_for_job(pool, job_id, &consumer_name())
+    shared_testkit::letters(pool, job_id, &consumer_name()).await
+}
+
+/// Whether `job_id`'s fence for the consumer every test here fences under has committed.
+pub async fn fenced(pool: &PgPool, job_id: shared::ids::JobId) -> bool {
+    shared_testkit::fence_committed(pool, job_id, &consumer_name()).await
+}
+
+/// A fresh directory for a stack's function logs (`StackSpec::log_dir`).
+pub fn log_dir() -> std::path::PathBuf {
+    let logs = std::env::temp_dir().join(format!("e2e-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&logs).expect("creating the log directory");
+    logs
+}
+
+/// Invokes `stack`'s consumer, expecting it to refuse to start as misconfigured (exit status 78,
+/// `EX_CONFIG`); its log from `logs` (the stack's [`log_dir`]).
+pub async fn refused_start_log(stack: &stack::Stack, logs: &std::path::Path) -> String {
+    let error = stack
+        .consumer
+        .invoke(&serde_json::json!({"Records": []}))
         .await
-        .expect("reading the letters")
+        .expect_err("a misconfigured consumer does not start");
+    assert!(error.to_string().contains("exit status: 78"), "{error}");
+    std::fs::read_to_string(logs.join("consumer.log")).expect("the consumer's log")
+}
+
+/// The messages on `stack`'s job queue (waiting up to 2 s for the first), as received.
+pub async fn received_jobs(stack: &stack::Stack) -> Vec<aws_sdk_sqs::types::Message> {
+    stack
+        .sqs
+        .receive_message()
+        .queue_url(&stack.jobs.url)
+        .wait_time_seconds(2)
+        .send()
+        .await
+        .expect("ReceiveMessage")
+        .messages
+        .unwrap_or_default()
+}
+
+/// [`stack::start_for_test`] with this package's binaries ([`test_binaries!`], which only an
+/// integration test can name): `e2e::stack_for_test!(pool_opts, connect, |spec| ..).await`.
+#[macro_export]
+macro_rules! stack_for_test {
+    ($pool_opts:expr, $connect:expr, $tweak:expr) => {
+        $crate::stack::start_for_test($crate::test_binaries!(), $pool_opts, $connect, $tweak)
+    };
 }

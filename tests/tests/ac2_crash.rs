@@ -29,10 +29,7 @@ fn new_job() -> (JobId, String) {
 fn delivery(body: &str, receive_count: u32) -> IncomingMessage {
     IncomingMessage {
         message_id: "m-1".into(),
-        queue: "q".into(),
-        body: body.into(),
-        receive_count,
-        replay_of: None,
+        ..shared_testkit::message_on("q", body, receive_count)
     }
 }
 

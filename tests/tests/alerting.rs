@@ -11,12 +11,13 @@ use e2e::faulty_award::AwardPointsWithFaults;
 use serde_json::json;
 use shared::alerting::{Alerter, BetterStack, Route, Routes};
 use shared::clock::{Clock, ManualClock, SystemClock};
-use shared::dead_letter::{ErrorKind, NewDeadLetter, record_dead_letter};
+use shared::dead_letter::ErrorKind;
 use shared::groups::{GroupFilter, GroupStatus, list_groups};
 use shared::harness::{Harness, IncomingMessage, RecordOutcome};
-use shared::ids::{DeadLetterId, JobId};
+use shared::ids::{DeadLetterId, JobId, TenantId};
 use shared::metrics::Metric;
 use shared::review::{Verdict, lock_letter};
+use shared_testkit::{TestLetter, record_letter};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use std::sync::Arc;
@@ -52,40 +53,23 @@ fn harness(pool: &PgPool, alerter: Alerter) -> Harness<AwardPointsWithFaults> {
 }
 
 fn message(body: &str, receive_count: u32) -> IncomingMessage {
-    IncomingMessage {
-        message_id: Uuid::new_v4().to_string(),
-        queue: QUEUE.into(),
-        body: body.into(),
-        receive_count,
-        replay_of: None,
-    }
+    shared_testkit::message_on(QUEUE, body, receive_count)
 }
 
 fn job(payload: serde_json::Value) -> String {
-    json!({"job_id": Uuid::new_v4(), "tenant_id": Uuid::new_v4(), "correlation_id": "corr-7", "payload": payload}).to_string()
+    let (job_id, tenant_id) = (JobId(Uuid::new_v4()), TenantId(Uuid::new_v4()));
+    shared_testkit::envelope(job_id, tenant_id, "corr-7", payload)
 }
 
 /// Writes a letter of the reference consumer on `queue` with `error`, at `at`.
 async fn letter(pool: &PgPool, queue: &str, error: &str, at: DateTime<Utc>) -> DeadLetterId {
-    let payload = json!({});
-    let message_id = Uuid::new_v4().to_string();
-    let letter = NewDeadLetter {
-        job_id: Some(JobId(Uuid::new_v4())),
-        tenant_id: None,
-        consumer: &e2e::consumer_name(),
-        queue,
-        message_id: &message_id,
-        body: &payload.to_string(),
-        attempts: 5,
-        kind: ErrorKind::Exhausted,
-        last_error: error,
-        correlation_id: Some("corr-1"),
-        replay_of: None,
+    let job_id = JobId(Uuid::new_v4());
+    let letter = TestLetter {
+        last_error: error.into(),
+        correlation_id: Some("corr-1".into()),
+        ..TestLetter::new(Some(job_id), &e2e::consumer_name(), queue, "{}")
     };
-    record_dead_letter(&mut pool.acquire().await.unwrap(), &letter, at)
-        .await
-        .unwrap()
-        .id()
+    record_letter(pool, &letter, at).await
 }
 
 async fn discard(pool: &PgPool, id: DeadLetterId, at: DateTime<Utc>) {

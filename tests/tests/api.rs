@@ -7,11 +7,11 @@ use e2e::api_client::{caller, fingerprint, request, seed_letter, with_body};
 use e2e::event_source::{Queue, create_queue, depth, sqs_client};
 use serde_json::{Value, json};
 use shared::clock::SystemClock;
-use shared::dead_letter::{ErrorKind, NewDeadLetter, record_dead_letter};
+use shared::dead_letter::ErrorKind;
 use shared::ids::DeadLetterId;
 use shared::replay::Replayer;
+use shared_testkit::{TestLetter, record_letter};
 use sqlx::PgPool;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,15 +28,11 @@ struct Apis {
     sqs: aws_sdk_sqs::Client,
 }
 
-async fn setup(pool_opts: PgPoolOptions, connect: PgConnectOptions) -> (PgPool, Apis) {
-    // A pool of its own (not the test's child pool, capped lower): eight concurrent reviews
-    // each hold a connection.
-    drop(pool_opts);
-    let pool = PgPoolOptions::new()
-        .max_connections(16)
-        .connect_with(connect)
-        .await
-        .unwrap();
+async fn setup(test_pool: PgPool) -> (PgPool, Apis) {
+    // A pool of its own on the test's database (the test's pool is capped lower): eight
+    // concurrent reviews each hold a connection.
+    let connect = (*test_pool.connect_options()).clone();
+    let pool = shared_testkit::own_pool(connect, 16).await;
     let sqs = sqs_client().await;
     let queue = create_queue(
         &sqs,
@@ -117,11 +113,8 @@ fn assert_error(response: &ApiResponse, status: u16, code: &str) {
 }
 
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
-async fn ac7_discarding_without_a_reason_is_rejected_and_the_letter_is_unchanged(
-    pool_opts: PgPoolOptions,
-    connect: PgConnectOptions,
-) {
-    let (pool, apis) = setup(pool_opts, connect).await;
+async fn ac7_discarding_without_a_reason_is_rejected_and_the_letter_is_unchanged(pool: PgPool) {
+    let (pool, apis) = setup(pool).await;
     let (id, _) = seed_letter(&pool, &apis.queue.name, ErrorKind::Exhausted).await;
     let before = fingerprint(&pool).await;
     for (body, status, code) in [
@@ -153,11 +146,8 @@ async fn ac7_discarding_without_a_reason_is_rejected_and_the_letter_is_unchanged
 }
 
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
-async fn bad_input_gets_a_4xx_naming_the_problem_and_changes_nothing(
-    pool_opts: PgPoolOptions,
-    connect: PgConnectOptions,
-) {
-    let (pool, apis) = setup(pool_opts, connect).await;
+async fn bad_input_gets_a_4xx_naming_the_problem_and_changes_nothing(pool: PgPool) {
+    let (pool, apis) = setup(pool).await;
     let (id, _) = seed_letter(&pool, &apis.queue.name, ErrorKind::Permanent).await;
     let before = fingerprint(&pool).await;
     let long_reason = json!({"reason": "x".repeat(1001)}).to_string();
@@ -222,11 +212,8 @@ async fn bad_input_gets_a_4xx_naming_the_problem_and_changes_nothing(
 }
 
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
-async fn unknown_letters_are_404_and_reviewed_ones_409_without_a_second_send(
-    pool_opts: PgPoolOptions,
-    connect: PgConnectOptions,
-) {
-    let (pool, apis) = setup(pool_opts, connect).await;
+async fn unknown_letters_are_404_and_reviewed_ones_409_without_a_second_send(pool: PgPool) {
+    let (pool, apis) = setup(pool).await;
     let unknown = Uuid::new_v4();
     assert_error(
         &apis
@@ -266,32 +253,21 @@ async fn unknown_letters_are_404_and_reviewed_ones_409_without_a_second_send(
 }
 
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
-async fn a_poison_letter_without_a_job_id_cannot_be_replayed(
-    pool_opts: PgPoolOptions,
-    connect: PgConnectOptions,
-) {
-    let (pool, apis) = setup(pool_opts, connect).await;
-    let letter = NewDeadLetter {
-        job_id: None,
-        tenant_id: None,
-        consumer: &e2e::consumer_name(),
-        queue: &apis.queue.name,
-        message_id: "m-poison",
-        body: "not json at all",
+async fn a_poison_letter_without_a_job_id_cannot_be_replayed(pool: PgPool) {
+    let (pool, apis) = setup(pool).await;
+    let letter = TestLetter {
+        message_id: "m-poison".into(),
         attempts: 1,
         kind: ErrorKind::Poison,
-        last_error: "not JSON",
-        correlation_id: None,
-        replay_of: None,
+        last_error: "not JSON".into(),
+        ..TestLetter::new(
+            None,
+            &e2e::consumer_name(),
+            &apis.queue.name,
+            "not json at all",
+        )
     };
-    let id = record_dead_letter(
-        &mut pool.acquire().await.unwrap(),
-        &letter,
-        chrono::Utc::now(),
-    )
-    .await
-    .unwrap()
-    .id();
+    let id = record_letter(&pool, &letter, chrono::Utc::now()).await;
     let before = fingerprint(&pool).await;
     assert_error(&apis.call(replay(id.0)).await, 409, "not_replayable");
     assert_eq!(fingerprint(&pool).await, before);
@@ -308,10 +284,9 @@ async fn a_poison_letter_without_a_job_id_cannot_be_replayed(
 /// no discard can close it, and the scheduled run sends it once the queue takes it.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn hole7_a_replay_is_recorded_before_it_is_sent_and_a_refused_send_is_sent_later(
-    pool_opts: PgPoolOptions,
-    connect: PgConnectOptions,
+    pool: PgPool,
 ) {
-    let (pool, apis) = setup(pool_opts, connect).await;
+    let (pool, apis) = setup(pool).await;
     let queue = format!("late-{}", &Uuid::new_v4().simple().to_string()[..12]);
     let (id, _) = seed_letter(&pool, &queue, ErrorKind::Exhausted).await;
     let response = apis.call(replay(id)).await;
@@ -335,12 +310,7 @@ async fn hole7_a_replay_is_recorded_before_it_is_sent_and_a_refused_send_is_sent
             chrono::Utc::now() + chrono::Duration::minutes(2),
         )),
         alerter: None,
-        sweep: shared::sweeper::SweepSettings {
-            batch_size: 10,
-            budget: Duration::from_secs(10),
-            pause: Duration::ZERO,
-            ledger_ttl: Duration::from_secs(7 * 86_400),
-        },
+        sweep: shared_testkit::SWEEP,
         escalate_after: Duration::from_secs(3 * 86_400),
         page_budget: Duration::from_secs(1),
         replayer: Some(Replayer::new(apis.sqs.clone())),
@@ -368,11 +338,8 @@ async fn hole7_a_replay_is_recorded_before_it_is_sent_and_a_refused_send_is_sent
 }
 
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
-async fn the_list_pages_newest_first_by_cursor_and_filters_without_payloads(
-    pool_opts: PgPoolOptions,
-    connect: PgConnectOptions,
-) {
-    let (pool, apis) = setup(pool_opts, connect).await;
+async fn the_list_pages_newest_first_by_cursor_and_filters_without_payloads(pool: PgPool) {
+    let (pool, apis) = setup(pool).await;
     let mut seeded = Vec::new();
     for i in 0..25 {
         let kind = if i % 5 == 0 {
@@ -444,11 +411,8 @@ async fn the_list_pages_newest_first_by_cursor_and_filters_without_payloads(
 }
 
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
-async fn get_returns_the_whole_letter_with_its_fence_state(
-    pool_opts: PgPoolOptions,
-    connect: PgConnectOptions,
-) {
-    let (pool, apis) = setup(pool_opts, connect).await;
+async fn get_returns_the_whole_letter_with_its_fence_state(pool: PgPool) {
+    let (pool, apis) = setup(pool).await;
     let (id, job) = seed_letter(&pool, &apis.queue.name, ErrorKind::Exhausted).await;
     let got = apis
         .call(request("GET", &format!("{LETTERS}/{id}"), ops()))
@@ -464,11 +428,8 @@ async fn get_returns_the_whole_letter_with_its_fence_state(
 }
 
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
-async fn concurrent_replays_and_discards_of_one_letter_let_exactly_one_win(
-    pool_opts: PgPoolOptions,
-    connect: PgConnectOptions,
-) {
-    let (pool, apis) = setup(pool_opts, connect).await;
+async fn concurrent_replays_and_discards_of_one_letter_let_exactly_one_win(pool: PgPool) {
+    let (pool, apis) = setup(pool).await;
     let apis = Arc::new(apis);
     let mut replay_wins = 0;
     for round in 0..10 {
@@ -509,11 +470,8 @@ async fn concurrent_replays_and_discards_of_one_letter_let_exactly_one_win(
 
 /// A support ticket names a job, a correlation id, a tenant or a message: each finds its letter.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
-async fn any_letter_is_found_by_job_correlation_tenant_or_message(
-    pool_opts: PgPoolOptions,
-    connect: PgConnectOptions,
-) {
-    let (pool, apis) = setup(pool_opts, connect).await;
+async fn any_letter_is_found_by_job_correlation_tenant_or_message(pool: PgPool) {
+    let (pool, apis) = setup(pool).await;
     let (target, job) = seed_letter(&pool, &apis.queue.name, ErrorKind::Exhausted).await;
     for _ in 0..5 {
         seed_letter(&pool, &apis.queue.name, ErrorKind::Exhausted).await;
@@ -571,11 +529,8 @@ async fn any_letter_is_found_by_job_correlation_tenant_or_message(
 /// Failures grouped as they page: the groups resource, letters by group, a group resolved once
 /// its letters are reviewed, and the same error format.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
-async fn groups_list_their_counts_and_letters_are_listed_by_group(
-    pool_opts: PgPoolOptions,
-    connect: PgConnectOptions,
-) {
-    let (pool, apis) = setup(pool_opts, connect).await;
+async fn groups_list_their_counts_and_letters_are_listed_by_group(pool: PgPool) {
+    let (pool, apis) = setup(pool).await;
     let mut exhausted = Vec::new();
     for _ in 0..3 {
         exhausted.push(
@@ -658,38 +613,27 @@ async fn groups_list_their_counts_and_letters_are_listed_by_group(
             .len(),
         2
     );
-    assert_error(
-        &apis.call(groups(&[("status", "closed")])).await,
-        400,
-        "invalid_parameter",
-    );
-    assert_error(
-        &apis.call(groups(&[("stauts", "open")])).await,
-        400,
-        "invalid_parameter",
-    );
-    assert_error(
-        &apis
-            .call(request("GET", "/v1/core/dead-letter-groups/999999", ops()))
-            .await,
-        404,
-        "not_found",
-    );
-    assert_error(
-        &apis
-            .call(request("GET", "/v1/core/dead-letter-groups/abc", ops()))
-            .await,
-        400,
-        "invalid_parameter",
-    );
+    for (req, status, code) in [
+        (groups(&[("status", "closed")]), 400, "invalid_parameter"),
+        (groups(&[("stauts", "open")]), 400, "invalid_parameter"),
+        (
+            request("GET", "/v1/core/dead-letter-groups/999999", ops()),
+            404,
+            "not_found",
+        ),
+        (
+            request("GET", "/v1/core/dead-letter-groups/abc", ops()),
+            400,
+            "invalid_parameter",
+        ),
+    ] {
+        assert_error(&apis.call(req).await, status, code);
+    }
 }
 
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
-async fn a_replay_keeps_the_reason_it_was_given(
-    pool_opts: PgPoolOptions,
-    connect: PgConnectOptions,
-) {
-    let (pool, apis) = setup(pool_opts, connect).await;
+async fn a_replay_keeps_the_reason_it_was_given(pool: PgPool) {
+    let (pool, apis) = setup(pool).await;
     let (id, _) = seed_letter(&pool, &apis.queue.name, ErrorKind::Exhausted).await;
     let before = fingerprint(&pool).await;
     for bad in [r#"{"reason": "  "}"#, r#"{"why": "x"}"#, "not json"] {
@@ -765,11 +709,8 @@ fn assert_names(response: &ApiResponse, status: u16, code: &str, field: &str, wh
 }
 
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
-async fn a_cursor_outside_postgres_time_range_is_a_400_not_a_500(
-    pool_opts: PgPoolOptions,
-    connect: PgConnectOptions,
-) {
-    let (pool, apis) = setup(pool_opts, connect).await;
+async fn a_cursor_outside_postgres_time_range_is_a_400_not_a_500(pool: PgPool) {
+    let (pool, apis) = setup(pool).await;
     seed_letter(&pool, &apis.queue.name, ErrorKind::Exhausted).await;
     let before = fingerprint(&pool).await;
     let id = Uuid::new_v4();
@@ -860,11 +801,8 @@ async fn a_cursor_outside_postgres_time_range_is_a_400_not_a_500(
 }
 
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
-async fn every_filter_out_of_its_class_is_a_400_naming_it_before_any_sql(
-    pool_opts: PgPoolOptions,
-    connect: PgConnectOptions,
-) {
-    let (pool, apis) = setup(pool_opts, connect).await;
+async fn every_filter_out_of_its_class_is_a_400_naming_it_before_any_sql(pool: PgPool) {
+    let (pool, apis) = setup(pool).await;
     seed_letter(&pool, &apis.queue.name, ErrorKind::Exhausted).await;
     let before = fingerprint(&pool).await;
     let kb10 = "c".repeat(10_000);
@@ -963,30 +901,19 @@ async fn every_filter_out_of_its_class_is_a_400_naming_it_before_any_sql(
             cases.push((name, bad.to_owned()));
         }
     }
+    let group_parameters = ["queue", "consumer", "limit", "error_kind"];
     for (name, value) in &cases {
-        let response = apis.call(list(&[(name, value)])).await;
-        let what = format!("{name}={:?}", value.get(..40).unwrap_or(value));
-        assert_names(
-            &response,
-            400,
-            "invalid_parameter",
-            &format!("`{name}`"),
-            &what,
-        );
-    }
-    for (name, value) in &cases {
-        if !["queue", "consumer", "limit", "error_kind"].contains(name) {
-            continue;
+        let shown = value.get(..40).unwrap_or(value);
+        let mut requests = vec![(list(&[(name, value)]), format!("{name}={shown:?}"))];
+        if group_parameters.contains(name) {
+            let groups = list_groups(&[(name, value)]);
+            requests.push((groups, format!("groups {name}={shown:?}")));
         }
-        let response = apis.call(list_groups(&[(name, value)])).await;
-        let what = format!("groups {name}={:?}", value.get(..40).unwrap_or(value));
-        assert_names(
-            &response,
-            400,
-            "invalid_parameter",
-            &format!("`{name}`"),
-            &what,
-        );
+        for (request, what) in requests {
+            let response = apis.call(request).await;
+            let field = format!("`{name}`");
+            assert_names(&response, 400, "invalid_parameter", &field, &what);
+        }
     }
     // A name that is not a parameter, however long, is named but not echoed whole.
     for r in [list(&[(&kb10, "x")]), list_groups(&[(&kb10, "x")])] {
@@ -1067,11 +994,8 @@ async fn every_filter_out_of_its_class_is_a_400_naming_it_before_any_sql(
 }
 
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
-async fn a_reason_of_only_control_characters_is_rejected(
-    pool_opts: PgPoolOptions,
-    connect: PgConnectOptions,
-) {
-    let (pool, apis) = setup(pool_opts, connect).await;
+async fn a_reason_of_only_control_characters_is_rejected(pool: PgPool) {
+    let (pool, apis) = setup(pool).await;
     let (id, _) = seed_letter(&pool, &apis.queue.name, ErrorKind::Exhausted).await;
     let before = fingerprint(&pool).await;
     let invisible = [
@@ -1145,11 +1069,8 @@ async fn a_reason_of_only_control_characters_is_rejected(
 }
 
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
-async fn a_body_that_is_not_the_json_asked_for_is_a_4xx_json_error(
-    pool_opts: PgPoolOptions,
-    connect: PgConnectOptions,
-) {
-    let (pool, apis) = setup(pool_opts, connect).await;
+async fn a_body_that_is_not_the_json_asked_for_is_a_4xx_json_error(pool: PgPool) {
+    let (pool, apis) = setup(pool).await;
     let (id, _) = seed_letter(&pool, &apis.queue.name, ErrorKind::Exhausted).await;
     let before = fingerprint(&pool).await;
     let deep = format!("{}{}", "[".repeat(1_000), "]".repeat(1_000));
@@ -1321,11 +1242,8 @@ mod never_a_5xx {
     /// Any query on the two lists, any cursor, any reason: a 4xx JSON error or a success, never
     /// a 5xx, and a 4xx changes nothing.
     #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
-    async fn no_query_cursor_or_reason_an_operator_sends_gets_a_5xx(
-        pool_opts: PgPoolOptions,
-        connect: PgConnectOptions,
-    ) {
-        let (pool, apis) = setup(pool_opts, connect).await;
+    async fn no_query_cursor_or_reason_an_operator_sends_gets_a_5xx(pool: PgPool) {
+        let (pool, apis) = setup(pool).await;
         let mut runner = TestRunner::new(Config::default());
         let query = prop_oneof![
             prop::collection::vec((name(), value()), 0..4),
@@ -1391,11 +1309,8 @@ mod never_a_5xx {
 /// and the replay answered "already processed" (the other job's fence): a false record of a job
 /// that never ran. So was a `conflict` letter. Both are refused now, and nothing is marked.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
-async fn a_letter_whose_job_id_another_job_took_is_not_replayable(
-    pool_opts: PgPoolOptions,
-    connect: PgConnectOptions,
-) {
-    let (pool, apis) = setup(pool_opts, connect).await;
+async fn a_letter_whose_job_id_another_job_took_is_not_replayable(pool: PgPool) {
+    let (pool, apis) = setup(pool).await;
     let harness = e2e::harness(
         pool.clone(),
         consumer::AwardPoints::new(e2e::consumer_name()),
@@ -1406,13 +1321,7 @@ async fn a_letter_whose_job_id_another_job_took_is_not_replayable(
             "payload": {"account_id": "a", "points": points}})
         .to_string()
     };
-    let message = |body: &str| shared::harness::IncomingMessage {
-        message_id: Uuid::new_v4().to_string(),
-        queue: apis.queue.name.clone(),
-        body: body.to_owned(),
-        receive_count: 1,
-        replay_of: None,
-    };
+    let message = |body: &str| shared_testkit::message_on(&apis.queue.name, body, 1);
     let x = envelope(0); // poison: points must be positive
     assert!(harness.process(&message(&x)).await.is_ack());
     let y = envelope(7);

@@ -138,16 +138,7 @@ async fn replayed_body(stack: &Stack, letter: &DeadLetter) -> String {
     }
     let replay = replay(stack, letter).await;
     assert_eq!(replay.status, 200, "{:#}", replay.body);
-    let received = stack
-        .sqs
-        .receive_message()
-        .queue_url(&stack.jobs.url)
-        .wait_time_seconds(2)
-        .send()
-        .await
-        .expect("ReceiveMessage")
-        .messages
-        .unwrap_or_default();
+    let received = e2e::received_jobs(stack).await;
     assert_eq!(received.len(), 1, "the replay's one message");
     let message = &received[0];
     stack
@@ -273,11 +264,7 @@ async fn hole2_a_copy_older_than_its_fence_can_settle_is_never_replayed(
     .await
     .unwrap();
     stack.tick().await.expect("the scheduled run");
-    assert!(
-        !shared::fence::fence_exists(&pool, job_id, &e2e::consumer_name())
-            .await
-            .unwrap()
-    );
+    assert!(!e2e::fenced(&pool, job_id).await);
     // A copy of it, sent 15 days ago, reaches the ingester now.
     let sent = chrono::Utc::now() - chrono::Duration::days(15);
     let event = json!({"Records": [{"messageId": "late-copy", "receiptHandle": "r", "body": body,

@@ -9,20 +9,19 @@ use consumer::{AwardPoints, PointsAward, count_awards};
 use e2e::event_source::{Queue, create_queue, depth, sqs_client};
 use serde_json::json;
 use shared::config::DatabaseConfig;
-use shared::consumer::{Consumer, Job, ProcessError};
-use shared::fence::fence_exists;
+use shared::consumer::Consumer;
 use shared::harness::RecordOutcome;
-use shared::ids::{ConsumerName, JobId};
+use shared::ids::{JobId, TenantId};
 use shared::sqs::{BatchSettings, SqsVisibility, process_batch};
-use sqlx::{PgConnection, PgPool};
+use shared_testkit::{Counting, envelope};
+use sqlx::PgPool;
 use std::time::Duration;
 use uuid::Uuid;
 
 fn job() -> (JobId, String) {
-    let job_id = JobId(Uuid::new_v4());
-    let body = json!({"job_id": job_id, "tenant_id": Uuid::new_v4(), "correlation_id": "fault",
-        "payload": {"account_id": "a", "points": 2}});
-    (job_id, body.to_string())
+    let (job_id, tenant_id) = (JobId(Uuid::new_v4()), TenantId(Uuid::new_v4()));
+    let payload = json!({"account_id": "a", "points": 2});
+    (job_id, envelope(job_id, tenant_id, "fault", payload))
 }
 
 async fn queue() -> (aws_sdk_sqs::Client, Queue) {
@@ -158,52 +157,30 @@ async fn with_the_database_unreachable_nothing_is_acked_and_nothing_lost(pool: P
 }
 
 /// Writes the real award, then has the database end its session (as a failover or a restart
-/// does) before the harness can commit.
-struct SessionDiesAfterWork {
-    inner: AwardPoints,
-    admin: PgPool,
-}
-
-impl Consumer for SessionDiesAfterWork {
-    type Payload = PointsAward;
-
-    fn name(&self) -> &ConsumerName {
-        self.inner.name()
-    }
-
-    async fn handle(
-        &self,
-        job: &Job<PointsAward>,
-        tx: &mut PgConnection,
-    ) -> Result<(), ProcessError> {
-        self.inner.handle(job, tx).await?;
-        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-            .fetch_one(&mut *tx)
-            .await?;
-        sqlx::query("SELECT pg_terminate_backend($1, 5000)")
-            .bind(pid)
-            .execute(&self.admin)
-            .await?;
-        Ok(())
-    }
+/// does, `admin` asking it to) before the harness can commit.
+fn session_dies_after_work(admin: PgPool) -> impl Consumer<Payload = PointsAward> {
+    Counting::then(AwardPoints::new(e2e::consumer_name()), move |tx| {
+        let admin = admin.clone();
+        Box::pin(async move {
+            let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+                .fetch_one(&mut *tx)
+                .await?;
+            sqlx::query("SELECT pg_terminate_backend($1, 5000)")
+                .bind(pid)
+                .execute(&admin)
+                .await?;
+            Ok(())
+        })
+    })
 }
 
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn the_database_gone_between_work_and_commit_leaves_neither_and_retries(pool: PgPool) {
     let (job_id, body) = job();
-    let dying = e2e::harness(
-        pool.clone(),
-        SessionDiesAfterWork {
-            inner: AwardPoints::new(e2e::consumer_name()),
-            admin: pool.clone(),
-        },
-    );
+    let dying = e2e::harness(pool.clone(), session_dies_after_work(pool.clone()));
     let msg = shared::harness::IncomingMessage {
         message_id: "m-1".into(),
-        queue: "jobs".into(),
-        body,
-        receive_count: 1,
-        replay_of: None,
+        ..shared_testkit::message_on("jobs", &body, 1)
     };
     let outcome = dying.process(&msg).await;
     assert!(
@@ -211,12 +188,7 @@ async fn the_database_gone_between_work_and_commit_leaves_neither_and_retries(po
         "{outcome:?}"
     );
     assert_eq!(count_awards(&pool, job_id).await.unwrap(), 0, "no effect");
-    assert!(
-        !fence_exists(&pool, job_id, &e2e::consumer_name())
-            .await
-            .unwrap(),
-        "no fence"
-    );
+    assert!(!e2e::fenced(&pool, job_id).await, "no fence");
 
     let healthy = e2e::harness(pool.clone(), AwardPoints::new(e2e::consumer_name()));
     let redelivery = shared::harness::IncomingMessage {

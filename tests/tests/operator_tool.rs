@@ -389,27 +389,18 @@ async fn an_interrupted_bulk_replay_resumed_finishes_the_rest_without_touching_t
     let late_job = JobId(Uuid::new_v4());
     let payload = json!({"job_id": late_job, "tenant_id": Uuid::new_v4(), "correlation_id": "late",
         "payload": {"account_id": "partner-late", "points": 1}});
-    let message_id = Uuid::new_v4().to_string();
-    let late = shared::dead_letter::record_dead_letter(
-        &mut s.pool.acquire().await.unwrap(),
-        &shared::dead_letter::NewDeadLetter {
-            job_id: Some(late_job),
-            tenant_id: None,
-            consumer: &e2e::consumer_name(),
-            queue: &s.stack.jobs.name,
-            message_id: &message_id,
-            body: &payload.to_string(),
-            attempts: 2,
-            kind: shared::dead_letter::ErrorKind::Exhausted,
-            last_error: &sample.replace("partner-0", "partner-late"),
-            correlation_id: Some("late"),
-            replay_of: None,
-        },
-        chrono::Utc::now(),
-    )
-    .await
-    .unwrap()
-    .id();
+    let letter = shared_testkit::TestLetter {
+        attempts: 2,
+        last_error: sample.replace("partner-0", "partner-late"),
+        correlation_id: Some("late".into()),
+        ..shared_testkit::TestLetter::new(
+            Some(late_job),
+            &e2e::consumer_name(),
+            &s.stack.jobs.name,
+            &payload.to_string(),
+        )
+    };
+    let late = shared_testkit::record_letter(&s.pool, &letter, chrono::Utc::now()).await;
     assert_eq!(
         shared::groups::group_of_letter(&s.pool, late)
             .await

@@ -3,27 +3,23 @@
 //! delivered, what waits as metrics, and the sweep, through the real binary.
 
 use aws_sdk_sqs::types::QueueAttributeName;
-use chrono::{DateTime, Duration as Span, TimeZone, Utc};
+use chrono::{DateTime, Duration as Span, Utc};
 use e2e::alert_receiver::AlertReceiver;
 use e2e::lambda_host::{FunctionSpec, LambdaHost};
 use serde_json::json;
 use shared::alerting::{Alerter, BetterStack, Routes};
 use shared::clock::{Clock, ManualClock};
-use shared::dead_letter::{ErrorKind, NewDeadLetter, record_dead_letter};
+use shared::dead_letter::ErrorKind;
 use shared::ids::{DeadLetterId, JobId};
 use shared::replay::Replayer;
 use shared::review::{Verdict, lock_letter};
 use shared::scheduled::{Heartbeat, ScheduledRun};
-use shared::sweeper::SweepSettings;
+use shared_testkit::{TestLetter, record_letter, t0};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use std::sync::Arc;
 use std::time::Duration;
 use uuid::Uuid;
-
-fn t0() -> DateTime<Utc> {
-    Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).unwrap()
-}
 
 async fn letter(
     pool: &PgPool,
@@ -31,24 +27,53 @@ async fn letter(
     kind: ErrorKind,
     created_at: DateTime<Utc>,
 ) -> DeadLetterId {
-    let payload = json!({});
-    let letter = NewDeadLetter {
-        job_id: Some(JobId(Uuid::new_v4())),
-        tenant_id: None,
-        consumer: &e2e::consumer_name(),
-        queue,
-        message_id: &Uuid::new_v4().to_string(),
-        body: &payload.to_string(),
-        attempts: 5,
+    let job_id = JobId(Uuid::new_v4());
+    let letter = TestLetter {
         kind,
-        last_error: "timeout",
-        correlation_id: None,
-        replay_of: None,
+        ..TestLetter::new(Some(job_id), &e2e::consumer_name(), queue, "{}")
     };
-    record_dead_letter(&mut pool.acquire().await.unwrap(), &letter, created_at)
-        .await
-        .unwrap()
-        .id()
+    record_letter(pool, &letter, created_at).await
+}
+
+/// Seeds 2,500 fences of consumer `c` that expired a day ago (by the database's clock).
+async fn seed_expired_fences(pool: &PgPool) {
+    sqlx::query(
+        "INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, processed_at, expires_at)
+         SELECT gen_random_uuid(), 'c', gen_random_uuid(), now() - interval '8 days', now() - interval '1 day'
+         FROM generate_series(1, 2500)",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// The real scheduled binary on the test's database, alerting off, sweeping 1,000 rows a batch,
+/// with `env` besides, invoked with `timeout`.
+fn scheduled_host(
+    connect: &PgConnectOptions,
+    env: &[(&str, &str)],
+    timeout: Duration,
+) -> LambdaHost {
+    let mut all: Vec<(String, String)> = vec![
+        ("DATABASE_URL".into(), e2e::test_database_url(connect)),
+        ("ALERTING_DISABLED".into(), "true".into()),
+        ("SWEEP_BATCH_SIZE".into(), "1000".into()),
+    ];
+    all.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    LambdaHost::new(FunctionSpec {
+        name: "scheduled".into(),
+        binary: env!("CARGO_BIN_EXE_local-scheduled").into(),
+        env: all,
+        timeout,
+        log_file: None,
+        deadline_as_duration: false,
+    })
+}
+
+/// The event EventBridge invokes the scheduled function with.
+fn scheduled_event() -> serde_json::Value {
+    json!({"version": "0", "id": "e", "detail-type": "Scheduled Event", "source": "aws.events",
+        "account": "123456789012", "time": "2026-11-30T12:00:00Z", "region": "us-east-1", "resources": [], "detail": {}})
 }
 
 fn scheduled(pool: &PgPool, receiver: &AlertReceiver, clock: Arc<ManualClock>) -> ScheduledRun {
@@ -65,12 +90,7 @@ fn scheduled(pool: &PgPool, receiver: &AlertReceiver, clock: Arc<ManualClock>) -
             Duration::from_secs(900),
         )),
         clock,
-        sweep: SweepSettings {
-            batch_size: 1_000,
-            budget: Duration::from_secs(60),
-            pause: Duration::ZERO,
-            ledger_ttl: Duration::from_secs(7 * 86_400),
-        },
+        sweep: shared_testkit::SWEEP,
         escalate_after: Duration::from_secs(3 * 86_400),
         page_budget: Duration::from_secs(5),
         replayer: None,
@@ -235,29 +255,9 @@ async fn the_sweeper_function_deletes_expired_fences_when_invoked(
     connect: PgConnectOptions,
 ) {
     let pool = pool_opts.connect_with(connect.clone()).await.unwrap();
-    sqlx::query(
-        "INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, processed_at, expires_at)
-         SELECT gen_random_uuid(), 'c', gen_random_uuid(), now() - interval '8 days', now() - interval '1 day'
-         FROM generate_series(1, 2500)",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
-    let host = LambdaHost::new(FunctionSpec {
-        name: "scheduled".into(),
-        binary: env!("CARGO_BIN_EXE_local-scheduled").into(),
-        env: vec![
-            ("DATABASE_URL".into(), e2e::test_database_url(&connect)),
-            ("ALERTING_DISABLED".into(), "true".into()),
-            ("SWEEP_BATCH_SIZE".into(), "1000".into()),
-        ],
-        timeout: Duration::from_secs(60),
-        log_file: None,
-        deadline_as_duration: false,
-    });
-    let scheduled_event = json!({"version": "0", "id": "e", "detail-type": "Scheduled Event", "source": "aws.events",
-        "account": "123456789012", "time": "2026-11-30T12:00:00Z", "region": "us-east-1", "resources": [], "detail": {}});
-    let response = host.invoke(&scheduled_event).await.unwrap();
+    seed_expired_fences(&pool).await;
+    let host = scheduled_host(&connect, &[], Duration::from_secs(60));
+    let response = host.invoke(&scheduled_event()).await.unwrap();
     assert_eq!(response["sweep"]["deleted"], 2500, "{response}");
     assert_eq!(response["sweep"]["batches"], 3);
     assert_eq!(response["sweep"]["stop"], "Done");
@@ -583,32 +583,12 @@ async fn the_scheduled_run_keeps_time_for_the_sweep_during_an_sqs_outage(
     for _ in 0..queues {
         queued_replays(&pool, &unique("outage"), 1, Utc::now() - Span::minutes(10)).await;
     }
-    sqlx::query(
-        "INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, processed_at, expires_at)
-         SELECT gen_random_uuid(), 'c', gen_random_uuid(), now() - interval '8 days', now() - interval '1 day'
-         FROM generate_series(1, 2500)",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
-    let host = LambdaHost::new(FunctionSpec {
-        name: "scheduled".into(),
-        binary: env!("CARGO_BIN_EXE_local-scheduled").into(),
-        env: vec![
-            ("DATABASE_URL".into(), e2e::test_database_url(&connect)),
-            ("ALERTING_DISABLED".into(), "true".into()),
-            ("SWEEP_BATCH_SIZE".into(), "1000".into()),
-            ("AWS_ENDPOINT_URL_SQS".into(), endpoint),
-        ],
-        // 20 sends of 3 s each would take 60 s.
-        timeout: Duration::from_secs(40),
-        log_file: None,
-        deadline_as_duration: false,
-    });
-    let scheduled_event = json!({"version": "0", "id": "e", "detail-type": "Scheduled Event", "source": "aws.events",
-        "account": "123456789012", "time": "2026-11-30T12:00:00Z", "region": "us-east-1", "resources": [], "detail": {}});
+    seed_expired_fences(&pool).await;
+    // 20 sends of 3 s each would take 60 s.
+    let sqs = [("AWS_ENDPOINT_URL_SQS", endpoint.as_str())];
+    let host = scheduled_host(&connect, &sqs, Duration::from_secs(40));
     let response = host
-        .invoke(&scheduled_event)
+        .invoke(&scheduled_event())
         .await
         .expect("the run ends before its timeout");
     assert_eq!(response["sweep"]["deleted"], 2500, "{response}");

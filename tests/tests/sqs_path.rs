@@ -3,30 +3,36 @@
 //! dead letter; and the redrive backstop through the DLQ ingester.
 
 use consumer::count_awards;
+use e2e::event_source::PollReport;
 use e2e::stack::{Stack, StackSpec};
 use serde_json::{Value, json};
 use shared::dead_letter::letter_for_message;
-use shared::fence::fence_exists;
 use shared::ids::{JobId, TenantId};
+use shared_testkit::envelope;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use std::time::Duration;
+use tokio::time::Instant;
 use uuid::Uuid;
 
 const SETTLE: Duration = Duration::from_secs(90);
 
-async fn setup(
-    pool_opts: PgPoolOptions,
-    connect: PgConnectOptions,
-    tweak: impl FnOnce(&mut StackSpec),
-) -> (PgPool, Stack) {
-    e2e::stack::start_for_test(e2e::test_binaries!(), pool_opts, connect, tweak).await
-}
-
 fn job(payload: Value) -> (JobId, String) {
     let job_id = JobId(Uuid::new_v4());
-    let body = json!({"job_id": job_id, "tenant_id": TenantId(Uuid::new_v4()), "correlation_id": "e2e", "payload": payload});
-    (job_id, body.to_string())
+    let tenant_id = TenantId(Uuid::new_v4());
+    (job_id, envelope(job_id, tenant_id, "e2e", payload))
+}
+
+/// Runs the stack until `job_id` has a letter: the job queue's polls.
+async fn until_lettered(stack: &Stack, pool: &PgPool, job_id: JobId) -> Vec<(Instant, PollReport)> {
+    let lettered = move || async move { !e2e::letters(pool, job_id).await.is_empty() };
+    stack.run_until(SETTLE, lettered).await
+}
+
+/// Runs the stack until `job_id`'s award is in: the job queue's polls.
+async fn until_awarded(stack: &Stack, pool: &PgPool, job_id: JobId) -> Vec<(Instant, PollReport)> {
+    let awarded = move || async move { count_awards(pool, job_id).await.unwrap() == 1 };
+    stack.run_until(SETTLE, awarded).await
 }
 
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
@@ -34,24 +40,16 @@ async fn a_message_is_processed_once_and_deleted(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    let (pool, stack) = setup(pool_opts, connect, |_| {}).await;
+    let (pool, stack) = e2e::stack_for_test!(pool_opts, connect, |_| {}).await;
     let (job_id, body) = job(json!({"account_id": "a", "points": 5}));
     stack.send(&body).await;
-    let polls = stack
-        .run_until(SETTLE, || async {
-            count_awards(&pool, job_id).await.unwrap() == 1
-        })
-        .await;
+    let polls = until_awarded(&stack, &pool, job_id).await;
     assert_eq!(
         polls.iter().map(|(_, p)| p.received).sum::<usize>(),
         1,
         "delivered once: {polls:?}"
     );
-    assert!(
-        fence_exists(&pool, job_id, &e2e::consumer_name())
-            .await
-            .unwrap()
-    );
+    assert!(e2e::fenced(&pool, job_id).await);
     assert_eq!(stack.consumer.metrics().get("Processed"), Some(&1));
 }
 
@@ -60,7 +58,7 @@ async fn a_duplicate_send_is_acked_as_a_duplicate(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    let (pool, stack) = setup(pool_opts, connect, |_| {}).await;
+    let (pool, stack) = e2e::stack_for_test!(pool_opts, connect, |_| {}).await;
     let (job_id, body) = job(json!({"account_id": "a", "points": 5}));
     stack.send(&body).await;
     stack.send(&body).await;
@@ -93,15 +91,11 @@ async fn a_transient_failure_reappears_after_the_backoff_then_dead_letters_after
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    let (pool, stack) = setup(pool_opts, connect, |_| {}).await;
+    let (pool, stack) = e2e::stack_for_test!(pool_opts, connect, |_| {}).await;
     let (job_id, body) =
         job(json!({"account_id": "a", "points": 5, "demo_fault": "always_transient"}));
     stack.send(&body).await;
-    let polls = stack
-        .run_until(SETTLE, || async {
-            !e2e::letters(&pool, job_id).await.is_empty()
-        })
-        .await;
+    let polls = until_lettered(&stack, &pool, job_id).await;
     let deliveries: Vec<_> = polls.iter().map(|(at, _)| *at).collect();
     assert_eq!(deliveries.len(), 5, "five attempts: {polls:?}");
     for (n, pair) in deliveries.windows(2).enumerate() {
@@ -135,15 +129,11 @@ async fn a_job_that_fails_twice_then_succeeds_is_processed_once_on_attempt_3(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    let (pool, stack) = setup(pool_opts, connect, |_| {}).await;
+    let (pool, stack) = e2e::stack_for_test!(pool_opts, connect, |_| {}).await;
     let (job_id, body) =
         job(json!({"account_id": "a", "points": 5, "demo_fault": {"transient_until_attempt": 3}}));
     stack.send(&body).await;
-    let polls = stack
-        .run_until(SETTLE, || async {
-            count_awards(&pool, job_id).await.unwrap() == 1
-        })
-        .await;
+    let polls = until_awarded(&stack, &pool, job_id).await;
     assert_eq!(polls.len(), 3, "{polls:?}");
     assert!(e2e::letters(&pool, job_id).await.is_empty());
     assert_eq!(stack.consumer.metrics()["Retried"], 2);
@@ -154,7 +144,7 @@ async fn a_poison_message_is_dead_lettered_with_zero_retries(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    let (pool, stack) = setup(pool_opts, connect, |_| {}).await;
+    let (pool, stack) = e2e::stack_for_test!(pool_opts, connect, |_| {}).await;
     let message_id = stack.send("{\"this is\": \"not an envelope\"}").await;
     let polls = stack
         .run_until(SETTLE, || async {
@@ -183,15 +173,11 @@ async fn a_consumer_that_crashes_every_time_ends_as_a_crashed_dead_letter(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    let (pool, stack) = setup(pool_opts, connect, |_| {}).await;
+    let (pool, stack) = e2e::stack_for_test!(pool_opts, connect, |_| {}).await;
     let (job_id, body) =
         job(json!({"account_id": "a", "points": 5, "demo_fault": "crash_before_commit"}));
     stack.send(&body).await;
-    let polls = stack
-        .run_until(SETTLE, || async {
-            !e2e::letters(&pool, job_id).await.is_empty()
-        })
-        .await;
+    let polls = until_lettered(&stack, &pool, job_id).await;
     let crashes = polls
         .iter()
         .filter(|(_, p)| p.invoke_error.is_some())
@@ -211,11 +197,7 @@ async fn a_consumer_that_crashes_every_time_ends_as_a_crashed_dead_letter(
         (1, 5, "crashed")
     );
     assert_eq!(count_awards(&pool, job_id).await.unwrap(), 0);
-    assert!(
-        !fence_exists(&pool, job_id, &e2e::consumer_name())
-            .await
-            .unwrap()
-    );
+    assert!(!e2e::fenced(&pool, job_id).await);
 }
 
 /// When the consumer cannot even record its failure (its database is unreachable), the redrive
@@ -226,7 +208,7 @@ async fn a_message_redriven_to_the_dlq_becomes_one_crashed_dead_letter(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    let (pool, stack) = setup(pool_opts, connect, |spec| {
+    let (pool, stack) = e2e::stack_for_test!(pool_opts, connect, |spec| {
         spec.consumer_env.push((
             "DATABASE_URL".into(),
             "postgres://postgres@127.0.0.1:1/unreachable".into(),
@@ -241,11 +223,7 @@ async fn a_message_redriven_to_the_dlq_becomes_one_crashed_dead_letter(
     .await;
     let (job_id, body) = job(json!({"account_id": "a", "points": 5}));
     stack.send(&body).await;
-    let polls = stack
-        .run_until(SETTLE, || async {
-            !e2e::letters(&pool, job_id).await.is_empty()
-        })
-        .await;
+    let polls = until_lettered(&stack, &pool, job_id).await;
     assert!(
         polls.len() >= 7,
         "delivered maxReceiveCount times before the redrive: {polls:?}"
@@ -292,7 +270,7 @@ async fn records_not_started_before_the_deadline_are_handed_back(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    let (pool, stack) = setup(pool_opts, connect, |spec| {
+    let (pool, stack) = e2e::stack_for_test!(pool_opts, connect, |spec| {
         spec.consumer_env
             .push(("DEADLINE_MARGIN_MS".into(), "60000".into())); // more than the 20 s timeout
     })
@@ -306,11 +284,7 @@ async fn records_not_started_before_the_deadline_are_handed_back(
         "{report:?}"
     );
     assert_eq!(count_awards(&pool, job_id).await.unwrap(), 0);
-    assert!(
-        !fence_exists(&pool, job_id, &e2e::consumer_name())
-            .await
-            .unwrap()
-    );
+    assert!(!e2e::fenced(&pool, job_id).await);
 }
 
 /// A misconfigured function does not start, and says which variable is wrong.
@@ -319,21 +293,14 @@ async fn a_misconfigured_consumer_stops_at_start_naming_the_variable(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    let logs = std::env::temp_dir().join(format!("e2e-{}", Uuid::new_v4()));
-    std::fs::create_dir_all(&logs).unwrap();
-    let (_pool, stack) = setup(pool_opts, connect, |spec| {
+    let logs = e2e::log_dir();
+    let (_pool, stack) = e2e::stack_for_test!(pool_opts, connect, |spec| {
         spec.consumer_env
             .push(("FENCE_TTL_SECONDS".into(), "3600".into()));
         spec.log_dir = Some(logs.clone());
     })
     .await;
-    let error = stack
-        .consumer
-        .invoke(&json!({"Records": []}))
-        .await
-        .unwrap_err();
-    assert!(error.to_string().contains("exit status: 78"), "{error}");
-    let log = std::fs::read_to_string(logs.join("consumer.log")).unwrap();
+    let log = e2e::refused_start_log(&stack, &logs).await;
     assert!(
         log.contains("FENCE_TTL_SECONDS: 3600 s is below the safe floor"),
         "{log}"
@@ -348,7 +315,7 @@ async fn fresh_jobs_commit_before_a_crash_looping_batch_mate_runs(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    let (pool, stack) = setup(pool_opts, connect, |_| {}).await;
+    let (pool, stack) = e2e::stack_for_test!(pool_opts, connect, |_| {}).await;
     let (crasher, body) =
         job(json!({"account_id": "a", "points": 5, "demo_fault": "crash_before_commit"}));
     stack.send(&body).await;
@@ -382,11 +349,7 @@ async fn fresh_jobs_commit_before_a_crash_looping_batch_mate_runs(
         );
     }
 
-    stack
-        .run_until(SETTLE, || async {
-            !e2e::letters(&pool, crasher).await.is_empty()
-        })
-        .await;
+    until_lettered(&stack, &pool, crasher).await;
     for job_id in fresh {
         assert_eq!(
             count_awards(&pool, job_id).await.unwrap(),

@@ -6,25 +6,15 @@ use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
 use consumer::count_awards;
 use dead_letter_api::api::Scope;
 use e2e::api_client::{caller, request, seed_letter_for};
-use e2e::stack::{Stack, StackSpec};
+use e2e::stack::Stack;
 use serde_json::{Value, json};
 use shared::dead_letter::ErrorKind;
-use shared::fence::fence_exists;
 use shared::ids::{JobId, TenantId};
-use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use std::time::Duration;
 use uuid::Uuid;
 
 const SETTLE: Duration = Duration::from_secs(120);
-
-async fn setup(
-    pool_opts: PgPoolOptions,
-    connect: PgConnectOptions,
-    tweak: impl FnOnce(&mut StackSpec),
-) -> (PgPool, Stack) {
-    e2e::stack::start_for_test(e2e::test_binaries!(), pool_opts, connect, tweak).await
-}
 
 fn job(payload: Value) -> (JobId, Value) {
     let job_id = JobId(Uuid::new_v4());
@@ -51,7 +41,7 @@ async fn hole1_a_committed_job_redriven_swept_and_replayed_is_still_one_award(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    let (pool, stack) = setup(pool_opts, connect, |_| {}).await;
+    let (pool, stack) = e2e::stack_for_test!(pool_opts, connect, |_| {}).await;
     let (job_id, body) = job(json!({"account_id": "a", "points": 9}));
     stack.send(&body.to_string()).await;
     stack
@@ -85,12 +75,7 @@ async fn hole1_a_committed_job_redriven_swept_and_replayed_is_still_one_award(
         .unwrap();
     let tick = stack.tick().await.unwrap();
     assert_eq!(tick["sweep"]["deleted"], 0, "{tick:#}");
-    assert!(
-        fence_exists(&pool, job_id, &e2e::consumer_name())
-            .await
-            .unwrap(),
-        "kept for the letter"
-    );
+    assert!(e2e::fenced(&pool, job_id).await, "kept for the letter");
 
     let replay = stack
         .api
@@ -124,7 +109,7 @@ async fn hole5_a_crasher_first_in_a_fresh_batch_of_ten_costs_its_batch_mates_not
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    let (pool, stack) = setup(pool_opts, connect, |_| {}).await;
+    let (pool, stack) = e2e::stack_for_test!(pool_opts, connect, |_| {}).await;
     let (crasher, crash_body) =
         job(json!({"account_id": "c", "points": 1, "demo_fault": "crash_before_commit"}));
     let mut mates = Vec::new();
@@ -190,7 +175,7 @@ async fn hole7_the_ingester_labels_a_body_that_is_no_envelope_poison(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    let (pool, stack) = setup(pool_opts, connect, |_| {}).await;
+    let (pool, stack) = e2e::stack_for_test!(pool_opts, connect, |_| {}).await;
     let (job_id, _) = job(json!({}));
     let no_payload = json!({"job_id": job_id, "tenant_id": Uuid::new_v4(), "correlation_id": "x"});
     for (message_id, body) in [
@@ -224,7 +209,7 @@ async fn hole6_a_replay_sends_the_body_as_received_number_for_number(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    let (pool, stack) = setup(pool_opts, connect, |_| {}).await;
+    let (pool, stack) = e2e::stack_for_test!(pool_opts, connect, |_| {}).await;
     let job_id = JobId(Uuid::new_v4());
     // Points beyond i64 make the job poison; its letter must still keep them exactly.
     let body = format!(
@@ -247,16 +232,7 @@ async fn hole6_a_replay_sends_the_body_as_received_number_for_number(
         ))
         .await;
     assert_eq!(replay.status, 200, "{:#}", replay.body);
-    let received = stack
-        .sqs
-        .receive_message()
-        .queue_url(&stack.jobs.url)
-        .wait_time_seconds(2)
-        .send()
-        .await
-        .unwrap()
-        .messages
-        .unwrap_or_default();
+    let received = e2e::received_jobs(&stack).await;
     let sent = received[0].body.as_deref().unwrap();
     assert_eq!(
         serde_json::from_str::<Value>(sent).unwrap(),
@@ -277,20 +253,13 @@ async fn hole4_a_consumer_whose_redrive_count_does_not_exceed_its_attempts_stops
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    let logs = std::env::temp_dir().join(format!("e2e-{}", Uuid::new_v4()));
-    std::fs::create_dir_all(&logs).unwrap();
-    let (_pool, stack) = setup(pool_opts, connect, |spec| {
+    let logs = e2e::log_dir();
+    let (_pool, stack) = e2e::stack_for_test!(pool_opts, connect, |spec| {
         spec.max_receive_count = 5;
         spec.log_dir = Some(logs.clone());
     })
     .await;
-    let error = stack
-        .consumer
-        .invoke(&json!({"Records": []}))
-        .await
-        .unwrap_err();
-    assert!(error.to_string().contains("exit status: 78"), "{error}");
-    let log = std::fs::read_to_string(logs.join("consumer.log")).unwrap();
+    let log = e2e::refused_start_log(&stack, &logs).await;
     assert!(
         log.contains("REDRIVE_MAX_RECEIVE_COUNT: 5 must exceed"),
         "{log}"

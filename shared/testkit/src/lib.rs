@@ -1,6 +1,8 @@
-//! The test kit for consumer authors (crate `shared-testkit`, a dev-dependency): run jobs
-//! through the real harness against a real, migrated PostgreSQL database, and look at what they
-//! left.
+//! The test kit (crate `shared-testkit`, a dev-dependency): run jobs through the real harness
+//! against a real, migrated PostgreSQL database, and look at what they left. Consumer authors'
+//! tests, `shared`'s own and the e2e crate's all stand on it: one clock start, one seed, one set
+//! of settings, one way to build an envelope, a message or a batch, one way to look up a fence,
+//! a job's letters or its executions.
 //!
 //! ```ignore
 //! #[sqlx::test(migrator = "my_consumer::MIGRATOR_WITH_CORE")]
@@ -13,32 +15,45 @@
 //! ```
 //!
 //! A consumer in batch mode is tested the same way on [`TestKit::in_batch_mode`], handing the
-//! harness an SQS batch with [`TestKit::deliver_batch`].
+//! harness an SQS batch with [`TestKit::deliver_batch`]. Tests that drive the harness message by
+//! message build one with [`harness`] or [`harness_with`] and feed it [`message`]s of [`job`]s.
 //!
-//! Invariant: nothing here goes around the harness. A delivery is [`Harness::process`] on an
-//! [`IncomingMessage`] as the SQS path builds it; time is a [`ManualClock`], the backoff's RNG
-//! is seeded, so every run is the same.
+//! Invariant: nothing here goes around the harness. A delivery is [`Harness::process`] (or
+//! [`Harness::process_batch`]) on an [`IncomingMessage`] as the SQS path builds it; time is a
+//! [`ManualClock`] starting at [`t0`], the backoff's RNG is seeded with [`SEED`], so every run is
+//! the same.
 #![warn(missing_docs)]
 
-use chrono::{DateTime, TimeZone, Utc};
-use rand::SeedableRng;
-use rand::rngs::StdRng;
-use serde_json::{Value, json};
-use shared::clock::{Clock, ManualClock};
+pub mod commit_cutter;
+mod consumers;
+mod lookups;
+mod messages;
+pub mod reference;
+mod setup;
+
+pub use consumers::{Counting, Fault, OnTx};
+pub use lookups::{
+    charge_executions, executions, fence_committed, hold_fence, letters, record_letter,
+    table_counts,
+};
+pub use messages::{QUEUE, TENANT, TestLetter, batch, envelope, job, message, message_on};
+pub use setup::{
+    CONCURRENCY, FENCE_TTL, LOCK_TIMEOUT, SEED, SWEEP, harness, harness_in, harness_on,
+    harness_with, own_pool, run_batch, settings, t0,
+};
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use shared::clock::ManualClock;
 use shared::consumer::Consumer;
-use shared::dead_letter::{DeadLetter, letters_for_job};
-use shared::fence::fence_exists;
+use shared::dead_letter::DeadLetter;
 use shared::harness::{CommitMode, Harness, HarnessSettings, IncomingMessage, RecordOutcome};
 use shared::ids::{ConsumerName, JobId, TenantId};
 use shared::retry::RetryPolicy;
 use sqlx::PgPool;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Duration;
 use uuid::Uuid;
-
-/// The queue name the kit's messages come from.
-pub const QUEUE: &str = "testkit-jobs";
 
 /// `name` as a consumer name; panics if it is not a valid one.
 pub fn consumer_name(name: &str) -> ConsumerName {
@@ -66,44 +81,45 @@ pub struct TestJob {
 }
 
 impl<C: Consumer> TestKit<C> {
-    /// When the kit's clock starts: 2026-01-01T00:00:00Z.
+    /// When the kit's clock starts: [`t0`].
     pub fn start() -> DateTime<Utc> {
-        Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap()
+        t0()
     }
 
     /// `consumer` on `pool` with the platform's retry policy.
     pub fn new(pool: PgPool, consumer: C) -> Self {
-        Self::with_policy(pool, consumer, RetryPolicy::default())
+        Self::with_settings(pool, consumer, settings())
     }
 
     /// `consumer` on `pool` with `policy` (a queue's own, as its template sets it).
     pub fn with_policy(pool: PgPool, consumer: C, policy: RetryPolicy) -> Self {
-        Self::build(pool, consumer, policy, CommitMode::PerJob)
+        Self::with_settings(
+            pool,
+            consumer,
+            HarnessSettings {
+                policy,
+                ..settings()
+            },
+        )
     }
 
     /// `consumer` on `pool` in batch mode (`COMMIT_MODE=batch`): [`TestKit::deliver_batch`]
     /// runs a batch's new jobs through [`Consumer::handle_batch`] on one transaction.
     pub fn in_batch_mode(pool: PgPool, consumer: C) -> Self {
-        Self::build(pool, consumer, RetryPolicy::default(), CommitMode::Batch)
+        let commit = CommitMode::Batch;
+        Self::with_settings(
+            pool,
+            consumer,
+            HarnessSettings {
+                commit,
+                ..settings()
+            },
+        )
     }
 
-    fn build(pool: PgPool, consumer: C, policy: RetryPolicy, commit: CommitMode) -> Self {
-        let clock = Arc::new(ManualClock::new(Self::start()));
-        let settings = HarnessSettings {
-            policy,
-            fence_ttl: Duration::from_secs(7 * 86_400),
-            lock_timeout: Duration::from_secs(2),
-            contended_retry_after: Duration::from_secs(3),
-            commit,
-        };
-        let dyn_clock: Arc<dyn Clock> = clock.clone();
-        let harness = Harness::new(
-            consumer,
-            pool.clone(),
-            settings,
-            dyn_clock,
-            StdRng::seed_from_u64(7),
-        );
+    /// `consumer` on `pool` with `settings` (start from [`settings`]).
+    pub fn with_settings(pool: PgPool, consumer: C, settings: HarnessSettings) -> Self {
+        let (harness, clock) = harness_with(&pool, consumer, settings);
         Self {
             harness,
             clock,
@@ -111,13 +127,12 @@ impl<C: Consumer> TestKit<C> {
         }
     }
 
-    /// A new job carrying `payload` in a well-formed envelope.
+    /// A new job carrying `payload` in a well-formed envelope (of a tenant of its own).
     pub fn job(&self, payload: Value) -> TestJob {
         let job_id = JobId(Uuid::new_v4());
         let tenant_id = TenantId(Uuid::new_v4());
-        let body = json!({"job_id": job_id, "tenant_id": tenant_id,
-            "correlation_id": format!("testkit-{job_id}"), "payload": payload});
-        Self::job_with_body(job_id, tenant_id, body.to_string())
+        let body = envelope(job_id, tenant_id, &format!("testkit-{job_id}"), payload);
+        Self::job_with_body(job_id, tenant_id, body)
     }
 
     /// A message whose body is `body` as it is (for malformed messages).
@@ -143,60 +158,37 @@ impl<C: Consumer> TestKit<C> {
     /// The next delivery of the job's message: the first, then redeliveries (as after a
     /// retry's backoff or a lost acknowledgement).
     pub async fn deliver(&self, job: &TestJob) -> RecordOutcome {
-        let receive_count = job.deliveries.fetch_add(1, Ordering::SeqCst) + 1;
-        self.harness
-            .process(&self.message(&job.message_id, &job.body, receive_count))
-            .await
+        self.harness.process(&self.next_delivery(job)).await
     }
 
     /// The next delivery of each job's message, together as one SQS batch (up to 10), as the
     /// Lambda hands it over: the outcomes in the batch's order.
     pub async fn deliver_batch(&self, jobs: &[&TestJob]) -> Vec<RecordOutcome> {
-        let batch: Vec<IncomingMessage> = jobs
-            .iter()
-            .map(|job| {
-                let receive_count = job.deliveries.fetch_add(1, Ordering::SeqCst) + 1;
-                self.message(&job.message_id, &job.body, receive_count)
-            })
-            .collect();
-        self.harness
-            .process_batch(&batch, &|| true, batch.len().max(1))
-            .await
-            .into_iter()
-            .map(|outcome| outcome.expect("every record starts: no deadline in the kit"))
-            .collect()
+        let batch: Vec<IncomingMessage> = jobs.iter().map(|job| self.next_delivery(job)).collect();
+        run_batch(&self.harness, &batch).await
     }
 
     /// Another message carrying the same job (a duplicate send, or a replay).
     pub async fn deliver_copy(&self, job: &TestJob) -> RecordOutcome {
-        let message_id = Uuid::new_v4().to_string();
-        self.harness
-            .process(&self.message(&message_id, &job.body, 1))
-            .await
+        self.harness.process(&message(&job.body, 1)).await
     }
 
-    fn message(&self, message_id: &str, body: &str, receive_count: u32) -> IncomingMessage {
+    fn next_delivery(&self, job: &TestJob) -> IncomingMessage {
+        let receive_count = job.deliveries.fetch_add(1, Ordering::SeqCst) + 1;
         IncomingMessage {
-            message_id: message_id.to_owned(),
-            queue: QUEUE.into(),
-            body: body.to_owned(),
-            receive_count,
-            replay_of: None,
+            message_id: job.message_id.clone(),
+            ..message(&job.body, receive_count)
         }
     }
 
     /// Whether the job's fence has committed (its effect has).
     pub async fn is_processed(&self, job: &TestJob) -> bool {
-        fence_exists(&self.pool, job.job_id, self.harness.consumer().name())
-            .await
-            .expect("reading the fence")
+        fence_committed(&self.pool, job.job_id, self.harness.consumer().name()).await
     }
 
     /// The job's dead letters, oldest first.
     pub async fn letters(&self, job: &TestJob) -> Vec<DeadLetter> {
-        letters_for_job(&self.pool, job.job_id, self.harness.consumer().name())
-            .await
-            .expect("reading the letters")
+        letters(&self.pool, job.job_id, self.harness.consumer().name()).await
     }
 
     /// The harness under test (its metrics, its consumer).
@@ -213,28 +205,4 @@ impl<C: Consumer> TestKit<C> {
     pub fn pool(&self) -> &PgPool {
         &self.pool
     }
-}
-
-/// Sets `job_id`'s execution ledger for `consumer` as if `executions` had run, the last ending
-/// with `last_error` (`None`: without an outcome, as a crash leaves it). For testing what a
-/// consumer does on its last attempt, or past its budget, without running it that often.
-pub async fn charge_executions(
-    pool: &PgPool,
-    job_id: JobId,
-    consumer: &ConsumerName,
-    executions: u32,
-    last_error: Option<&str>,
-) {
-    sqlx::query(
-        "INSERT INTO core.job_executions (job_id, consumer, executions, last_error, updated_at)
-         VALUES ($1, $2, $3, $4, now())
-         ON CONFLICT (job_id, consumer) DO UPDATE SET executions = $3, last_error = $4",
-    )
-    .bind(job_id.0)
-    .bind(consumer.as_str())
-    .bind(i32::try_from(executions).expect("executions fit an i32"))
-    .bind(last_error)
-    .execute(pool)
-    .await
-    .expect("charging executions");
 }
