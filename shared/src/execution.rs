@@ -125,7 +125,7 @@ pub async fn start_execution(
         .bind(job_id.0)
         .bind(consumer.as_str())
         // As the letter keeps it (see `bounded_id`), so a long id finds its letter.
-        .bind(&*crate::dead_letter::bounded_id(message_id, "message"))
+        .bind(&*crate::ids::bounded_id(message_id, "message"))
         .bind(i32::try_from(max_attempts).unwrap_or(i32::MAX))
         .bind(now)
         .fetch_one(db)

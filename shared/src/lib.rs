@@ -40,13 +40,6 @@ pub mod sweeper;
 pub mod telemetry;
 pub(crate) mod unsent_replays;
 
-// shim: issue 23 merge (the failure groups and the review are `dead_letter`'s now)
-#[doc(hidden)]
-pub use dead_letter as groups;
-// shim: issue 23 merge
-#[doc(hidden)]
-pub use dead_letter as review;
-
 use sqlx::migrate::Migrator;
 use std::sync::LazyLock;
 

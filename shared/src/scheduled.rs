@@ -37,9 +37,6 @@ const REPLAY_GRACE: Duration = Duration::from_secs(60);
 pub(crate) const REPLAY_BUDGET: Duration = Duration::from_secs(60);
 /// The most the escalation step may take.
 pub(crate) const ESCALATION_BUDGET: Duration = Duration::from_secs(60);
-// shim: issue 23 merge (the default is read with the variable, in `config`)
-#[doc(hidden)]
-pub use crate::config::REPLAY_ALERT_AFTER;
 
 /// What the scheduled run works with.
 pub struct ScheduledRun {

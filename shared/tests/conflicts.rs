@@ -172,11 +172,11 @@ async fn hole8_a_commit_of_another_job_under_the_id_leaves_the_first_jobs_letter
         assert_eq!(letters.len(), 1);
         assert_eq!(
             letters[0].status,
-            shared::review::ReviewStatus::PendingReview,
+            shared::dead_letter::ReviewStatus::PendingReview,
             "{mode:?}: X's letter stays pending: X never ran"
         );
         assert!(
-            shared::review::fence_is_another_job(&pool, &letters[0])
+            shared::dead_letter::fence_is_another_job(&pool, &letters[0])
                 .await
                 .unwrap(),
             "{mode:?}: and a replay sees the id taken by another job"
@@ -193,7 +193,7 @@ async fn hole8_a_commit_of_another_job_under_the_id_leaves_the_first_jobs_letter
             .unwrap();
         assert_eq!(
             closed[0].status,
-            shared::review::ReviewStatus::Discarded,
+            shared::dead_letter::ReviewStatus::Discarded,
             "{mode:?}"
         );
     }

@@ -5,9 +5,9 @@
 //! commits with its letter left pending (a letter is a true record).
 
 use consumer::AwardPoints;
+use shared::dead_letter::ReviewStatus;
 use shared::harness::{CommitMode, RecordOutcome};
 use shared::ids::{DeadLetterId, JobId};
-use shared::review::ReviewStatus;
 use shared_testkit::reference::*;
 use shared_testkit::*;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -42,7 +42,7 @@ async fn hold(pool: &PgPool, letter: DeadLetterId) -> Transaction<'static, Postg
 }
 
 async fn status(pool: &PgPool, letter: DeadLetterId) -> ReviewStatus {
-    shared::review::letter(pool, letter)
+    shared::dead_letter::letter(pool, letter)
         .await
         .unwrap()
         .unwrap()

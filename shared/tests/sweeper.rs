@@ -252,7 +252,7 @@ async fn sweep_batches(pool: &PgPool) -> u64 {
 /// A letter of `job_id`, replayed by an operator at `t0()`, whose message no queue has taken
 /// yet (`replay_outcome = queued`).
 async fn queued_replay(pool: &PgPool, job_id: shared::ids::JobId) -> shared::ids::DeadLetterId {
-    use shared::review::{ReplayOutcome, Verdict, lock_letter};
+    use shared::dead_letter::{ReplayOutcome, Verdict, lock_letter};
     let body = serde_json::json!({"job_id": job_id, "payload": {}}).to_string();
     let letter = TestLetter::new(Some(job_id), &reference_name(), QUEUE, &body);
     let id = record_letter(pool, &letter, t0()).await;
@@ -306,7 +306,7 @@ async fn the_fence_of_a_job_whose_replay_is_queued_is_never_swept(pool: PgPool) 
         "a fence kept for a queued replay is not backlog"
     );
 
-    shared::review::record_replay_sent(&pool, letter, "m-1", t0())
+    shared::dead_letter::record_replay_sent(&pool, letter, "m-1", t0())
         .await
         .unwrap()
         .expect("was queued");

@@ -12,11 +12,11 @@ use serde_json::json;
 use shared::alerting::{Alerter, BetterStack, Route, Routes};
 use shared::clock::{Clock, ManualClock, SystemClock};
 use shared::dead_letter::ErrorKind;
-use shared::groups::{GroupFilter, GroupStatus, list_groups};
+use shared::dead_letter::{GroupFilter, GroupStatus, list_groups};
+use shared::dead_letter::{Verdict, lock_letter};
 use shared::harness::{Harness, IncomingMessage, RecordOutcome};
 use shared::ids::{DeadLetterId, JobId, TenantId};
 use shared::metrics::Metric;
-use shared::review::{Verdict, lock_letter};
 use shared_testkit::{TestLetter, record_letter};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -84,7 +84,7 @@ async fn discard(pool: &PgPool, id: DeadLetterId, at: DateTime<Utc>) {
     locked.commit().await.unwrap();
 }
 
-async fn groups(pool: &PgPool) -> Vec<shared::groups::Group> {
+async fn groups(pool: &PgPool) -> Vec<shared::dead_letter::Group> {
     let all = GroupFilter::default();
     let mut groups = list_groups(pool, &all, None, 100).await.unwrap();
     groups.sort_by_key(|g| g.id);

@@ -315,7 +315,7 @@ async fn hole7_a_replay_is_recorded_before_it_is_sent_and_a_refused_send_is_sent
         page_budget: Duration::from_secs(1),
         replayer: Some(Replayer::new(apis.sqs.clone())),
         heartbeat: None,
-        replay_alert_after: shared::scheduled::REPLAY_ALERT_AFTER,
+        replay_alert_after: shared::config::REPLAY_ALERT_AFTER,
     };
     let report = scheduled.run(None).await;
     assert_eq!(
@@ -323,10 +323,13 @@ async fn hole7_a_replay_is_recorded_before_it_is_sent_and_a_refused_send_is_sent
         Ok(shared::scheduled::ReplaySends { sent: 1, failed: 0 })
     );
     assert_eq!(depth(&apis.sqs, &late).await, 1);
-    let letter = shared::review::letter(&pool, id).await.unwrap().unwrap();
+    let letter = shared::dead_letter::letter(&pool, id)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(
         letter.replay_outcome,
-        Some(shared::review::ReplayOutcome::Sent)
+        Some(shared::dead_letter::ReplayOutcome::Sent)
     );
     assert!(letter.replay_message_id.is_some());
     let again = scheduled.run(None).await;
@@ -476,7 +479,7 @@ async fn any_letter_is_found_by_job_correlation_tenant_or_message(pool: PgPool) 
     for _ in 0..5 {
         seed_letter(&pool, &apis.queue.name, ErrorKind::Exhausted).await;
     }
-    let letter = shared::review::letter(&pool, target)
+    let letter = shared::dead_letter::letter(&pool, target)
         .await
         .unwrap()
         .unwrap();

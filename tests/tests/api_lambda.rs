@@ -39,7 +39,7 @@ async fn route_request(
     scopes: Option<&[Scope]>,
 ) -> ApiRequest {
     let id = if template.starts_with("/v1/core/dead-letter-groups") {
-        shared::groups::group_of_letter(pool, shared::ids::DeadLetterId(id))
+        shared::dead_letter::group_of_letter(pool, shared::ids::DeadLetterId(id))
             .await
             .unwrap()
             .expect("every letter has its group")

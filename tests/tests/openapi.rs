@@ -7,7 +7,7 @@ use dead_letter_api::api::list_query::{
 use dead_letter_api::api::{MAX_REASON_CHARS, ROUTES, Scope};
 use serde_json::Value;
 use shared::dead_letter::{DeadLetter, ErrorKind, LetterHead};
-use shared::review::{LetterSummary, ReviewStatus};
+use shared::dead_letter::{LetterSummary, ReviewStatus};
 use std::collections::BTreeSet;
 
 fn document() -> Value {
@@ -95,7 +95,7 @@ fn parameters_bounds_and_enums_match_the_validation() {
         .map(|p| resolve(&doc, p)["name"].as_str().unwrap())
         .collect();
     assert_eq!(names, GROUP_PARAMETERS);
-    let group_statuses: Vec<_> = shared::groups::GroupStatus::ALL
+    let group_statuses: Vec<_> = shared::dead_letter::GroupStatus::ALL
         .iter()
         .map(|s| s.as_str().to_owned())
         .chain(["all".to_owned()])
@@ -154,7 +154,7 @@ fn the_letter_schemas_have_exactly_the_fields_the_api_sends() {
         last_error: "e".into(),
         correlation_id: None,
         replay_of: None,
-        status: shared::review::ReviewStatus::PendingReview,
+        status: shared::dead_letter::ReviewStatus::PendingReview,
         discard_reason: None,
         reviewed_by: None,
         reviewed_at: None,
@@ -184,7 +184,7 @@ fn the_letter_schemas_have_exactly_the_fields_the_api_sends() {
 
 #[test]
 fn the_group_schema_has_exactly_the_fields_the_api_sends() {
-    use shared::groups::{Group, GroupStatus, Incident};
+    use shared::dead_letter::{Group, GroupStatus, Incident};
     let doc = document();
     let schema = &doc["components"]["schemas"]["Group"];
     let now = chrono::Utc::now();

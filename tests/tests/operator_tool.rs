@@ -10,7 +10,7 @@ use e2e::demo::partner_ledger;
 use e2e::gateway::{DevToken, Gateway};
 use e2e::stack::Stack;
 use serde_json::{Value, json};
-use shared::groups::{GroupFilter, list_groups};
+use shared::dead_letter::{GroupFilter, list_groups};
 use shared::ids::{GroupId, JobId, TenantId};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -307,13 +307,13 @@ async fn a_dry_run_changes_nothing_and_a_bulk_replay_applies_each_job_of_the_gro
         .filter(|l| l.3.as_deref() == Some("already_processed"))
         .count();
     assert_eq!(outcomes, 1);
-    let group_now = shared::groups::group(&s.pool, group)
+    let group_now = shared::dead_letter::group(&s.pool, group)
         .await
         .unwrap()
         .unwrap();
     assert_eq!(
         (group_now.status, group_now.pending_count),
-        (shared::groups::GroupStatus::Resolved, 0)
+        (shared::dead_letter::GroupStatus::Resolved, 0)
     );
     assert_eq!(
         run(
@@ -381,7 +381,7 @@ async fn an_interrupted_bulk_replay_resumed_finishes_the_rest_without_touching_t
         .to_owned();
 
     // A letter of the same failure written after the pin: the resumed run must leave it alone.
-    let sample = shared::groups::group(&s.pool, group)
+    let sample = shared::dead_letter::group(&s.pool, group)
         .await
         .unwrap()
         .unwrap()
@@ -402,7 +402,7 @@ async fn an_interrupted_bulk_replay_resumed_finishes_the_rest_without_touching_t
     };
     let late = shared_testkit::record_letter(&s.pool, &letter, chrono::Utc::now()).await;
     assert_eq!(
-        shared::groups::group_of_letter(&s.pool, late)
+        shared::dead_letter::group_of_letter(&s.pool, late)
             .await
             .unwrap()
             .unwrap()

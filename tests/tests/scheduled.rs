@@ -10,9 +10,9 @@ use serde_json::json;
 use shared::alerting::{Alerter, BetterStack, Routes};
 use shared::clock::{Clock, ManualClock};
 use shared::dead_letter::ErrorKind;
+use shared::dead_letter::{Verdict, lock_letter};
 use shared::ids::{DeadLetterId, JobId};
 use shared::replay::Replayer;
-use shared::review::{Verdict, lock_letter};
 use shared::scheduled::{Heartbeat, ScheduledRun};
 use shared_testkit::{TestLetter, record_letter, t0};
 use sqlx::PgPool;
@@ -123,9 +123,9 @@ async fn escalation_pages_once_per_step_per_group_past_the_threshold(pool: PgPoo
 
     let first = run.run(None).await;
     assert_eq!(first.escalation.clone().unwrap().pages, 1, "{first:?}");
-    let group_a = shared::groups::list_groups(
+    let group_a = shared::dead_letter::list_groups(
         &pool,
-        &shared::groups::GroupFilter {
+        &shared::dead_letter::GroupFilter {
             queue: Some("jobs-a".into()),
             ..Default::default()
         },

@@ -54,6 +54,3 @@ pub use crate::ids::MAX_ID_BYTES;
 /// The message attribute a replay sets to the id of the dead letter it republishes; a letter
 /// written for such a message links back to it (`replay_of`).
 pub(crate) const REPLAY_OF_ATTRIBUTE: &str = "replay_of";
-
-// shim: issue 23 merge (harness/mod.rs and execution.rs name them here)
-pub(crate) use crate::ids::{bounded_correlation_id, bounded_id};

@@ -91,7 +91,7 @@ fn record_ids(ids: &PartialIds) {
     }
     if let Some(correlation_id) = &ids.correlation_id {
         // Bounded as the letter keeps it: every log line of the job carries it.
-        let bounded = crate::dead_letter::bounded_correlation_id(correlation_id);
+        let bounded = crate::ids::bounded_correlation_id(correlation_id);
         span.record("correlation_id", &*bounded);
     }
 }
