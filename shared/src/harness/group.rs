@@ -19,8 +19,17 @@ use crate::consumer::{Consumer, Job};
 use crate::metrics::Metric;
 
 /// How a consumer commits its new jobs, as `COMMIT_MODE` spells it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[derive(strum::IntoStaticStr, strum::EnumString, strum::VariantArray)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    strum::IntoStaticStr,
+    strum::EnumString,
+    strum::VariantArray,
+)]
 #[strum(serialize_all = "kebab-case")]
 pub enum CommitMode {
     /// One transaction per job (the default).

@@ -10,6 +10,15 @@ use crate::dead_letter::{
 use crate::envelope::{JobDigest, PartialIds};
 use crate::fence::FenceError;
 
+/// Whether a letter is settled through the fence before it is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Settle {
+    /// Only if the job did not commit (every letter but a conflict).
+    ThroughTheFence,
+    /// As it is (a conflict: the fence stands for another job).
+    Not,
+}
+
 impl<C: Consumer> Harness<C> {
     /// A copy of a processed job whose payload differs: another job under its id. Its letter
     /// is written without settling (the fence says the id committed, for the other job).
@@ -21,11 +30,14 @@ impl<C: Consumer> Harness<C> {
     ) -> RecordOutcome {
         let error = CONFLICT_ERROR.to_owned();
         let kind = ErrorKind::Conflict;
-        self.write_letter(msg, ids, Some(digest), 1, kind, error, false)
+        self.dead_letter(msg, ids, Some(digest), 1, kind, error, Settle::Not)
             .await
     }
 
-    /// The job's letter, once the fence has settled that it did not commit.
+    /// The job's letter, once the fence has settled that it did not commit (or, for a
+    /// [`conflict`](Self::conflict), without settling: the fence says the id committed, for
+    /// another job), then paged.
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn dead_letter(
         &self,
         msg: &IncomingMessage,
@@ -34,22 +46,7 @@ impl<C: Consumer> Harness<C> {
         attempt: u32,
         kind: ErrorKind,
         error: String,
-    ) -> RecordOutcome {
-        self.write_letter(msg, ids, digest, attempt, kind, error, true)
-            .await
-    }
-
-    /// Writes the letter (settled through the fence first, when `settle`), then pages.
-    #[allow(clippy::too_many_arguments)]
-    async fn write_letter(
-        &self,
-        msg: &IncomingMessage,
-        ids: &PartialIds,
-        digest: Option<&JobDigest>,
-        attempt: u32,
-        kind: ErrorKind,
-        error: String,
-        settle: bool,
+        settle: Settle,
     ) -> RecordOutcome {
         let letter = NewDeadLetter {
             job_id: ids.job_id,
@@ -80,15 +77,15 @@ impl<C: Consumer> Harness<C> {
         }
     }
 
-    /// Records `letter`, settled through the fence first when `settle`.
+    /// Records `letter`, settled through the fence first unless told not to.
     async fn record(
         &self,
         letter: &NewDeadLetter<'_>,
         digest: Option<&JobDigest>,
-        settle: bool,
+        settle: Settle,
     ) -> Result<Settled, FenceError> {
         let (now, wait) = (self.clock.now(), self.settings.lock_timeout);
-        if settle {
+        if settle == Settle::ThroughTheFence {
             record_unless_processed(&self.pool, letter, digest, now, wait).await
         } else {
             record_without_settling(&self.pool, letter, digest, now)

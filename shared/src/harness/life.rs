@@ -3,6 +3,7 @@
 //! outcome; [`Harness::live`] reads as the story.
 
 use super::attempt::{Committed, Jobs, Unfinished};
+use super::letter::Settle;
 use super::{Harness, IncomingMessage, RecordOutcome, record_ids};
 use crate::consumer::{Consumer, Job, ProcessError};
 use crate::dead_letter::{ErrorKind, Recorded};
@@ -96,7 +97,15 @@ impl<C: Consumer> Harness<C> {
                 record_ids(&ids);
                 // Poison is never attempted, so its letter says 1 attempt even when crashes of
                 // its batch delivered it more than once.
-                let letter = self.dead_letter(msg, &ids, None, 1, ErrorKind::Poison, reason);
+                let letter = self.dead_letter(
+                    msg,
+                    &ids,
+                    None,
+                    1,
+                    ErrorKind::Poison,
+                    reason,
+                    Settle::ThroughTheFence,
+                );
                 Err(Stop(letter.await))
             }
         }
@@ -149,8 +158,16 @@ impl<C: Consumer> Harness<C> {
         let context = format!("delivered {} times", msg.receive_count);
         let (kind, error) = ledger.verdict(self.settings.policy.max_attempts(), &context);
         let (ids, executions) = (envelope.ids(), ledger.executions);
-        self.dead_letter(msg, &ids, Some(digest), executions, kind, error)
-            .await
+        self.dead_letter(
+            msg,
+            &ids,
+            Some(digest),
+            executions,
+            kind,
+            error,
+            Settle::ThroughTheFence,
+        )
+        .await
     }
 
     /// The job one execution runs, its number in the span.
@@ -286,8 +303,16 @@ impl<C: Consumer> Harness<C> {
             },
             AfterFailure::DeadLetter(kind) => {
                 let (ids, digest) = (job.envelope.ids(), Some(&job.digest));
-                self.dead_letter(msg, &ids, digest, attempt, kind, error)
-                    .await
+                self.dead_letter(
+                    msg,
+                    &ids,
+                    digest,
+                    attempt,
+                    kind,
+                    error,
+                    Settle::ThroughTheFence,
+                )
+                .await
             }
         }
     }
