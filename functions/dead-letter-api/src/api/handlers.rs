@@ -77,17 +77,26 @@ fn bounded(body: &[u8]) -> Result<&[u8], ApiError> {
 
 async fn list(api: &Api, route: &Route, request: &ApiRequest) -> Result<ApiResponse, ApiError> {
     let query = parse_list_query(&request.query)?;
-    let mut items =
-        dead_letter::list_letters(&api.pool, &query.filter, query.after, query.limit + 1)
-            .await
-            .map_err(|e| ApiError::database(route.path, &e))?;
-    let next_cursor = if items.len() > query.limit as usize {
-        items.truncate(query.limit as usize);
-        items.last().map(|last| encode_cursor(last.position()))
+    let items = dead_letter::list_letters(&api.pool, &query.filter, query.after, query.limit + 1)
+        .await
+        .map_err(|e| ApiError::database(route.path, &e))?;
+    page(items, query.limit, |last| encode_cursor(last.position()))
+}
+
+/// One page of a list fetched with one row beyond `limit`: the rows, and the cursor after the
+/// last of them when that extra row says there are more.
+fn page<T: serde::Serialize>(
+    mut items: Vec<T>,
+    limit: u32,
+    cursor: impl Fn(&T) -> String,
+) -> Result<ApiResponse, ApiError> {
+    let next_cursor = if items.len() > limit as usize {
+        items.truncate(limit as usize);
+        items.last().map(cursor)
     } else {
         None
     };
-    ok(json!({"items": items, "next_cursor": next_cursor, "limit": query.limit}))
+    ok(json!({"items": items, "next_cursor": next_cursor, "limit": limit}))
 }
 
 async fn list_groups(
@@ -96,19 +105,12 @@ async fn list_groups(
     request: &ApiRequest,
 ) -> Result<ApiResponse, ApiError> {
     let query = parse_group_query(&request.query)?;
-    let mut items =
-        dead_letter::list_groups(&api.pool, &query.filter, query.after, query.limit + 1)
-            .await
-            .map_err(|e| ApiError::database(route.path, &e))?;
-    let next_cursor = if items.len() > query.limit as usize {
-        items.truncate(query.limit as usize);
-        items
-            .last()
-            .map(|last| encode_group_cursor(last.position()))
-    } else {
-        None
-    };
-    ok(json!({"items": items, "next_cursor": next_cursor, "limit": query.limit}))
+    let items = dead_letter::list_groups(&api.pool, &query.filter, query.after, query.limit + 1)
+        .await
+        .map_err(|e| ApiError::database(route.path, &e))?;
+    page(items, query.limit, |last| {
+        encode_group_cursor(last.position())
+    })
 }
 
 async fn get_group(api: &Api, route: &Route, id: GroupId) -> Result<ApiResponse, ApiError> {
