@@ -28,6 +28,7 @@ pub mod execution;
 pub mod fence;
 pub mod harness;
 pub mod ids;
+pub(crate) mod literal;
 pub mod metrics;
 pub mod replay;
 pub mod replay_sends;

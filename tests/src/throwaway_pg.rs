@@ -61,18 +61,85 @@ impl ThrowawayCluster {
             }
         }
         run(&mut initdb);
+        cluster.start_server();
+        cluster
+    }
+
+    fn start_server(&self) {
         let options = format!(
-            "-p {port} -c listen_addresses=127.0.0.1 -k {} -c max_connections=200",
-            cluster.dir.display()
+            "-p {} -c listen_addresses=127.0.0.1 -k {} -c max_connections=200",
+            self.port,
+            self.dir.display()
         );
-        run(cluster
+        run(self
             .server_command("pg_ctl")
             .arg("-D")
-            .arg(&data)
+            .arg(self.data_dir())
             .args(["-w", "-l"])
-            .arg(cluster.dir.join("server.log"))
+            .arg(self.dir.join("server.log"))
             .args(["-o", &options, "start"]));
-        cluster
+    }
+
+    /// A streaming standby of this cluster on a port of its own, named `name`, which receives
+    /// the WAL through `upstream` (a port on 127.0.0.1 that forwards to this cluster's: a
+    /// latency proxy, so that a synchronous commit waits for the way there and back).
+    pub fn standby(&self, upstream: u16, name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("pg-standby-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).expect("standby directory");
+        if is_root() {
+            run(Command::new("chown").arg("postgres:postgres").arg(&dir));
+        }
+        let standby = Self {
+            bindir: self.bindir.clone(),
+            dir,
+            port: free_port(),
+        };
+        let conninfo =
+            format!("host=127.0.0.1 port={upstream} user=postgres application_name={name}");
+        run(standby
+            .server_command("pg_basebackup")
+            .args(["-d", &conninfo, "-X", "stream", "-R", "-c", "fast", "-D"])
+            .arg(standby.data_dir()));
+        standby.start_server();
+        standby
+    }
+
+    /// Makes every commit wait until the standby `name` has flushed it
+    /// (`synchronous_standby_names`, `synchronous_commit = on`), once the standby streams.
+    pub fn require_synchronous(&self, name: &str) {
+        self.psql(&format!(
+            "ALTER SYSTEM SET synchronous_standby_names = '{name}'; SELECT pg_reload_conf()"
+        ));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while self.psql("SELECT sync_state FROM pg_stat_replication") != "sync" {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the standby {name} did not become synchronous"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+
+    /// Runs `sql` with psql; its output, unaligned and trimmed.
+    pub fn psql(&self, sql: &str) -> String {
+        let output = Command::new("psql")
+            .args([
+                &self.url(),
+                "-X",
+                "-Atq",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-c",
+                sql,
+            ])
+            .output()
+            .expect("psql runs");
+        assert!(
+            output.status.success(),
+            "psql -c {sql}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).trim().to_owned()
     }
 
     /// `postgres://postgres@127.0.0.1:<port>/postgres`.

@@ -1,14 +1,15 @@
-//! The one transaction routine, for one job and for a commit group alike: `BEGIN`, the fences
-//! first, the work, the check that the transaction is still whole (`core.finish_job_of`, or
-//! `core.finish_jobs_of` for a group), `COMMIT`. Whatever stops it rolls it back, and the
-//! `ROLLBACK` has been answered before the routine returns; a `COMMIT` that errors is reported as
-//! such, for the caller to settle through the fence, never guessed.
+//! The one transaction routine, for one job and for a commit group alike: the fences first (the
+//! statement that claims them opens the transaction), the work, the check that the transaction
+//! is still whole (`core.close_job`, or `core.finish_jobs_of` for a group) and `COMMIT` in one
+//! round trip. Whatever stops it rolls it back, and the `ROLLBACK` has been answered before the
+//! routine returns; a `COMMIT` that errors is reported as such, for the caller to settle
+//! through the fence, never guessed.
 
 use super::Harness;
+use super::lanes::Lane;
 use crate::consumer::{Consumer, Job, ProcessError};
 use crate::fence::{
-    FenceClaim, FenceError, claim_job_fence, claim_job_fences, finish_job, finish_jobs,
-    is_lock_timeout,
+    self, CheckFailed, FenceClaim, FenceError, close_job, close_jobs, open_job, open_jobs,
 };
 use crate::ids::JobId;
 use futures_util::FutureExt;
@@ -47,79 +48,126 @@ pub(super) enum Unfinished {
 }
 
 impl<C: Consumer> Harness<C> {
-    /// Runs `jobs` in one transaction. Anything but a `COMMIT` that errors rolls it back, and
-    /// the `ROLLBACK` has been answered before this returns: what follows (a letter settled
-    /// through the fence, a group's one-by-one fallback) must not meet the transaction's own
-    /// uncommitted fences (a dropped transaction would send its `ROLLBACK` only later, from the
-    /// pool, and they would be found held).
+    /// Runs `jobs` in one transaction, on a lane ([`super::lanes`]), in as few round trips as
+    /// the guarantee allows: the claim and `BEGIN` in one, the work, the check and `COMMIT` in
+    /// one (`core.open_job`, `core.close_job`). Anything but a `COMMIT` that errors rolls it
+    /// back, and the `ROLLBACK` has been answered before this returns (or the connection is
+    /// closed, which ends its transaction): what follows (a letter settled through the fence, a
+    /// group's one-by-one fallback) must not meet the transaction's own uncommitted fences.
     pub(super) async fn transact(
         &self,
         mut jobs: Jobs<'_, C::Payload>,
     ) -> Result<Committed, Unfinished> {
-        let mut tx = self
-            .pool
-            .begin()
+        let mut lane = self
+            .lanes
+            .take(&self.pool)
             .await
             .map_err(|e| Unfinished::Failed(e.into()))?;
-        let worked = self.claim_and_work(&mut jobs, &mut tx).await;
-        let group = match jobs {
-            Jobs::One(..) => false,
-            Jobs::Group(group) => {
-                group.sort_by_key(|job| job.envelope.job_id);
-                true
-            }
-        };
-        match worked {
-            Ok(claimed) => match tx.commit().await {
-                Ok(()) => Ok(Committed(claimed)),
-                Err(e) => Err(Unfinished::CommitUnknown(e)),
-            },
-            Err(unfinished) => {
-                if let Err(e) = tx.rollback().await
-                    && group
-                {
-                    // The connection is broken, and the server ends its transaction with it.
-                    tracing::warn!(error = %e, "the batch's ROLLBACK failed");
-                }
-                Err(unfinished)
-            }
+        let ended = self.claim_and_work(&mut jobs, &mut lane).await;
+        if let Jobs::Group(group) = jobs {
+            group.sort_by_key(|job| job.envelope.job_id);
         }
+        ended
     }
 
-    /// The transaction up to its `COMMIT`: the fences, then (if any is this transaction's) the
-    /// work and the check that the transaction is whole. Returns the jobs whose fences it holds.
+    /// The transaction: the fences (opening it), then (if any is this transaction's) the work,
+    /// the check that the transaction is whole, and `COMMIT`. Returns the jobs whose fences it
+    /// committed.
     async fn claim_and_work(
         &self,
         jobs: &mut Jobs<'_, C::Payload>,
-        tx: &mut PgConnection,
-    ) -> Result<HashSet<JobId>, Unfinished> {
-        let claimed = match jobs {
-            Jobs::One(job, _) => self.claim_one(job, tx).await?,
-            Jobs::Group(group) => self.claim_group(group, tx).await?,
-        };
+        lane: &mut Lane<'_>,
+    ) -> Result<Committed, Unfinished> {
+        let claimed = self.open(jobs, lane).await?;
         if claimed.is_empty() {
-            return Ok(claimed);
+            // A group whose every fence appeared since its lookup: nothing to run.
+            return match lane.rollback().await {
+                Ok(()) => Ok(Committed(claimed)),
+                Err(e) => Err(Unfinished::Failed(e.into())),
+            };
         }
         let worked = match jobs {
-            Jobs::One(job, message_id) => self.work_one(job, message_id, tx).await,
+            Jobs::One(job, _) => self.work_one(job, lane.conn()).await,
             Jobs::Group(group) => {
                 // The jobs it claimed first, still in job id order; `transact` restores the order.
                 group.sort_by_key(|job| !claimed.contains(&job.envelope.job_id));
-                self.work_group(&group[..claimed.len()], tx).await
+                self.work_group(&group[..claimed.len()], lane.conn()).await
             }
         };
-        worked.map(|()| claimed).map_err(Unfinished::Failed)
+        let closed = match worked {
+            Ok(()) => self.close(jobs, claimed.len(), lane.conn()).await,
+            Err(failure) => Err(CloseError::Check(failure)),
+        };
+        match closed {
+            Ok(()) => {
+                lane.ended();
+                Ok(Committed(claimed))
+            }
+            Err(CloseError::Check(failure)) => {
+                if let Err(e) = lane.rollback().await
+                    && matches!(jobs, Jobs::Group(_))
+                {
+                    // The connection is broken (it is closed), and the server ends its
+                    // transaction with it.
+                    tracing::warn!(error = %e, "the batch's ROLLBACK failed");
+                }
+                Err(Unfinished::Failed(failure))
+            }
+            // The lane is closed: its state is not known.
+            Err(CloseError::Commit(e)) => Err(Unfinished::CommitUnknown(e)),
+        }
+    }
+
+    /// The claim that opens the transaction. A lane that died while idle is renewed once: the
+    /// claim never reached a `COMMIT`, so nothing it sent can have committed.
+    async fn open(
+        &self,
+        jobs: &Jobs<'_, C::Payload>,
+        lane: &mut Lane<'_>,
+    ) -> Result<HashSet<JobId>, Unfinished> {
+        lane.entered();
+        let mut claimed = self.claim(jobs, lane.conn()).await;
+        if let Err(Unfinished::Claim(FenceError::Database(e))) = &claimed
+            && lane.reused
+            && e.as_database_error().is_none()
+        {
+            tracing::info!(error = %e, "a kept connection had died; claiming on a new one");
+            lane.renew(&self.pool)
+                .await
+                .map_err(|e| Unfinished::Failed(e.into()))?;
+            lane.entered();
+            claimed = self.claim(jobs, lane.conn()).await;
+        }
+        match &claimed {
+            Ok(_) => {}
+            // The claim failed before `BEGIN`: no transaction is open.
+            Err(Unfinished::Claim(FenceError::Database(e))) if e.as_database_error().is_none() => {}
+            Err(_) => lane.ended(),
+        }
+        claimed
+    }
+
+    /// The fences, claimed by the statement that opens the transaction.
+    async fn claim(
+        &self,
+        jobs: &Jobs<'_, C::Payload>,
+        conn: &mut PgConnection,
+    ) -> Result<HashSet<JobId>, Unfinished> {
+        match jobs {
+            Jobs::One(job, _) => self.claim_one(job, conn).await,
+            Jobs::Group(group) => self.claim_group(group, conn).await,
+        }
     }
 
     /// One job's fence, claimed, or found committed (for this job or another under its id).
     async fn claim_one(
         &self,
         job: &Job<C::Payload>,
-        tx: &mut PgConnection,
+        conn: &mut PgConnection,
     ) -> Result<HashSet<JobId>, Unfinished> {
         let envelope = &job.envelope;
-        let claim = claim_job_fence(
-            tx,
+        let claim = open_job(
+            conn,
             envelope.job_id,
             self.consumer.name(),
             envelope.tenant_id,
@@ -140,14 +188,14 @@ impl<C: Consumer> Harness<C> {
     async fn claim_group(
         &self,
         group: &[Job<C::Payload>],
-        tx: &mut PgConnection,
+        conn: &mut PgConnection,
     ) -> Result<HashSet<JobId>, Unfinished> {
         let fences: Vec<_> = group
             .iter()
             .map(|j| (j.envelope.job_id, j.envelope.tenant_id, Some(j.digest)))
             .collect();
-        claim_job_fences(
-            tx,
+        open_jobs(
+            conn,
             self.consumer.name(),
             &fences,
             group[0].started_at,
@@ -158,69 +206,95 @@ impl<C: Consumer> Harness<C> {
         .map_err(Unfinished::Claim)
     }
 
-    /// [`Consumer::handle`], then the check that the transaction is still whole and the fence
-    /// its own.
+    /// [`Consumer::handle`].
     async fn work_one(
         &self,
         job: &Job<C::Payload>,
-        message_id: &str,
-        tx: &mut PgConnection,
+        conn: &mut PgConnection,
     ) -> Result<(), ProcessError> {
-        caught(self.consumer.handle(job, tx), |what| {
+        caught(self.consumer.handle(job, conn), |what| {
             ProcessError::transient(format!("handler panicked: {what}"))
         })
-        .await?;
-        let envelope = &job.envelope;
-        let consumer = self.consumer.name();
-        let digest = Some(&job.digest);
-        match finish_job(
-            tx,
-            envelope.job_id,
-            consumer,
-            message_id,
-            digest,
-            job.started_at,
-        )
         .await
-        {
-            Ok(true) => Ok(()),
-            Ok(false) => Err(ProcessError::transient(
-                "the handler returned Ok but ended the harness's transaction itself \
-                 (COMMIT or ROLLBACK inside handle): the job's fence is not its own",
-            )),
-            Err(e) if is_lock_timeout(&e) => Err(ProcessError::transient(format!(
-                "closing the letter still pending for this job waited past its lock \
-                 timeout: another session holds the letter's row (a review, an open \
-                 transaction) ({e})"
-            ))),
-            Err(e) => Err(ProcessError::transient(format!(
-                "the handler returned Ok from a transaction that cannot commit: an SQL \
-                 error inside handle was not returned ({e})"
-            ))),
-        }
     }
 
-    /// [`Consumer::handle_batch`] for the group's claimed jobs, then one check that the
-    /// transaction is whole and every fence its own.
+    /// [`Consumer::handle_batch`] for the group's claimed jobs.
     async fn work_group(
         &self,
         claimed: &[Job<C::Payload>],
-        tx: &mut PgConnection,
+        conn: &mut PgConnection,
     ) -> Result<(), ProcessError> {
-        caught(self.consumer.handle_batch(claimed, tx), |_| {
+        caught(self.consumer.handle_batch(claimed, conn), |_| {
             ProcessError::transient("the batch's work panicked")
         })
-        .await?;
-        let finished: Vec<_> = claimed
-            .iter()
-            .map(|j| (j.envelope.job_id, Some(j.digest)))
-            .collect();
-        finish_jobs(tx, self.consumer.name(), &finished, claimed[0].started_at)
-            .await
-            .map_err(|e| {
-                ProcessError::transient(format!("the batch's transaction is not whole: {e}"))
-            })
+        .await
     }
+
+    /// The check that the transaction is still whole and every fence its own, and `COMMIT`,
+    /// in one round trip. A check that refuses is the transient failure it describes.
+    async fn close(
+        &self,
+        jobs: &Jobs<'_, C::Payload>,
+        claimed: usize,
+        conn: &mut PgConnection,
+    ) -> Result<(), CloseError<ProcessError>> {
+        let consumer = self.consumer.name();
+        let closed = match jobs {
+            Jobs::One(job, message_id) => {
+                let envelope = &job.envelope;
+                let digest = Some(&job.digest);
+                close_job(
+                    conn,
+                    envelope.job_id,
+                    consumer,
+                    message_id,
+                    digest,
+                    job.started_at,
+                )
+                .await
+            }
+            Jobs::Group(group) => {
+                // The claimed jobs lead the group (see `claim_and_work`): the ones it worked.
+                let finished: Vec<_> = group[..claimed]
+                    .iter()
+                    .map(|j| (j.envelope.job_id, Some(j.digest)))
+                    .collect();
+                close_jobs(conn, consumer, &finished, group[0].started_at).await
+            }
+        };
+        closed.map_err(|e| match e {
+            fence::CloseError::Commit(e) => CloseError::Commit(e),
+            fence::CloseError::Check(refused) => {
+                CloseError::Check(refusal(refused, matches!(jobs, Jobs::Group(_))))
+            }
+        })
+    }
+}
+
+/// How a transaction's close failed: its check (with what to report), or its `COMMIT`.
+enum CloseError<F> {
+    Check(F),
+    Commit(sqlx::Error),
+}
+
+/// The transient failure a refused check before `COMMIT` is.
+fn refusal(refused: CheckFailed, group: bool) -> ProcessError {
+    if group {
+        return ProcessError::transient(format!("the batch's transaction is not whole: {refused}"));
+    }
+    ProcessError::transient(match refused {
+        CheckFailed::NotOwn(_) => "the handler returned Ok but ended the harness's transaction \
+             itself (COMMIT or ROLLBACK inside handle): the job's fence is not its own"
+            .to_string(),
+        CheckFailed::LetterLocked(e) => format!(
+            "closing the letter still pending for this job waited past its lock timeout: \
+             another session holds the letter's row (a review, an open transaction) ({e})"
+        ),
+        CheckFailed::Aborted(e) => format!(
+            "the handler returned Ok from a transaction that cannot commit: an SQL error \
+             inside handle was not returned ({e})"
+        ),
+    })
 }
 
 /// The consumer's `work`, a panic in it becoming the failure `panicked` makes of its message.

@@ -1,8 +1,8 @@
 //! The processing of one message: the life of a job as DESIGN.md describes it.
 //!
 //! Invariants:
-//! - fence and work share one transaction, the fence inserted first, and `COMMIT` is sent only
-//!   after the transaction has proved itself whole ([`crate::fence::finish_job`]);
+//! - fence and work share one transaction, the fence inserted first, and `COMMIT` is run only
+//!   after the transaction has proved itself whole ([`crate::fence::close_job`]);
 //! - nothing is acked unless it committed, was a duplicate, or has its dead letter committed;
 //! - a letter is written only after the fence settles that the job did not commit;
 //! - attempts are executions, counted in [`crate::execution`]'s ledger, not SQS receives;
@@ -29,6 +29,7 @@ use tracing::Instrument;
 mod attempt;
 mod batch;
 mod group;
+mod lanes;
 mod letter;
 mod life;
 mod outcome;
@@ -78,6 +79,7 @@ pub struct Harness<C> {
     rng: Mutex<StdRng>,
     metrics: Arc<Metrics>,
     alerter: Option<Alerter>,
+    lanes: lanes::Lanes,
 }
 
 /// Fills the job's span with the identifiers the message carries.
@@ -107,6 +109,7 @@ impl<C: Consumer> Harness<C> {
     ) -> Self {
         Self {
             consumer,
+            lanes: lanes::Lanes::new(&pool),
             pool,
             settings,
             clock,
