@@ -10,7 +10,10 @@
 //!   counts: a query, an extended-protocol `Sync`, a connection pool's ping alike.
 //!
 //! Threads, not tasks: a delay of a quarter of a millisecond needs a sleep finer than the
-//! async runtime's timer, and it must not share the benchmark's runtime.
+//! async runtime's timer, and it must not share the benchmark's runtime. Each delivering thread
+//! asks the kernel for a timer slack of 1 µs (50 µs by default); a chunk is still delivered
+//! some tens of microseconds after its due time (a thread's wake-up), more on a loaded machine,
+//! for the client of every side alike: `bench-latency` measures the round trip it gets.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -27,7 +30,8 @@ pub struct LatencyProxy {
 
 struct Shared {
     upstream: SocketAddr,
-    one_way: Duration,
+    /// Half the round-trip time, in nanoseconds.
+    one_way: AtomicU64,
     turns: AtomicU64,
     stopped: AtomicBool,
 }
@@ -39,7 +43,7 @@ impl LatencyProxy {
         let addr = listener.local_addr().expect("its address");
         let shared = Arc::new(Shared {
             upstream,
-            one_way: rtt / 2,
+            one_way: AtomicU64::new(nanos(rtt / 2)),
             turns: AtomicU64::new(0),
             stopped: AtomicBool::new(false),
         });
@@ -55,6 +59,12 @@ impl LatencyProxy {
             }
         });
         Self { addr, shared }
+    }
+
+    /// From now on, every byte is delayed by `rtt / 2` each way (bytes already on their way
+    /// keep their delay).
+    pub fn set_rtt(&self, rtt: Duration) {
+        self.shared.one_way.store(nanos(rtt / 2), Ordering::Relaxed);
     }
 
     /// The address clients connect to.
@@ -91,6 +101,18 @@ impl Drop for LatencyProxy {
     }
 }
 
+/// Sleeps until `due`.
+fn wait_until(due: Instant) {
+    let now = Instant::now();
+    if due > now {
+        thread::sleep(due - now);
+    }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
 /// Who spoke last on a connection: the round trips are the client's turns.
 struct Turns {
     client_last: AtomicBool,
@@ -111,39 +133,28 @@ fn connect(client: TcpStream, shared: Arc<Shared>) {
     );
     let (up_shared, up_turns) = (shared.clone(), turns.clone());
     thread::spawn(move || {
-        pump(c_read, s_write, up_shared.one_way, |_| {
+        pump(c_read, s_write, &up_shared.one_way, |_| {
             if !up_turns.client_last.swap(true, Ordering::Relaxed) {
                 up_shared.turns.fetch_add(1, Ordering::Relaxed);
             }
         })
     });
-    pump(server, client, shared.one_way, |_| {
+    pump(server, client, &shared.one_way, |_| {
         turns.client_last.store(false, Ordering::Relaxed)
     });
 }
 
-/// Copies `from` to `to`, each chunk `delay` after it was read; `seen` is told of each chunk as
-/// it arrives. Ends both ways when either side closes.
-fn pump(mut from: TcpStream, mut to: TcpStream, delay: Duration, seen: impl Fn(&[u8])) {
+/// Copies `from` to `to`, each chunk `one_way` (nanoseconds, read as it arrives) after it was
+/// read; `seen` is told of each chunk as it arrives. Ends both ways when either side closes.
+fn pump(mut from: TcpStream, to: TcpStream, one_way: &AtomicU64, seen: impl Fn(&[u8])) {
     let mut buf = vec![0u8; 64 * 1024];
-    if delay.is_zero() {
-        while let Ok(n @ 1..) = from.read(&mut buf) {
-            seen(&buf[..n]);
-            if to.write_all(&buf[..n]).is_err() {
-                break;
-            }
-        }
-        let _ = (to.shutdown(Shutdown::Both), from.shutdown(Shutdown::Both));
-        return;
-    }
     let (tx, rx) = mpsc::channel::<(Instant, Vec<u8>)>();
     let mut writer = to.try_clone().expect("clone");
     let delivering = thread::spawn(move || {
+        // SAFETY: prctl(PR_SET_TIMERSLACK) only sets this thread's timer slack.
+        unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1_000 as libc::c_ulong) };
         for (due, chunk) in rx {
-            let now = Instant::now();
-            if due > now {
-                thread::sleep(due - now);
-            }
+            wait_until(due);
             if writer.write_all(&chunk).is_err() {
                 break;
             }
@@ -152,10 +163,8 @@ fn pump(mut from: TcpStream, mut to: TcpStream, delay: Duration, seen: impl Fn(&
     });
     while let Ok(n @ 1..) = from.read(&mut buf) {
         seen(&buf[..n]);
-        if tx
-            .send((Instant::now() + delay, buf[..n].to_vec()))
-            .is_err()
-        {
+        let due = Instant::now() + Duration::from_nanos(one_way.load(Ordering::Relaxed));
+        if tx.send((due, buf[..n].to_vec())).is_err() {
             break;
         }
     }

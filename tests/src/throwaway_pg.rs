@@ -108,8 +108,9 @@ impl ThrowawayCluster {
     /// (`synchronous_standby_names`, `synchronous_commit = on`), once the standby streams.
     pub fn require_synchronous(&self, name: &str) {
         self.psql(&format!(
-            "ALTER SYSTEM SET synchronous_standby_names = '{name}'; SELECT pg_reload_conf()"
+            "ALTER SYSTEM SET synchronous_standby_names = '{name}'"
         ));
+        self.psql("SELECT pg_reload_conf()");
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
         while self.psql("SELECT sync_state FROM pg_stat_replication") != "sync" {
             assert!(

@@ -11,262 +11,29 @@
 //! Each pair runs alternately, in random order, for several rounds; medians and ratios are
 //! printed and written to `target/bench/harness.json`. A measurement, not a test.
 
-use consumer::AwardPoints;
+use e2e::bench::runs::{
+    BATCH, BATCH_STEPS, DUPS, Load, bare_sqlx, harness, harness_batches, message, pgbench,
+    pgbench_with,
+};
 use e2e::bench::{self, BenchDatabase, median, psql};
-use rand::RngExt;
 use rand::seq::SliceRandom;
 use serde_json::{Value, json};
-use shared::harness::{IncomingMessage, RecordOutcome};
-use std::process::Command;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 const ROUNDS: usize = 5;
 const RUN: Duration = Duration::from_secs(4);
 const LEVELS: [usize; 3] = [1, 8, 32];
-/// Already processed jobs, ids 1..DUPS, for the duplicate path.
-const DUPS: u64 = 100_000;
 const RSS_BATCHES: usize = 500;
 /// Messages prepared per harness run: more than RUN can take at any concurrency here.
 const MESSAGES_PER_RUN: usize = 200_000;
 
-/// Jobs in one batch of batch mode.
-const BATCH: usize = 10;
-/// The switches of `bench/batch.sql`, one a step of batch mode's statements.
-const BATCH_STEPS: [&str; 3] = ["lookup", "claim", "finish"];
-
-/// Transactions per second of `pgbench` running `file` with `clients` connections.
-fn pgbench(url: &str, file: &str, clients: usize) -> f64 {
-    pgbench_with(url, file, &[], clients)
-}
-
-/// [`pgbench`] with `switches` set to 1 (`-D name=1`; every other switch of the script is 0).
-fn pgbench_with(url: &str, file: &str, switches: &[&str], clients: usize) -> f64 {
-    let mut defines = vec![format!("dups={DUPS}")];
-    defines.extend(
-        BATCH_STEPS
-            .iter()
-            .map(|step| format!("{step}={}", u8::from(switches.contains(step)))),
-    );
-    let out = Command::new("pgbench")
-        .args(["-n", "-M", "prepared"])
-        .args(defines.iter().flat_map(|d| ["-D", d.as_str()]))
-        .args([
-            "-c",
-            &clients.to_string(),
-            "-j",
-            &clients.min(2).to_string(),
-        ])
-        .args([
-            "-T",
-            &RUN.as_secs().to_string(),
-            "-f",
-            &bench::script(file),
-            url,
-        ])
-        .output()
-        .expect("pgbench runs (bash scripts/bench.sh installs it)");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "pgbench failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("tps = "))
-        .and_then(|l| l.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no tps in pgbench's output: {stdout}"))
-}
-
-fn message(job_id: uuid::Uuid) -> IncomingMessage {
-    IncomingMessage {
-        message_id: uuid::Uuid::new_v4().to_string(),
-        queue: "bench".into(),
-        body: json!({"job_id": job_id, "tenant_id": uuid::Uuid::from_u128(1),
-            "correlation_id": "bench", "payload": {"account_id": "a", "points": 1}})
-        .to_string(),
-        receive_count: 1,
-        replay_of: None,
+/// One side of a figure with `workers`, as every figure of this benchmark runs it.
+fn load(workers: usize) -> Load {
+    Load {
+        workers,
+        run: RUN,
+        messages: MESSAGES_PER_RUN,
     }
-}
-
-/// `n` messages, ready as from SQS (building them is the producer's cost, not ours): new jobs
-/// with random ids, or jobs drawn from the [`DUPS`] already processed.
-fn messages(n: usize, duplicates: bool) -> Vec<IncomingMessage> {
-    let mut rng: rand::rngs::StdRng = rand::make_rng();
-    (0..n)
-        .map(|_| {
-            let n = if duplicates {
-                rng.random_range(1..=DUPS)
-            } else {
-                rng.random::<u64>()
-            };
-            message(uuid::Uuid::from_u128(n.into()))
-        })
-        .collect()
-}
-
-/// What the harness must answer for each of [`messages`]`(_, duplicates)`.
-fn expected(duplicates: bool) -> RecordOutcome {
-    if duplicates {
-        RecordOutcome::Duplicate
-    } else {
-        RecordOutcome::Processed
-    }
-}
-
-/// Jobs per second of the harness in batch mode: `workers` concurrent workers, each handing it
-/// SQS batches of [`BATCH`] messages (new jobs, or already processed ones).
-async fn harness_batches(url: &str, workers: usize, duplicates: bool) -> f64 {
-    let pool = bench::warm_pool(url, workers).await;
-    let harness = Arc::new(e2e::harness_in(
-        pool.clone(),
-        AwardPoints::new(e2e::consumer_name()),
-        shared::harness::CommitMode::Batch,
-    ));
-    // New jobs need fresh ids for the whole run; duplicates can go round a smaller set.
-    let count = if duplicates {
-        10_000
-    } else {
-        2 * MESSAGES_PER_RUN / BATCH
-    };
-    let batches: Arc<Vec<Vec<IncomingMessage>>> = Arc::new(
-        messages(count * BATCH, duplicates)
-            .chunks(BATCH)
-            .map(<[_]>::to_vec)
-            .collect(),
-    );
-    let expected = expected(duplicates);
-    let next = Arc::new(AtomicU64::new(0));
-    let done = Arc::new(AtomicU64::new(0));
-    let started = Instant::now();
-    let tasks: Vec<_> = (0..workers)
-        .map(|_| {
-            let (harness, next, done, batches) =
-                (harness.clone(), next.clone(), done.clone(), batches.clone());
-            let expected = expected.clone();
-            tokio::spawn(async move {
-                while started.elapsed() < RUN {
-                    let mut i = next.fetch_add(1, Ordering::Relaxed) as usize;
-                    if duplicates {
-                        i %= batches.len();
-                    }
-                    let batch = batches.get(i).expect("enough batches for RUN");
-                    let outcomes = harness.process_batch(batch, &|| true, 1).await;
-                    assert!(
-                        outcomes.iter().all(|o| o.as_ref() == Some(&expected)),
-                        "{outcomes:?}"
-                    );
-                    done.fetch_add(BATCH as u64, Ordering::Relaxed);
-                }
-            })
-        })
-        .collect();
-    let rate = jobs_per_second(tasks, &done, started, pool).await;
-    let fell_back = harness
-        .metrics()
-        .get(shared::metrics::Metric::BatchFellBack);
-    assert_eq!(fell_back, 0, "every batch committed whole");
-    rate
-}
-
-/// Jobs per second of the harness with `workers` concurrent workers, each on its own connection.
-async fn harness(url: &str, workers: usize, duplicates: bool) -> f64 {
-    // The pool the functions build, sized like pgbench's clients.
-    let pool = bench::warm_pool(url, workers).await;
-    let harness = Arc::new(e2e::harness(
-        pool.clone(),
-        AwardPoints::new(e2e::consumer_name()),
-    ));
-    let messages: Arc<Vec<IncomingMessage>> = Arc::new(messages(MESSAGES_PER_RUN, duplicates));
-    let expected = expected(duplicates);
-    let done = Arc::new(AtomicU64::new(0));
-    let started = Instant::now();
-    let tasks: Vec<_> = (0..workers)
-        .map(|_| {
-            let (harness, done, messages) = (harness.clone(), done.clone(), messages.clone());
-            let expected = expected.clone();
-            tokio::spawn(async move {
-                while started.elapsed() < RUN {
-                    let next = done.fetch_add(1, Ordering::Relaxed) as usize;
-                    let msg = messages
-                        .get(next)
-                        .expect("MESSAGES_PER_RUN is enough for RUN");
-                    assert_eq!(harness.process(msg).await, expected);
-                }
-            })
-        })
-        .collect();
-    jobs_per_second(tasks, &done, started, pool).await
-}
-
-/// Jobs per second of bare sqlx sending pgbench's statements (no harness): what this driver
-/// and runtime can do on this machine, so the table separates the harness's cost from theirs.
-async fn bare_sqlx(url: &str, workers: usize, duplicates: bool) -> f64 {
-    let pool = bench::warm_pool(url, workers).await;
-    let done = Arc::new(AtomicU64::new(0));
-    let started = Instant::now();
-    let tasks: Vec<_> = (0..workers)
-        .map(|_| {
-            let (pool, done) = (pool.clone(), done.clone());
-            tokio::spawn(async move {
-                let mut rng: rand::rngs::StdRng = rand::make_rng();
-                let tenant = uuid::Uuid::from_u128(1);
-                while started.elapsed() < RUN {
-                    let job = if duplicates {
-                        uuid::Uuid::from_u128(u128::from(rng.random_range(1..=DUPS)))
-                    } else {
-                        uuid::Uuid::from_u128(rng.random::<u64>().into())
-                    };
-                    let mut tx = pool.begin().await.unwrap();
-                    sqlx::query(
-                        "INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, processed_at, expires_at)
-                         VALUES ($1, 'award-points', $2, now(), now() + interval '7 days')
-                         ON CONFLICT (job_id, consumer) DO NOTHING",
-                    )
-                    .bind(job)
-                    .bind(tenant)
-                    .execute(&mut *tx)
-                    .await
-                    .unwrap();
-                    if duplicates {
-                        tx.rollback().await.unwrap();
-                    } else {
-                        sqlx::query(
-                            "INSERT INTO reference.point_awards (job_id, tenant_id, account_id, points, awarded_at)
-                             VALUES ($1, $2, 'a', 1, now())",
-                        )
-                        .bind(job)
-                        .bind(tenant)
-                        .execute(&mut *tx)
-                        .await
-                        .unwrap();
-                        tx.commit().await.unwrap();
-                    }
-                    done.fetch_add(1, Ordering::Relaxed);
-                }
-            })
-        })
-        .collect();
-    jobs_per_second(tasks, &done, started, pool).await
-}
-
-/// Waits for the workers; the jobs they did per second of the run.
-async fn jobs_per_second(
-    workers: Vec<tokio::task::JoinHandle<()>>,
-    done: &AtomicU64,
-    started: Instant,
-    pool: sqlx::PgPool,
-) -> f64 {
-    for worker in workers {
-        worker.await.unwrap();
-    }
-    let rate = done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64();
-    pool.close().await;
-    rate
 }
 
 /// One figure: `ROUNDS` rounds of pgbench, bare sqlx and the harness, in random order each round.
@@ -277,9 +44,9 @@ async fn trio(url: &str, name: &str, script: &str, workers: usize, duplicates: b
         order.shuffle(&mut rand::rng());
         for side in order {
             match side {
-                0 => base.push(pgbench(url, script, workers)),
-                1 => bare.push(bare_sqlx(url, workers, duplicates).await),
-                _ => ours.push(harness(url, workers, duplicates).await),
+                0 => base.push(pgbench(url, script, load(workers)).per_second),
+                1 => bare.push(bare_sqlx(url, load(workers), duplicates).await.per_second),
+                _ => ours.push(harness(url, load(workers), duplicates).await.per_second),
             }
         }
     }
@@ -319,14 +86,19 @@ async fn batch_figures(url: &str, workers: usize) -> Vec<Value> {
         order.shuffle(&mut rand::rng());
         for side in order {
             match side {
-                0 => per_job.push(pgbench(url, "fence_effect.sql", workers)),
-                1 => batch_sql
-                    .push(pgbench_with(url, "batch.sql", &BATCH_STEPS, workers) * BATCH as f64),
-                2 => ours.push(harness_batches(url, workers, false).await),
-                3 => dup_base.push(pgbench(url, "duplicate.sql", workers)),
-                4 => dup_ours.push(harness_batches(url, workers, true).await),
+                0 => per_job.push(pgbench(url, "fence_effect.sql", load(workers)).per_second),
+                1 => batch_sql.push(
+                    pgbench_with(url, "batch.sql", &BATCH_STEPS, load(workers))
+                        .times(BATCH)
+                        .per_second,
+                ),
+                2 => ours.push(harness_batches(url, load(workers), false).await.per_second),
+                3 => dup_base.push(pgbench(url, "duplicate.sql", load(workers)).per_second),
+                4 => dup_ours.push(harness_batches(url, load(workers), true).await.per_second),
                 step => step_runs[step - 5].push(
-                    pgbench_with(url, "batch.sql", steps[step - 5].1, workers) * BATCH as f64,
+                    pgbench_with(url, "batch.sql", steps[step - 5].1, load(workers))
+                        .times(BATCH)
+                        .per_second,
                 ),
             }
         }

@@ -7,6 +7,8 @@ use sqlx::postgres::PgPoolOptions;
 use std::process::Command;
 use std::time::Duration;
 
+pub mod runs;
+
 /// The database a benchmark measures on.
 pub struct BenchDatabase {
     /// `DATABASE_URL`.
@@ -17,10 +19,15 @@ pub struct BenchDatabase {
     pub version: String,
 }
 
-/// Connects to `DATABASE_URL` with `connections`, migrates, and prints the machine (cores,
-/// PostgreSQL version) and `method`, how the figures are taken.
+/// [`open_at`] `DATABASE_URL`.
 pub async fn open(connections: u32, method: &str) -> BenchDatabase {
     let url = std::env::var("DATABASE_URL").expect("DATABASE_URL: is not set");
+    open_at(url, connections, method).await
+}
+
+/// Connects to `url` with `connections`, migrates, and prints the machine (cores, PostgreSQL
+/// version) and `method`, how the figures are taken.
+pub async fn open_at(url: String, connections: u32, method: &str) -> BenchDatabase {
     let pool = PgPoolOptions::new()
         .max_connections(connections)
         .connect(&url)

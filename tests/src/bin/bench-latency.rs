@@ -1,0 +1,232 @@
+//! `bench-latency`: the harness against pgbench where users run it, at a network's latency and
+//! with a commit that waits for a synchronous standby (Lambda → RDS Proxy → PostgreSQL
+//! Multi-AZ), on this machine:
+//!
+//! - a throwaway primary and a streaming standby of its own (`synchronous_commit = on`,
+//!   `synchronous_standby_names` = the standby), both started here and removed at the end;
+//! - the latency proxy (`e2e::latency_proxy`) between every client and the primary and
+//!   between the primary and its standby, at each round-trip time in [`RTTS`]; pgbench and the
+//!   harness go through the same proxy, which counts every round trip each side makes;
+//! - per round-trip time and at c = 1 and 8: pgbench's per-job transaction, its duplicate path
+//!   and batch mode's set SQL, against the harness's per-job path, duplicate path and batch
+//!   mode (new jobs and duplicates), in alternating rounds of random order; medians, ratios,
+//!   and round trips per job, printed and written to `target/bench/latency.json`.
+//!
+//! A measurement, not a test (`tests/tests/round_trips.rs` pins the counts).
+
+use e2e::bench::runs::{
+    BATCH, BATCH_STEPS, DUPS, Load, Rate, harness, harness_batches, pgbench, pgbench_with,
+};
+use e2e::bench::{self, BenchDatabase, median, psql};
+use e2e::latency_proxy::LatencyProxy;
+use e2e::throwaway_pg::ThrowawayCluster;
+use rand::seq::SliceRandom;
+use serde_json::{Value, json};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// Round-trip times, in milliseconds.
+const RTTS: [f64; 4] = [0.0, 0.5, 1.0, 2.0];
+const LEVELS: [usize; 2] = [1, 8];
+const ROUNDS: usize = 3;
+const RUN: Duration = Duration::from_secs(3);
+/// Messages prepared per harness run: more than RUN can take here through the proxy.
+const MESSAGES_PER_RUN: usize = 40_000;
+const STANDBY: &str = "standby1";
+
+/// The sides of a figure: pgbench's three baselines, then the harness's four paths.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    PgbenchJob,
+    PgbenchDuplicate,
+    PgbenchSetSql,
+    PerJob,
+    PerJobDuplicate,
+    Batch,
+    BatchDuplicate,
+}
+
+const SIDES: [Side; 7] = [
+    Side::PgbenchJob,
+    Side::PgbenchDuplicate,
+    Side::PgbenchSetSql,
+    Side::PerJob,
+    Side::PerJobDuplicate,
+    Side::Batch,
+    Side::BatchDuplicate,
+];
+
+impl Side {
+    fn name(self) -> &'static str {
+        match self {
+            Side::PgbenchJob => "pgbench, per-job transaction",
+            Side::PgbenchDuplicate => "pgbench, duplicate path",
+            Side::PgbenchSetSql => "pgbench, batch mode's set SQL",
+            Side::PerJob => "new job, per job",
+            Side::PerJobDuplicate => "duplicate, per job",
+            Side::Batch => "batch of 10 new jobs",
+            Side::BatchDuplicate => "batch of 10 duplicates",
+        }
+    }
+
+    async fn run(self, url: &str, load: Load) -> Rate {
+        match self {
+            Side::PgbenchJob => pgbench(url, "fence_effect.sql", load),
+            Side::PgbenchDuplicate => pgbench(url, "duplicate.sql", load),
+            Side::PgbenchSetSql => pgbench_with(url, "batch.sql", &BATCH_STEPS, load).times(BATCH),
+            Side::PerJob => harness(url, load, false).await,
+            Side::PerJobDuplicate => harness(url, load, true).await,
+            Side::Batch => harness_batches(url, load, false).await,
+            Side::BatchDuplicate => harness_batches(url, load, true).await,
+        }
+    }
+}
+
+/// The figures: ours, its baseline, the goal ratio (issue 24) and what the goal counts as a
+/// round trip budget.
+const FIGURES: [(Side, Side, f64, &str); 5] = [
+    (Side::PerJob, Side::PgbenchJob, 1.0, "<= 4, aim 3"),
+    (Side::PerJobDuplicate, Side::PgbenchDuplicate, 3.0, "1"),
+    (Side::Batch, Side::PgbenchJob, 6.0, "<= 5 a batch"),
+    (Side::Batch, Side::PgbenchSetSql, 0.0, "-"),
+    (
+        Side::BatchDuplicate,
+        Side::PgbenchDuplicate,
+        20.0,
+        "1 a batch",
+    ),
+];
+
+/// Each side's runs at one round-trip time and concurrency: rates and round trips per job.
+#[derive(Default, Clone)]
+struct Runs {
+    rates: Vec<f64>,
+    trips: Vec<f64>,
+}
+
+async fn measure(url: &str, proxy: &LatencyProxy, workers: usize) -> Vec<Runs> {
+    let load = Load {
+        workers,
+        run: RUN,
+        messages: MESSAGES_PER_RUN,
+    };
+    let mut runs = vec![Runs::default(); SIDES.len()];
+    for _ in 0..ROUNDS {
+        let mut order: Vec<usize> = (0..SIDES.len()).collect();
+        order.shuffle(&mut rand::rng());
+        for i in order {
+            let before = proxy.round_trips();
+            let rate = SIDES[i].run(url, load).await;
+            let trips = (proxy.round_trips() - before) as f64 / rate.jobs.max(1) as f64;
+            runs[i].rates.push(rate.per_second);
+            runs[i].trips.push(trips);
+        }
+    }
+    runs
+}
+
+/// The primary, its synchronous standby, and the two proxies (clients → primary, standby →
+/// primary), all at `rtt` until set otherwise.
+struct Deployment {
+    primary: ThrowawayCluster,
+    _standby: ThrowawayCluster,
+    replication: LatencyProxy,
+    clients: LatencyProxy,
+}
+
+impl Deployment {
+    fn start() -> Self {
+        let primary = ThrowawayCluster::start();
+        let address: SocketAddr = format!("127.0.0.1:{}", primary.port).parse().unwrap();
+        let replication = LatencyProxy::start(address, Duration::ZERO);
+        let standby = primary.standby(replication.addr().port(), STANDBY);
+        primary.require_synchronous(STANDBY);
+        let clients = LatencyProxy::start(address, Duration::ZERO);
+        Self {
+            primary,
+            _standby: standby,
+            replication,
+            clients,
+        }
+    }
+
+    fn set_rtt(&self, rtt: Duration) {
+        self.replication.set_rtt(rtt);
+        self.clients.set_rtt(rtt);
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    println!(
+        "starting a primary and its synchronous standby (throwaway clusters), and the latency proxies"
+    );
+    let deployment = Deployment::start();
+    let direct = deployment.primary.url();
+    let BenchDatabase { version, .. } = bench::open_at(
+        direct.clone(),
+        2,
+        &format!(
+            "through the latency proxy, commits waiting for a synchronous standby; {ROUNDS} rounds of {} s per side, alternating, medians",
+            RUN.as_secs()
+        ),
+    )
+    .await;
+    psql(
+        &direct,
+        "reset_for_harness.sql",
+        &[("dups", DUPS.to_string())],
+    );
+    let url = deployment.clients.url(&direct);
+
+    let mut figures = Vec::new();
+    for rtt_ms in RTTS {
+        deployment.set_rtt(Duration::from_secs_f64(rtt_ms / 1000.0));
+        for workers in LEVELS {
+            let runs = measure(&url, &deployment.clients, workers).await;
+            let of = |side: Side| &runs[SIDES.iter().position(|s| *s == side).unwrap()];
+            println!(
+                "\nRTT {rtt_ms} ms, c = {workers}   {:<30} {:>9} {:>9} {:>7} {:>6} {:>10} {:>10}",
+                "", "baseline", "harness", "ratio", "goal", "trips/job", "base trips"
+            );
+            for (ours, base, goal, budget) in FIGURES {
+                let (o, b) = (
+                    median(of(ours).rates.clone()),
+                    median(of(base).rates.clone()),
+                );
+                let (ot, bt) = (
+                    median(of(ours).trips.clone()),
+                    median(of(base).trips.clone()),
+                );
+                let label = format!("{} vs {}", ours.name(), base.name());
+                let goal_text = if goal > 0.0 {
+                    format!("{goal}")
+                } else {
+                    "-".into()
+                };
+                println!(
+                    "  {label:<62} {b:>9.0} {o:>9.0} {:>7.2} {goal_text:>6} {ot:>10.2} {bt:>10.2}",
+                    o / b
+                );
+                figures.push(json!({
+                    "rtt_ms": rtt_ms, "c": workers, "figure": ours.name(), "baseline_name": base.name(),
+                    "unit": "jobs/s", "baseline": b, "ours": o, "ratio": o / b,
+                    "goal_ratio": (goal > 0.0).then_some(goal), "round_trip_budget": budget,
+                    "round_trips_per_job": ot, "baseline_round_trips_per_job": bt,
+                    "our_runs": of(ours).rates, "baseline_runs": of(base).rates,
+                }));
+            }
+        }
+    }
+
+    let out: Value = json!({"postgres": version, "rounds": ROUNDS, "run_seconds": RUN.as_secs(),
+        "setup": "throwaway primary + synchronous streaming standby, latency proxy on both links",
+        "figures": figures});
+    std::fs::create_dir_all("target/bench").unwrap();
+    std::fs::write(
+        "target/bench/latency.json",
+        serde_json::to_string_pretty(&out).unwrap(),
+    )
+    .unwrap();
+    println!("\nwritten to target/bench/latency.json");
+}
