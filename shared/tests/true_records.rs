@@ -479,3 +479,52 @@ async fn record_transient_failures(pool: &PgPool, job_id: JobId, n: u32) {
     let error = Some("simulated provider timeout");
     charge_executions(pool, job_id, &reference_name(), n, error).await;
 }
+
+/// Issue 24: the harness opens and closes the job's transaction with its own statements (the
+/// claim with `BEGIN`, the check with `COMMIT`); a handler's `Connection::begin` on it must
+/// still nest as a savepoint, so that rolling a step of the work back keeps the fence and the
+/// rest of the work, and the job commits once. (A `BEGIN` instead would be ignored, and its
+/// rollback would roll back the fence too, leaving the work after it committed with no
+/// fence: a retry would apply it again.)
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn a_handlers_nested_transaction_is_a_savepoint_of_the_jobs(pool: PgPool) {
+    use sqlx::Connection;
+    let consumer = Counting::then(award_points(), |tx| {
+        Box::pin(async move {
+            let mut step = tx.begin().await.map_err(ProcessError::from_database)?;
+            sqlx::query("SELECT 1")
+                .execute(&mut *step)
+                .await
+                .map_err(ProcessError::from_database)?;
+            step.rollback().await.map_err(ProcessError::from_database)?;
+            sqlx::query("INSERT INTO reference.point_awards (job_id, tenant_id, account_id, points, awarded_at) VALUES (gen_random_uuid(), gen_random_uuid(), 'after-the-step', 1, now())")
+                .execute(&mut *tx)
+                .await
+                .map_err(ProcessError::from_database)?;
+            Ok(())
+        })
+    });
+    let harness = harness(&pool, consumer);
+    let (job_id, body) = job(award(4));
+    assert_eq!(
+        harness.process(&message(&body, 1)).await,
+        RecordOutcome::Processed
+    );
+    assert_eq!(count_awards(&pool, job_id).await.unwrap(), 1);
+    assert!(
+        fence_exists(&pool, job_id, &reference_name())
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        harness.process(&message(&body, 2)).await,
+        RecordOutcome::Duplicate
+    );
+    let after: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM reference.point_awards WHERE account_id = 'after-the-step'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(after, 1, "the work after the rolled-back step ran once");
+}

@@ -11,13 +11,16 @@
 //! - a lane is kept only when it is known to be outside any transaction (its last statement
 //!   ended the transaction, or opened none); one given up inside a transaction, or after an
 //!   error that leaves its state unknown, is closed, and the server rolls back what it held;
+//! - sqlx counts one transaction on every lane, for its whole life (see [`new_lane`]), so a
+//!   handler's `Connection::begin` inside the job's transaction nests as a `SAVEPOINT`, as it
+//!   would inside a transaction sqlx began;
 //! - at most as many lanes are kept idle as the pool has connections; lanes in use are at most
 //!   the records a harness runs at once. New lanes come from the pool (with its credentials,
 //!   refreshed as `crate::db` refreshes them) and leave its count, so statements on the pool
 //!   never wait for a lane.
 
 use sqlx::pool::PoolConnection;
-use sqlx::{PgConnection, PgPool, Postgres};
+use sqlx::{Connection, PgConnection, PgPool, Postgres};
 use std::sync::Mutex;
 
 /// The harness's idle lanes.
@@ -51,7 +54,7 @@ impl Lanes {
         let reused = kept.is_some();
         let conn = match kept {
             Some(conn) => conn,
-            None => PoolConnection::<Postgres>::detach(pool.acquire().await?),
+            None => new_lane(pool).await?,
         };
         Ok(Lane {
             conn: Some(conn),
@@ -60,6 +63,23 @@ impl Lanes {
             idle: true,
         })
     }
+}
+
+/// A connection from `pool`, out of its count, on which sqlx counts one transaction.
+///
+/// sqlx nests a `Connection::begin` as a `SAVEPOINT` only inside a transaction it counts (one
+/// it began); otherwise it sends `BEGIN`, which PostgreSQL ignores inside a transaction, and the
+/// nested rollback would then roll back the job's whole transaction, fence included, while the
+/// work after it went on outside any transaction. The harness begins and ends the job's
+/// transaction with statements of its own (the claim with `BEGIN`, the check with `COMMIT`), so
+/// it sets sqlx's count once: a `BEGIN` through sqlx, which counts it, and a `ROLLBACK` sqlx
+/// does not see. Two round trips, once per connection.
+async fn new_lane(pool: &PgPool) -> sqlx::Result<PgConnection> {
+    let mut conn = PoolConnection::<Postgres>::detach(pool.acquire().await?);
+    // Forgotten, the transaction handle neither ends the transaction nor lowers the count.
+    std::mem::forget(conn.begin().await?);
+    sqlx::raw_sql("ROLLBACK").execute(&mut conn).await?;
+    Ok(conn)
 }
 
 impl Lane<'_> {
@@ -92,7 +112,7 @@ impl Lane<'_> {
     /// while idle.
     pub(super) async fn renew(&mut self, pool: &PgPool) -> sqlx::Result<()> {
         self.conn = None;
-        self.conn = Some(PoolConnection::<Postgres>::detach(pool.acquire().await?));
+        self.conn = Some(new_lane(pool).await?);
         self.reused = false;
         self.idle = true;
         Ok(())
