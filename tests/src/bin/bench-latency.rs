@@ -125,6 +125,33 @@ async fn measure(url: &str, proxy: &LatencyProxy, workers: usize) -> Vec<Runs> {
     runs
 }
 
+/// The round trip a client gets through the proxy (a `SELECT 1` on one connection, the median
+/// of 200) and a commit (an empty-row insert committed, waiting for the standby), in ms.
+async fn calibrate(url: &str) -> (f64, f64) {
+    use sqlx::Connection;
+    let mut conn = sqlx::PgConnection::connect(url).await.expect("connect");
+    sqlx::raw_sql("CREATE TABLE IF NOT EXISTS bench_commit (at timestamptz)")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let mut trips = Vec::new();
+    let mut commits = Vec::new();
+    for _ in 0..200 {
+        let started = std::time::Instant::now();
+        sqlx::raw_sql("SELECT 1").execute(&mut conn).await.unwrap();
+        trips.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    for _ in 0..50 {
+        let started = std::time::Instant::now();
+        sqlx::raw_sql("INSERT INTO bench_commit VALUES (now())")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        commits.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    (median(trips), median(commits))
+}
+
 /// The primary, its synchronous standby, and the two proxies (clients → primary, standby →
 /// primary), all at `rtt` until set otherwise.
 struct Deployment {
@@ -182,6 +209,11 @@ async fn main() {
     let mut figures = Vec::new();
     for rtt_ms in RTTS {
         deployment.set_rtt(Duration::from_secs_f64(rtt_ms / 1000.0));
+        let (trip, commit) = calibrate(&url).await;
+        println!(
+            "\nRTT {rtt_ms} ms set: a round trip through the proxy takes {trip:.2} ms, an autocommit \
+             insert (one round trip and a commit the standby confirms) {commit:.2} ms"
+        );
         for workers in LEVELS {
             let runs = measure(&url, &deployment.clients, workers).await;
             let of = |side: Side| &runs[SIDES.iter().position(|s| *s == side).unwrap()];
@@ -209,7 +241,7 @@ async fn main() {
                     o / b
                 );
                 figures.push(json!({
-                    "rtt_ms": rtt_ms, "c": workers, "figure": ours.name(), "baseline_name": base.name(),
+                    "rtt_ms": rtt_ms, "measured_rtt_ms": trip, "measured_commit_ms": commit, "c": workers, "figure": ours.name(), "baseline_name": base.name(),
                     "unit": "jobs/s", "baseline": b, "ours": o, "ratio": o / b,
                     "goal_ratio": (goal > 0.0).then_some(goal), "round_trip_budget": budget,
                     "round_trips_per_job": ot, "baseline_round_trips_per_job": bt,
