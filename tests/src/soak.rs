@@ -340,9 +340,15 @@ pub async fn run(spec: &SoakSpec, stack_spec: StackSpec, admin: &PgPool) -> Soak
     let mut restart = String::from("not restarted (the run ended first)");
     let mut restarted = false;
     let deadline = started + spec.timeout;
+    // Nothing queued and nothing settled for this long: what is missing will not come.
+    let stalled_after = Duration::from_secs(60);
+    let (mut last_settled, mut last_progress) = (0, Instant::now());
     loop {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let settled = settled_jobs(admin, &planned).await;
+        if settled != last_settled {
+            (last_settled, last_progress) = (settled, Instant::now());
+        }
         if !restarted && settled >= total / 2 {
             restarted = true;
             restart = restart_postgres(&spec.restart, admin).await;
@@ -351,7 +357,9 @@ pub async fn run(spec: &SoakSpec, stack_spec: StackSpec, admin: &PgPool) -> Soak
             chaos_stop.store(true, Ordering::Relaxed);
         }
         let idle = depth(&stack.sqs, &stack.jobs).await + depth(&stack.sqs, &stack.dlq).await == 0;
-        if (settled == total && idle) || Instant::now() > deadline {
+        let stalled =
+            idle && chaos_stop.load(Ordering::Relaxed) && last_progress.elapsed() > stalled_after;
+        if (settled == total && idle) || stalled || Instant::now() > deadline {
             break;
         }
     }
@@ -512,6 +520,7 @@ async fn check(admin: &PgPool, planned: &[Planned]) -> SoakReport {
         let Some(job) = p.job_id else {
             if !poison_bodies.contains(&p.body) {
                 report.lost += 1;
+                eprintln!("lost: {:?} {}", p.kind, p.body);
             }
             continue;
         };
@@ -520,6 +529,7 @@ async fn check(admin: &PgPool, planned: &[Planned]) -> SoakReport {
         report.processed += u64::from(effect);
         if !effect && kinds.is_empty() {
             report.lost += 1;
+            eprintln!("lost: {:?} job {job}: {}", p.kind, p.body);
             continue;
         }
         // A job without an effect may end as `crashed` when kills took all its executions;

@@ -216,7 +216,11 @@ pub async fn harness(url: &str, load: Load, duplicates: bool) -> Rate {
             let expected = expected.clone();
             tokio::spawn(async move {
                 while started.elapsed() < run {
-                    let next = done.fetch_add(1, Ordering::Relaxed) as usize;
+                    let mut next = done.fetch_add(1, Ordering::Relaxed) as usize;
+                    // Duplicates can go round; new jobs need a fresh id each.
+                    if duplicates {
+                        next %= messages.len();
+                    }
                     let msg = messages.get(next).expect("enough messages for the run");
                     assert_eq!(harness.process(msg).await, expected);
                 }

@@ -232,7 +232,8 @@ async fn main() {
         "\n{:<22} {:>10} {:>10} {:>10} {:>10} {:>10}",
         "jobs/s", "pgbench", "bare sqlx", "harness", "/pgbench", "/sqlx"
     );
-    // `bench-harness <text>` runs only the figures whose name contains it (for profiling).
+    // `bench-harness <text>` runs only the figures whose name contains it (for profiling), and
+    // the memory figure only when <text> is `memory`.
     let only = std::env::args().nth(1).unwrap_or_default();
     let mut figures = Vec::new();
     for (kind, script, duplicates) in [
@@ -249,7 +250,8 @@ async fn main() {
     if "batch mode".contains(&only) || only.is_empty() {
         figures.extend(batch_figures(&url, 8).await);
     }
-    if !only.is_empty() {
+    // `bench-harness memory` runs only the consumer's memory; any other filter skips it.
+    if !only.is_empty() && only != "memory" {
         return;
     }
 
