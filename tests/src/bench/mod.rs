@@ -64,6 +64,16 @@ pub fn psql(url: &str, file: &str, vars: &[(&str, String)]) {
     assert!(status.success(), "psql -f {file} failed");
 }
 
+/// Writes `figures` to `target/bench/<name>.json` (at the workspace root, wherever the benchmark
+/// runs from) and says so.
+pub fn write_figures(name: &str, figures: &serde_json::Value) {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../target/bench");
+    std::fs::create_dir_all(dir).expect("target/bench");
+    let text = serde_json::to_string_pretty(figures).expect("figures as JSON");
+    std::fs::write(format!("{dir}/{name}.json"), text).expect("the figures written");
+    println!("\nwritten to target/bench/{name}.json");
+}
+
 /// The median (the upper one of an even count).
 pub fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(f64::total_cmp);

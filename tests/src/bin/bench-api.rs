@@ -255,11 +255,5 @@ async fn main() {
     record("discard", time(&discard, discards).await);
 
     let out = json!({"letters": LETTERS, "postgres": version, "figures": figures, "goal": "list p95 <= 50 ms; spec budget p95 < 1 s"});
-    std::fs::create_dir_all("target/bench").unwrap();
-    std::fs::write(
-        "target/bench/api.json",
-        serde_json::to_string_pretty(&out).unwrap(),
-    )
-    .unwrap();
-    println!("\nwritten to target/bench/api.json");
+    bench::write_figures("api", &out);
 }

@@ -268,11 +268,5 @@ async fn main() {
         "jobs": RSS_BATCHES * 10, "goal": 64}));
 
     let out = json!({"postgres": version, "rounds": ROUNDS, "run_seconds": RUN.as_secs(), "figures": figures});
-    std::fs::create_dir_all("target/bench").unwrap();
-    std::fs::write(
-        "target/bench/harness.json",
-        serde_json::to_string_pretty(&out).unwrap(),
-    )
-    .unwrap();
-    println!("written to target/bench/harness.json");
+    bench::write_figures("harness", &out);
 }

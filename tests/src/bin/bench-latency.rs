@@ -254,11 +254,5 @@ async fn main() {
     let out: Value = json!({"postgres": version, "rounds": ROUNDS, "run_seconds": RUN.as_secs(),
         "setup": "throwaway primary + synchronous streaming standby, latency proxy on both links",
         "figures": figures});
-    std::fs::create_dir_all("target/bench").unwrap();
-    std::fs::write(
-        "target/bench/latency.json",
-        serde_json::to_string_pretty(&out).unwrap(),
-    )
-    .unwrap();
-    println!("\nwritten to target/bench/latency.json");
+    bench::write_figures("latency", &out);
 }

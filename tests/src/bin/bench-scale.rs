@@ -192,11 +192,5 @@ async fn main() {
         );
     }
     let out = json!({"postgres": version, "samples": SAMPLES, "figures": figures});
-    std::fs::create_dir_all("target/bench").unwrap();
-    std::fs::write(
-        "target/bench/scale.json",
-        serde_json::to_string_pretty(&out).unwrap(),
-    )
-    .unwrap();
-    println!("written to target/bench/scale.json");
+    bench::write_figures("scale", &out);
 }

@@ -186,12 +186,5 @@ async fn main() {
         "sweep_delete_rate": {"baseline_raw_delete_rows_per_s": raw_rate, "ours_rows_per_s": our_rate, "ratio": our_rate / raw_rate},
         "consumers_during_sweep": {"baseline_alone_jobs_per_s": alone_rate, "ours_during_sweep_jobs_per_s": beside_rate, "ratio": beside_rate / alone_rate, "paced_sweep_rows_per_s": paced_rate},
     });
-    let out = concat!(env!("CARGO_MANIFEST_DIR"), "/../target/bench");
-    std::fs::create_dir_all(out).unwrap();
-    std::fs::write(
-        format!("{out}/sweep.json"),
-        serde_json::to_string_pretty(&report).unwrap(),
-    )
-    .unwrap();
-    println!("\nwritten: target/bench/sweep.json");
+    bench::write_figures("sweep", &report);
 }
