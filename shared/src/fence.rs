@@ -291,13 +291,14 @@ pub async fn open_jobs(
         .map_err(FenceError::Database)
 }
 
-/// Why a job's transaction did not end in a `COMMIT` known to have succeeded.
+/// Why a job's transaction did not end in a `COMMIT` known to have succeeded: its check refused
+/// (`F` says how; the harness carries its work's failure here too), or its `COMMIT` failed.
 #[derive(Debug, thiserror::Error)]
-pub enum CloseError {
+pub enum CloseError<F: std::error::Error = CheckFailed> {
     /// The check before `COMMIT` refused, so `COMMIT` was not run and the transaction is still
     /// open (or was ended by the work): roll it back.
     #[error(transparent)]
-    Check(CheckFailed),
+    Check(F),
     /// The check passed and `COMMIT` failed, or the connection failed: the job may or may not
     /// have committed (settle through the fence).
     #[error(transparent)]

@@ -9,7 +9,7 @@ use super::Harness;
 use super::lanes::Lane;
 use crate::consumer::{Consumer, Job, ProcessError};
 use crate::fence::{
-    self, CheckFailed, FenceClaim, FenceError, close_job, close_jobs, open_job, open_jobs,
+    CheckFailed, CloseError, FenceClaim, FenceError, close_job, close_jobs, open_job, open_jobs,
 };
 use crate::ids::JobId;
 use futures_util::FutureExt;
@@ -263,18 +263,12 @@ impl<C: Consumer> Harness<C> {
             }
         };
         closed.map_err(|e| match e {
-            fence::CloseError::Commit(e) => CloseError::Commit(e),
-            fence::CloseError::Check(refused) => {
+            CloseError::Commit(e) => CloseError::Commit(e),
+            CloseError::Check(refused) => {
                 CloseError::Check(refusal(refused, matches!(jobs, Jobs::Group(_))))
             }
         })
     }
-}
-
-/// How a transaction's close failed: its check (with what to report), or its `COMMIT`.
-enum CloseError<F> {
-    Check(F),
-    Commit(sqlx::Error),
 }
 
 /// The transient failure a refused check before `COMMIT` is.
