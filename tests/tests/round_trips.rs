@@ -78,7 +78,11 @@ async fn each_per_job_path_costs_its_round_trips(_: PgPoolOptions, connect: PgCo
     // test of the connection given back (the first one connects and prepares: not counted).
     let pooled = || async {
         let done = sqlx::query("SELECT 1").execute(harness.pool()).await;
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // The connection is idle in the pool again once its ping has been answered.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while harness.pool().num_idle() == 0 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         done
     };
     pooled().await.expect("SELECT 1");
