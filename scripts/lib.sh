@@ -174,4 +174,34 @@ ensure_cargo_lambda() {
   export PATH="$TOOLS/lambda-venv/bin:$PATH"
 }
 
+# PgBouncer >= 1.21 (the first to carry named prepared statements across a transaction pool,
+# max_prepared_statements), the local analog of RDS Proxy's multiplexing. Debian 12 ships 1.18,
+# so this builds the release Debian 13 ships, from Debian's source package with its security
+# patches, into .tools/pgbouncer/ (once; about a minute). Sets PGBOUNCER to the binary.
+ensure_pgbouncer() {
+  PGBOUNCER=$TOOLS/pgbouncer/bin/pgbouncer
+  if "$PGBOUNCER" --version >/dev/null 2>&1; then return; fi
+  command -v pkg-config >/dev/null && pkg-config --exists libevent || apt_install libevent-dev pkg-config
+  command -v make >/dev/null && command -v gcc >/dev/null || apt_install build-essential
+  step "Building PgBouncer from Debian 13's source package into .tools/pgbouncer (log: .tools/pgbouncer-build.log)"
+  local work=$TOOLS/pgbouncer-src build_log=$TOOLS/pgbouncer-build.log
+  rm -rf "$work"; mkdir -p "$work/lists/partial"
+  echo "deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian trixie main" >"$work/sources.list"
+  local apt=(-o Dir::Etc::sourcelist="$work/sources.list" -o Dir::Etc::sourceparts=- -o Dir::State::Lists="$work/lists")
+  (
+    set -e; cd "$work"
+    apt-get "${apt[@]}" update -qq
+    apt-get "${apt[@]}" source --download-only pgbouncer
+    tar xf pgbouncer_*.orig.tar.gz; tar xf pgbouncer_*.debian.tar.xz
+    cd pgbouncer-*/
+    # Debian's security fixes; not its packaging patch (debian-config: system paths).
+    grep -v '^debian-config$' ../debian/patches/series | while read -r p; do patch -p1 -s <"../debian/patches/$p"; done
+    ./configure -q --prefix="$TOOLS/pgbouncer" --without-cares --without-systemd --without-pam
+    make -s -j2 && make -s install
+  ) >"$build_log" 2>&1 || die "building PgBouncer failed; see $build_log"
+  rm -rf "$work"
+  "$PGBOUNCER" --version >/dev/null 2>&1 || die "PgBouncer was built but does not run; see $build_log"
+  note "$("$PGBOUNCER" --version | head -1)"
+}
+
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

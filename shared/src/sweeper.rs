@@ -5,9 +5,9 @@
 //! review (a replay of that letter must still find the fence, however late it comes), and no
 //! replay of its job is queued (recorded but not yet sent: the send may come at any time, and
 //! the job may have committed through an earlier send whose record was lost);
-//! one sweep runs at a time (a session
-//! advisory lock; an overlapping run steps aside at once instead of waiting), so the batches
-//! need no row locks; each batch is one short statement, and consumers, which only insert fresh
+//! one sweep runs at a time (a lease row, `core.sweep_leases`, which works the same behind a
+//! transaction pooler as on a session, where a session advisory lock does not; an overlapping
+//! run steps aside at once instead of waiting), so the batches need no row locks; each batch is one short statement, and consumers, which only insert fresh
 //! rows, never wait on a sweep.
 
 use crate::clock::Clock;
@@ -15,6 +15,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgExecutor, PgPool};
 use std::time::Duration;
 use tokio::time::Instant;
+use uuid::Uuid;
 
 /// Whether the fence `p` may go once expired: no letter of its job is pending review, and no
 /// replay of its job is queued. Two anti-joins, each matching a partial index's predicate
@@ -79,7 +80,7 @@ pub enum SweepStop {
     Budget,
     /// The Lambda deadline is near.
     Deadline,
-    /// Another sweep is running (it holds the sweep lock); this one stepped aside.
+    /// Another sweep is running (it holds the sweep lease); this one stepped aside.
     Busy,
 }
 
@@ -111,12 +112,17 @@ pub struct SweepSettings {
     pub ledger_ttl: Duration,
 }
 
-/// The advisory lock (class, key) sweeps take turns on: "job" and 1.
-const SWEEP_LOCK: (i32, i32) = (0x006a_6f62, 1);
+/// The lease row sweeps of fences take turns on (`core.sweep_leases`).
+const SWEEP_LEASE: &str = "fences";
+
+/// How long past its budget (or deadline) a sweep's lease holds: its last statement may still be
+/// running when the budget runs out. A crashed sweep blocks the next for at most this long past
+/// its budget.
+const LEASE_MARGIN: Duration = Duration::from_secs(60);
 
 /// Deletes expired fences batch by batch until a short batch, the budget or `deadline`
 /// (wall time; `None` for no deadline). `now` comes from `clock` once, at the start. If another
-/// sweep is running, returns at once with [`SweepStop::Busy`].
+/// sweep holds the lease, returns at once with [`SweepStop::Busy`].
 pub async fn sweep(
     pool: &PgPool,
     clock: &dyn Clock,
@@ -124,14 +130,14 @@ pub async fn sweep(
     deadline: Option<Instant>,
 ) -> sqlx::Result<SweepReport> {
     let mut conn = pool.acquire().await?;
-    let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1, $2)")
-        .bind(SWEEP_LOCK.0)
-        .bind(SWEEP_LOCK.1)
-        .fetch_one(&mut *conn)
-        .await?;
-    if !locked {
+    let runs_for = deadline.map_or(settings.budget, |d| {
+        settings
+            .budget
+            .min(d.saturating_duration_since(Instant::now()))
+    });
+    let Some(lease) = take_lease(&mut *conn, runs_for + LEASE_MARGIN).await? else {
         return report(&mut conn, clock.now(), 0, 0, SweepStop::Busy).await;
-    }
+    };
     let swept = sweep_locked(&mut conn, clock, settings, deadline).await;
     let reported = match &swept {
         Ok((deleted, batches, stop)) => {
@@ -139,18 +145,36 @@ pub async fn sweep(
         }
         Err(_) => None,
     };
-    let unlocked = sqlx::query("SELECT pg_advisory_unlock($1, $2)")
-        .bind(SWEEP_LOCK.0)
-        .bind(SWEEP_LOCK.1)
-        .execute(&mut *conn)
-        .await;
-    if unlocked.is_err() {
-        // Never hand a connection that may still hold the lock back to the pool: closing it
-        // releases the lock.
-        let _ = sqlx::Connection::close(conn.detach()).await;
-    }
+    // A lease not given back lapses by itself; the sweep's own result comes first.
+    let _ = give_back_lease(&mut *conn, lease).await;
     swept?;
     reported.expect("reported when swept")
+}
+
+/// Takes the sweep lease for `hold` if nobody holds it (or its holder's lapsed): the holder's
+/// id if taken. One statement, so it is the same behind a transaction pooler as on a session.
+async fn take_lease(db: impl PgExecutor<'_>, hold: Duration) -> sqlx::Result<Option<Uuid>> {
+    sqlx::query_scalar(
+        "INSERT INTO core.sweep_leases AS l (name, holder, until)
+         VALUES ($1, $2, clock_timestamp() + $3 * interval '1 millisecond')
+         ON CONFLICT (name) DO UPDATE SET holder = EXCLUDED.holder, until = EXCLUDED.until
+             WHERE l.until < clock_timestamp()
+         RETURNING holder",
+    )
+    .bind(SWEEP_LEASE)
+    .bind(Uuid::new_v4())
+    .bind(i64::try_from(hold.as_millis()).unwrap_or(i64::MAX / 2))
+    .fetch_optional(db)
+    .await
+}
+
+async fn give_back_lease(db: impl PgExecutor<'_>, holder: Uuid) -> sqlx::Result<()> {
+    sqlx::query("DELETE FROM core.sweep_leases WHERE name = $1 AND holder = $2")
+        .bind(SWEEP_LEASE)
+        .bind(holder)
+        .execute(db)
+        .await
+        .map(drop)
 }
 
 async fn sweep_locked(

@@ -152,7 +152,7 @@ async fn a_sweep_stops_at_its_budget_and_reports_the_backlog(pool: PgPool) {
 }
 
 /// One sweep at a time: a sweep started while another runs returns at once (`Busy`) instead of
-/// waiting or competing for the same rows; the lock is released when the first ends.
+/// waiting or competing for the same rows; the lease is given back when the first ends.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn a_sweep_started_while_another_runs_steps_aside(
     _: PgPoolOptions,
@@ -171,7 +171,7 @@ async fn a_sweep_started_while_another_runs_steps_aside(
         let (pool, clock) = (pool.clone(), clock.clone());
         async move { sweep(&pool, clock.as_ref(), small, None).await.unwrap() }
     });
-    // Once the first is deleting, it holds the sweep lock for its 40 batches; a second one
+    // Once the first is deleting, it holds the sweep lease for its 40 batches; a second one
     // started meanwhile steps aside.
     while fences(&pool).await == 20_000 {
         tokio::time::sleep(Duration::from_millis(2)).await;
@@ -189,9 +189,35 @@ async fn a_sweep_started_while_another_runs_steps_aside(
         "{first:?}"
     );
     assert_eq!(fences(&pool).await, 0);
-    // The lock is released: the next sweep runs.
+    // The lease is given back: the next sweep runs.
     let third = sweep(&pool, clock.as_ref(), small, None).await.unwrap();
     assert_eq!(third.stop, SweepStop::Done);
+}
+
+/// A sweep that died holding the lease (its Lambda killed mid-run) blocks the next only until
+/// the lease lapses: a live lease sends the next sweep aside, a lapsed one is taken over.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn a_dead_sweeps_lease_lapses_and_the_next_sweep_takes_it(pool: PgPool) {
+    seed(&pool, 10, t0() - Span::minutes(1)).await;
+    let lease = |until: &'static str| {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO core.sweep_leases (name, holder, until)
+             VALUES ('fences', gen_random_uuid(), clock_timestamp() + interval '{until}')
+             ON CONFLICT (name) DO UPDATE SET holder = EXCLUDED.holder, until = EXCLUDED.until"
+        )))
+    };
+    let clock = ManualClock::new(t0());
+    lease("1 hour").execute(&pool).await.unwrap();
+    let report = sweep(&pool, &clock, ALL_AT_ONCE, None).await.unwrap();
+    assert_eq!((report.deleted, report.stop), (0, SweepStop::Busy));
+    lease("-1 second").execute(&pool).await.unwrap();
+    let report = sweep(&pool, &clock, ALL_AT_ONCE, None).await.unwrap();
+    assert_eq!((report.deleted, report.stop), (10, SweepStop::Done));
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM core.sweep_leases")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "the sweep gives its lease back");
 }
 
 /// Consumers keep inserting fences while a sweep runs; the sweep takes only expired rows and
