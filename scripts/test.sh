@@ -26,6 +26,8 @@ step "Linting (cargo clippy --all-targets -- -D warnings)"
 cargo clippy --workspace --all-targets --quiet -- -D warnings || die "clippy found problems"
 
 ensure_pg_server_binaries
+ensure_pgbouncer
+export PGBOUNCER
 step "Running the tests against ${DATABASE_URL%%@*}@… (cargo test --workspace)"
 note "the chaos soak restarts a throwaway PostgreSQL cluster of its own, never this one"
 log=$(mktemp)
@@ -36,3 +38,17 @@ cargo test --workspace 2>&1 | tee "$log" || status=$?
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      END { printf "\ntests: %d passed, %d failed\n", p, f }' "$log"
 [ "$status" = 0 ] || die "tests failed (see above)"
+
+# The guarantee tests again, through a transaction pooler as deployed (RDS Proxy multiplexes
+# connections at transaction boundaries): every test's database, harness, scheduled run and API
+# on a PgBouncer in transaction mode, where nothing of a session survives its transaction.
+POOLER_TESTS=(-p shared -p e2e --lib --test acceptance --test batch --test conflicts
+              --test letter_locks --test schema_guards --test sweeper --test true_records
+              --test ac2_crash --test faults --test boundary --test scheduled --test api)
+step "Running the guarantee tests through PgBouncer in transaction mode (cargo test ${POOLER_TESTS[*]})"
+cargo build --quiet -p e2e --bin through-pooler || die "could not build through-pooler"
+status=0
+target/debug/through-pooler -- cargo test "${POOLER_TESTS[@]}" 2>&1 | tee "$log" || status=$?
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
+     END { printf "\ntests through the pooler: %d passed, %d failed\n", p, f }' "$log"
+[ "$status" = 0 ] || die "tests failed through the pooler (see above)"

@@ -14,6 +14,7 @@ pub mod gateway;
 pub mod lambda_host;
 pub mod latency_proxy;
 pub mod local_stack;
+pub mod pooler;
 pub mod soak;
 pub mod stack;
 pub mod throwaway_pg;

@@ -214,21 +214,21 @@ fn server_bindir() -> PathBuf {
     )
 }
 
-fn is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     Command::new("id")
         .arg("-u")
         .output()
         .is_ok_and(|o| o.stdout.starts_with(b"0\n"))
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("a free port")
 }
 
-fn run(command: &mut Command) {
+pub(crate) fn run(command: &mut Command) {
     let output = command
         .output()
         .unwrap_or_else(|e| panic!("{command:?}: {e}"));
