@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Benchmarks (not tests): ratios against a baseline measured in the same run, medians of
 # alternating rounds. Builds with the `perf` profile (optimized, quick to link).
-# `bash scripts/bench.sh [harness] [latency] [sweep] [api] [scale]` runs those parts (default: all).
+# `bash scripts/bench.sh [harness] [latency] [pooler] [sweep] [api] [scale]` runs those parts (default: all).
 source "$(dirname "$0")/lib.sh"
 
 command -v cargo >/dev/null || die "cargo is not installed"
@@ -17,7 +17,7 @@ DATABASE_URL=$(database_url_for jobs_bench)
 export DATABASE_URL
 ensure_sqs_api
 ensure_pgbench
-PARTS=${*:-harness latency sweep api scale}
+PARTS=${*:-harness latency pooler sweep api scale}
 part() { case " $PARTS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 BINS=(bench-harness bench-latency bench-sweep bench-api bench-scale local-consumer)
 BIN_ARGS=$(printf -- '--bin %s ' "${BINS[@]}")
@@ -31,6 +31,12 @@ fi
 if part latency; then
   step "At RDS latency: a throwaway primary with a synchronous standby, a latency proxy (0, 0.5, 1, 2 ms) on both links; pgbench vs the harness, round trips per job (~13 min)"
   target/perf/bench-latency || die "the latency benchmark failed"
+fi
+if part pooler; then
+  ensure_pgbouncer
+  export PGBOUNCER
+  step "Through PgBouncer in transaction mode at 1 ms RTT: 64 clients over 8 server connections vs 8 clients direct, pgbench and the harness (~2 min)"
+  target/perf/bench-latency pooler || die "the pooler benchmark failed"
 fi
 if part sweep; then
   step "Sweeper: delete rate vs a raw batched DELETE, consumers with vs without a sweep"
@@ -48,6 +54,6 @@ step "All figures: target/bench/results.json"
 python3 - <<'PY' || die "could not merge the results"
 import json, os
 parts = {name: json.load(open(f"target/bench/{name}.json"))
-         for name in ("harness", "latency", "sweep", "api", "scale") if os.path.exists(f"target/bench/{name}.json")}
+         for name in ("harness", "latency", "pooler", "sweep", "api", "scale") if os.path.exists(f"target/bench/{name}.json")}
 json.dump(parts, open("target/bench/results.json", "w"), indent=2)
 PY

@@ -47,6 +47,19 @@ pub fn pgbench(url: &str, file: &str, load: Load) -> Rate {
 
 /// [`pgbench`] with `switches` set to 1 (`-D name=1`; every other switch of the script is 0).
 pub fn pgbench_with(url: &str, file: &str, switches: &[&str], load: Load) -> Rate {
+    pgbench_in("prepared", url, file, switches, load)
+}
+
+/// [`pgbench`] with the extended protocol's unnamed statements (`-M extended`: the same round
+/// trips as `-M prepared` once prepared). For more clients than a pooler has server
+/// connections: pgbench prepares with a blocking call, so one client of a pgbench thread
+/// waiting in the pooler for a server connection stalls the clients of that thread holding
+/// them, until the pooler's `query_wait_timeout`.
+pub fn pgbench_extended(url: &str, file: &str, load: Load) -> Rate {
+    pgbench_in("extended", url, file, &[], load)
+}
+
+fn pgbench_in(mode: &str, url: &str, file: &str, switches: &[&str], load: Load) -> Rate {
     let clients = load.workers;
     let mut defines = vec![format!("dups={DUPS}")];
     defines.extend(
@@ -55,7 +68,7 @@ pub fn pgbench_with(url: &str, file: &str, switches: &[&str], load: Load) -> Rat
             .map(|step| format!("{step}={}", u8::from(switches.contains(step)))),
     );
     let out = Command::new("pgbench")
-        .args(["-n", "-M", "prepared"])
+        .args(["-n", "-M", mode])
         .args(defines.iter().flat_map(|d| ["-D", d.as_str()]))
         .args([
             "-c",

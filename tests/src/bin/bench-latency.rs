@@ -12,10 +12,15 @@
 //!   mode (new jobs and duplicates), in alternating rounds of random order; medians, ratios,
 //!   and round trips per job, printed and written to `target/bench/latency.json`.
 //!
+//! `bench-latency pooler` puts PgBouncer in transaction mode behind the clients' proxy, at
+//! 1 ms: 64 clients over 8 server connections against 8 clients direct ([`pooler`];
+//! `target/bench/pooler.json`).
+//!
 //! A measurement, not a test (`tests/tests/round_trips.rs` pins the counts).
 
 use e2e::bench::runs::{
-    BATCH, BATCH_STEPS, DUPS, Load, Rate, harness, harness_batches, pgbench, pgbench_with,
+    BATCH, BATCH_STEPS, DUPS, Load, Rate, harness, harness_batches, pgbench, pgbench_extended,
+    pgbench_with,
 };
 use e2e::bench::{self, BenchDatabase, median, psql};
 use e2e::latency_proxy::LatencyProxy;
@@ -183,8 +188,17 @@ impl Deployment {
     }
 }
 
+/// Clients and server connections of the pooler part: 64 clients over 8.
+const POOLED_CLIENTS: usize = 64;
+const POOL_SIZE: u32 = 8;
+/// The round-trip time of the pooler part (the deployment figure).
+const POOLED_RTT_MS: f64 = 1.0;
+
 #[tokio::main]
 async fn main() {
+    if std::env::args().nth(1).as_deref() == Some("pooler") {
+        return pooler().await;
+    }
     println!(
         "starting a primary and its synchronous standby (throwaway clusters), and the latency proxies"
     );
@@ -255,4 +269,105 @@ async fn main() {
         "setup": "throwaway primary + synchronous streaming standby, latency proxy on both links",
         "figures": figures});
     bench::write_figures("latency", &out);
+}
+
+/// `bench-latency pooler`: at 1 ms RTT with the synchronous standby, clients reaching the
+/// primary through PgBouncer in transaction mode (latency proxy → PgBouncer → primary, as
+/// Lambda → RDS Proxy → PostgreSQL): 64 clients over 8 server connections, against 8 clients
+/// straight to the primary, for pgbench and the harness alike. Multiplexing adds no round trip,
+/// so 64 clients over 8 connections should do what 8 clients on their own connections do.
+async fn pooler() {
+    println!(
+        "starting a primary and its synchronous standby, PgBouncer ({POOLED_CLIENTS} clients over {POOL_SIZE} server connections, transaction mode) and the latency proxies"
+    );
+    let deployment = Deployment::start();
+    let direct = deployment.primary.url();
+    let BenchDatabase { version, .. } = bench::open_at(
+        direct.clone(),
+        2,
+        &format!(
+            "{POOLED_RTT_MS} ms RTT, commits waiting for a synchronous standby; {ROUNDS} rounds of {} s per side, alternating, medians",
+            RUN.as_secs()
+        ),
+    )
+    .await;
+    psql(
+        &direct,
+        "reset_for_harness.sql",
+        &[("dups", DUPS.to_string())],
+    );
+    let bouncer = e2e::pooler::Pooler::start(&direct, POOL_SIZE);
+    let to_bouncer = LatencyProxy::start(
+        format!("127.0.0.1:{}", bouncer.port).parse().unwrap(),
+        Duration::ZERO,
+    );
+    let rtt = Duration::from_secs_f64(POOLED_RTT_MS / 1000.0);
+    deployment.set_rtt(rtt);
+    to_bouncer.set_rtt(rtt);
+    let straight = deployment.clients.url(&direct);
+    let pooled = to_bouncer.url(&bouncer.url_for(&direct));
+    let (trip, commit) = calibrate(&pooled).await;
+    println!(
+        "through PgBouncer: a round trip takes {trip:.2} ms, an autocommit insert {commit:.2} ms"
+    );
+
+    // (name, through the pooler?, side)
+    let sides: [(&str, bool, Side); 6] = [
+        ("pgbench -M extended, c = 8 direct", false, Side::PgbenchJob),
+        ("pgbench -M extended, 64 over 8", true, Side::PgbenchJob),
+        ("new jobs per job, c = 8 direct", false, Side::PerJob),
+        ("new jobs per job, 64 over 8", true, Side::PerJob),
+        ("batches of 10 new, c = 8 direct", false, Side::Batch),
+        ("batches of 10 new, 64 over 8", true, Side::Batch),
+    ];
+    let mut rates = vec![Vec::new(); sides.len()];
+    for _ in 0..ROUNDS {
+        let mut order: Vec<usize> = (0..sides.len()).collect();
+        order.shuffle(&mut rand::rng());
+        for i in order {
+            let (_, through, side) = sides[i];
+            let (url, workers) = if through {
+                (&pooled, POOLED_CLIENTS)
+            } else {
+                (&straight, POOL_SIZE as usize)
+            };
+            let load = Load {
+                workers,
+                run: RUN,
+                messages: MESSAGES_PER_RUN,
+            };
+            // pgbench's prepared mode stalls behind a pooler with fewer server connections
+            // than clients (see `pgbench_extended`); both of its sides run extended.
+            let rate = match side {
+                Side::PgbenchJob => pgbench_extended(url, "fence_effect.sql", load),
+                _ => side.run(url, load).await,
+            };
+            rates[i].push(rate.per_second);
+        }
+    }
+    let median_of = |i: usize| median(rates[i].clone());
+    println!(
+        "\n{POOLED_RTT_MS} ms RTT   {:<56} {:>9} {:>9} {:>7}",
+        "", "baseline", "ours", "ratio"
+    );
+    let mut figures = Vec::new();
+    // (ours, baseline): pooled against direct for each side, and the harness against pgbench
+    // through the same pooler.
+    for (ours, base) in [(1, 0), (3, 2), (5, 4), (3, 1), (5, 1)] {
+        let (o, b) = (median_of(ours), median_of(base));
+        let label = format!("{} vs {}", sides[ours].0, sides[base].0);
+        println!("  {label:<66} {b:>9.0} {o:>9.0} {:>7.2}", o / b);
+        figures.push(json!({
+            "figure": sides[ours].0, "baseline_name": sides[base].0, "unit": "jobs/s",
+            "ours": o, "baseline": b, "ratio": o / b,
+            "our_runs": rates[ours], "baseline_runs": rates[base],
+        }));
+    }
+    let out: Value = json!({"postgres": version, "rounds": ROUNDS, "run_seconds": RUN.as_secs(),
+        "rtt_ms": POOLED_RTT_MS, "measured_rtt_ms": trip, "measured_commit_ms": commit,
+        "clients": POOLED_CLIENTS, "server_connections": POOL_SIZE,
+        "pgbouncer": "1.24.1, pool_mode = transaction, max_prepared_statements = 500",
+        "setup": "throwaway primary + synchronous streaming standby; latency proxy → PgBouncer → primary, and primary → standby",
+        "figures": figures});
+    bench::write_figures("pooler", &out);
 }
