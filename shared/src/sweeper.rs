@@ -7,8 +7,8 @@
 //! the job may have committed through an earlier send whose record was lost);
 //! one sweep runs at a time (a lease row, `core.sweep_leases`, which works the same behind a
 //! transaction pooler as on a session, where a session advisory lock does not; an overlapping
-//! run steps aside at once instead of waiting), so the batches need no row locks; each batch is one short statement, and consumers, which only insert fresh
-//! rows, never wait on a sweep.
+//! run steps aside at once instead of waiting), so the batches need no row locks; each batch
+//! is one short statement, and consumers, which only insert fresh rows, never wait on a sweep.
 
 use crate::clock::Clock;
 use chrono::{DateTime, Utc};
@@ -120,6 +120,9 @@ const SWEEP_LEASE: &str = "fences";
 /// its budget.
 const LEASE_MARGIN: Duration = Duration::from_secs(60);
 
+/// The longest lease a sweep takes, whatever its budget says (a Lambda runs 15 minutes at most).
+const LEASE_MAX: Duration = Duration::from_secs(86_400);
+
 /// Deletes expired fences batch by batch until a short batch, the budget or `deadline`
 /// (wall time; `None` for no deadline). `now` comes from `clock` once, at the start. If another
 /// sweep holds the lease, returns at once with [`SweepStop::Busy`].
@@ -138,7 +141,7 @@ pub async fn sweep(
     let Some(lease) = take_lease(&mut *conn, runs_for + LEASE_MARGIN).await? else {
         return report(&mut conn, clock.now(), 0, 0, SweepStop::Busy).await;
     };
-    let swept = sweep_locked(&mut conn, clock, settings, deadline).await;
+    let swept = sweep_leased(&mut conn, clock, settings, deadline).await;
     let reported = match &swept {
         Ok((deleted, batches, stop)) => {
             Some(report(&mut conn, clock.now(), *deleted, *batches, *stop).await)
@@ -163,7 +166,7 @@ async fn take_lease(db: impl PgExecutor<'_>, hold: Duration) -> sqlx::Result<Opt
     )
     .bind(SWEEP_LEASE)
     .bind(Uuid::new_v4())
-    .bind(i64::try_from(hold.as_millis()).unwrap_or(i64::MAX / 2))
+    .bind(hold.min(LEASE_MAX).as_millis() as i64)
     .fetch_optional(db)
     .await
 }
@@ -177,7 +180,7 @@ async fn give_back_lease(db: impl PgExecutor<'_>, holder: Uuid) -> sqlx::Result<
         .map(drop)
 }
 
-async fn sweep_locked(
+async fn sweep_leased(
     conn: &mut sqlx::PgConnection,
     clock: &dyn Clock,
     settings: SweepSettings,

@@ -1,8 +1,9 @@
 //! `through-pooler [--pool-size N] -- COMMAND...`: runs COMMAND with `DATABASE_URL` pointed at a
 //! PgBouncer of its own in transaction mode in front of `DATABASE_URL`'s server (the local analog
 //! of RDS Proxy), then stops the pooler and drops the `#[sqlx::test]` databases the command left
-//! (through a pooler their drop fails while the pooler still holds a server connection to them;
-//! they are dropped here, directly, once it has let go). Exits with COMMAND's status.
+//! (through a pooler their drop can fail while the pooler still holds a server connection to
+//! them: sqlx only prints so; they are dropped here, directly, once it has let go). Exits with
+//! COMMAND's status.
 
 use clap::Parser;
 use e2e::pooler::Pooler;
