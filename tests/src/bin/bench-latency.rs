@@ -182,6 +182,28 @@ impl Deployment {
         }
     }
 
+    /// Started, the bench schema migrated and seeded for the harness on the primary: the
+    /// deployment, the primary's own URL and the server's version. `how` opens the machine line.
+    async fn seeded(how: &str) -> (Self, String, String) {
+        let deployment = Self::start();
+        let direct = deployment.primary.url();
+        let BenchDatabase { version, .. } = bench::open_at(
+            direct.clone(),
+            2,
+            &format!(
+                "{how}, commits waiting for a synchronous standby; {ROUNDS} rounds of {} s per side, alternating, medians",
+                RUN.as_secs()
+            ),
+        )
+        .await;
+        psql(
+            &direct,
+            "reset_for_harness.sql",
+            &[("dups", DUPS.to_string())],
+        );
+        (deployment, direct, version)
+    }
+
     fn set_rtt(&self, rtt: Duration) {
         self.replication.set_rtt(rtt);
         self.clients.set_rtt(rtt);
@@ -202,22 +224,7 @@ async fn main() {
     println!(
         "starting a primary and its synchronous standby (throwaway clusters), and the latency proxies"
     );
-    let deployment = Deployment::start();
-    let direct = deployment.primary.url();
-    let BenchDatabase { version, .. } = bench::open_at(
-        direct.clone(),
-        2,
-        &format!(
-            "through the latency proxy, commits waiting for a synchronous standby; {ROUNDS} rounds of {} s per side, alternating, medians",
-            RUN.as_secs()
-        ),
-    )
-    .await;
-    psql(
-        &direct,
-        "reset_for_harness.sql",
-        &[("dups", DUPS.to_string())],
-    );
+    let (deployment, direct, version) = Deployment::seeded("through the latency proxy").await;
     let url = deployment.clients.url(&direct);
 
     let mut figures = Vec::new();
@@ -280,22 +287,8 @@ async fn pooler() {
     println!(
         "starting a primary and its synchronous standby, PgBouncer ({POOLED_CLIENTS} clients over {POOL_SIZE} server connections, transaction mode) and the latency proxies"
     );
-    let deployment = Deployment::start();
-    let direct = deployment.primary.url();
-    let BenchDatabase { version, .. } = bench::open_at(
-        direct.clone(),
-        2,
-        &format!(
-            "{POOLED_RTT_MS} ms RTT, commits waiting for a synchronous standby; {ROUNDS} rounds of {} s per side, alternating, medians",
-            RUN.as_secs()
-        ),
-    )
-    .await;
-    psql(
-        &direct,
-        "reset_for_harness.sql",
-        &[("dups", DUPS.to_string())],
-    );
+    let (deployment, direct, version) =
+        Deployment::seeded(&format!("{POOLED_RTT_MS} ms RTT")).await;
     let bouncer = e2e::pooler::Pooler::start(&direct, POOL_SIZE);
     let to_bouncer = LatencyProxy::start(
         format!("127.0.0.1:{}", bouncer.port).parse().unwrap(),
