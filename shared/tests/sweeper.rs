@@ -8,6 +8,7 @@ use shared::fence::fence_exists;
 use shared::harness::RecordOutcome;
 use shared::sweeper::{SweepSettings, SweepStop, sweep, sweep_expired};
 use shared_testkit::reference::*;
+use shared_testkit::sweeps::{fence_count as fences, seed_fences as seed};
 use shared_testkit::*;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -24,27 +25,6 @@ const ALL_AT_ONCE: SweepSettings = SweepSettings {
     pause: Duration::ZERO,
     ledger_ttl: Duration::from_secs(7 * 86_400),
 };
-
-/// Seeds `n` fences of one consumer expiring at `expires_at` (processed a week before).
-async fn seed(pool: &PgPool, n: i64, expires_at: DateTime<chrono::Utc>) {
-    sqlx::query(
-        "INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, processed_at, expires_at)
-         SELECT gen_random_uuid(), 'award-points', gen_random_uuid(), $2 - interval '7 days', $2
-         FROM generate_series(1, $1)",
-    )
-    .bind(n)
-    .bind(expires_at)
-    .execute(pool)
-    .await
-    .unwrap();
-}
-
-async fn fences(pool: &PgPool) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM core.processed_jobs")
-        .fetch_one(pool)
-        .await
-        .unwrap()
-}
 
 async fn expiring(pool: &PgPool, at: DateTime<chrono::Utc>) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM core.processed_jobs WHERE expires_at = $1")
@@ -159,39 +139,7 @@ async fn a_sweep_started_while_another_runs_steps_aside(
     connect: PgConnectOptions,
 ) {
     let pool = own_pool(connect, 4).await;
-    seed(&pool, 20_000, t0() - Span::minutes(1)).await;
-    let small = SweepSettings {
-        batch_size: 500,
-        budget: Duration::from_secs(600),
-        pause: Duration::from_millis(5),
-        ledger_ttl: Duration::from_secs(7 * 86_400),
-    };
-    let clock = Arc::new(ManualClock::new(t0()));
-    let first = tokio::spawn({
-        let (pool, clock) = (pool.clone(), clock.clone());
-        async move { sweep(&pool, clock.as_ref(), small, None).await.unwrap() }
-    });
-    // Once the first is deleting, it holds the sweep lease for its 40 batches; a second one
-    // started meanwhile steps aside.
-    while fences(&pool).await == 20_000 {
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    let second = sweep(&pool, clock.as_ref(), small, None).await.unwrap();
-    let first = first.await.unwrap();
-    assert_eq!(
-        (second.deleted, second.stop),
-        (0, SweepStop::Busy),
-        "{second:?}"
-    );
-    assert_eq!(
-        (first.deleted, first.stop),
-        (20_000, SweepStop::Done),
-        "{first:?}"
-    );
-    assert_eq!(fences(&pool).await, 0);
-    // The lease is given back: the next sweep runs.
-    let third = sweep(&pool, clock.as_ref(), small, None).await.unwrap();
-    assert_eq!(third.stop, SweepStop::Done);
+    shared_testkit::sweeps::assert_sweeps_take_turns(&pool, &pool).await;
 }
 
 /// A sweep that died holding the lease (its Lambda killed mid-run) blocks the next only until

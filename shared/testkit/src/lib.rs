@@ -30,6 +30,7 @@ mod lookups;
 mod messages;
 pub mod reference;
 mod setup;
+pub mod sweeps;
 
 pub use consumers::{Counting, Fault, OnTx};
 pub use lookups::{
