@@ -5,8 +5,9 @@
 -- second sweep ran beside the first and one advisory lock was left behind), and under RDS Proxy
 -- it pins the client's connection. A lease is one row any connection can read and take.
 --
--- `until` is the database's clock (the sweepers share it, whatever their own clocks say); a
--- crashed sweep's lease lapses by itself at `until`, a sweep's budget plus a margin.
+-- `until` is the database's clock (the sweepers share it, whatever their own clocks say). A
+-- sweep takes the row for a minute and renews it before each batch; a crashed sweep's lapses
+-- by itself within a minute, and a sweep that finds its row taken over stops.
 CREATE TABLE core.sweep_leases (
     name   text PRIMARY KEY CHECK (length(name) <= 64),
     holder uuid NOT NULL,
@@ -14,4 +15,4 @@ CREATE TABLE core.sweep_leases (
 );
 
 COMMENT ON TABLE core.sweep_leases IS
-    'Whose turn it is to sweep: a sweep takes the row while its until has passed, and deletes it when done.';
+    'Whose turn it is to sweep: a sweep takes the row when its until has passed, renews it before each batch, and deletes it when done.';

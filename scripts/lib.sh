@@ -195,7 +195,8 @@ ensure_pgbouncer() {
     tar xf pgbouncer_*.orig.tar.gz; tar xf pgbouncer_*.debian.tar.xz
     cd pgbouncer-*/
     # Debian's security fixes; not its packaging patch (debian-config: system paths).
-    grep -v '^debian-config$' ../debian/patches/series | while read -r p; do patch -p1 -s <"../debian/patches/$p"; done
+    sed '/^debian-config$/d; /^#/d; /^[[:space:]]*$/d' ../debian/patches/series >../patches
+    while read -r p; do patch -p1 -s <"../debian/patches/$p"; done <../patches
     ./configure -q --prefix="$TOOLS/pgbouncer" --without-cares --without-systemd --without-pam
     make -s -j2 && make -s install
   ) >"$build_log" 2>&1 || die "building PgBouncer failed; see $build_log"

@@ -80,7 +80,8 @@ pub enum SweepStop {
     Budget,
     /// The Lambda deadline is near.
     Deadline,
-    /// Another sweep is running (it holds the sweep lease); this one stepped aside.
+    /// Another sweep is running (it holds the sweep lease); this one stepped aside, at once or
+    /// when it found its lease taken over.
     Busy,
 }
 
@@ -115,13 +116,9 @@ pub struct SweepSettings {
 /// The lease row sweeps of fences take turns on (`core.sweep_leases`).
 const SWEEP_LEASE: &str = "fences";
 
-/// How long past its budget (or deadline) a sweep's lease holds: its last statement may still be
-/// running when the budget runs out. A crashed sweep blocks the next for at most this long past
-/// its budget.
-const LEASE_MARGIN: Duration = Duration::from_secs(60);
-
-/// The longest lease a sweep takes, whatever its budget says (a Lambda runs 15 minutes at most).
-const LEASE_MAX: Duration = Duration::from_secs(86_400);
+/// How long a sweep's lease holds from its last renewal: each batch renews it, so it only has
+/// to outlast one batch. A sweep that died blocks the next for at most this long.
+const LEASE_HOLD: Duration = Duration::from_secs(60);
 
 /// Deletes expired fences batch by batch until a short batch, the budget or `deadline`
 /// (wall time; `None` for no deadline). `now` comes from `clock` once, at the start. If another
@@ -133,15 +130,11 @@ pub async fn sweep(
     deadline: Option<Instant>,
 ) -> sqlx::Result<SweepReport> {
     let mut conn = pool.acquire().await?;
-    let runs_for = deadline.map_or(settings.budget, |d| {
-        settings
-            .budget
-            .min(d.saturating_duration_since(Instant::now()))
-    });
-    let Some(lease) = take_lease(&mut *conn, runs_for + LEASE_MARGIN).await? else {
+    let holder = Uuid::new_v4();
+    if !hold_lease(&mut *conn, holder).await? {
         return report(&mut conn, clock.now(), 0, 0, SweepStop::Busy).await;
-    };
-    let swept = sweep_leased(&mut conn, clock, settings, deadline).await;
+    }
+    let swept = sweep_leased(&mut conn, holder, clock, settings, deadline).await;
     let reported = match &swept {
         Ok((deleted, batches, stop)) => {
             Some(report(&mut conn, clock.now(), *deleted, *batches, *stop).await)
@@ -149,26 +142,28 @@ pub async fn sweep(
         Err(_) => None,
     };
     // A lease not given back lapses by itself; the sweep's own result comes first.
-    let _ = give_back_lease(&mut *conn, lease).await;
+    let _ = give_back_lease(&mut *conn, holder).await;
     swept?;
     reported.expect("reported when swept")
 }
 
-/// Takes the sweep lease for `hold` if nobody holds it (or its holder's lapsed): the holder's
-/// id if taken. One statement, so it is the same behind a transaction pooler as on a session.
-async fn take_lease(db: impl PgExecutor<'_>, hold: Duration) -> sqlx::Result<Option<Uuid>> {
-    sqlx::query_scalar(
+/// Takes the sweep lease for `holder`, or renews it, for [`LEASE_HOLD`]: whether `holder` holds
+/// it now (not if another holder's lease has not lapsed). One statement, so it is the same
+/// behind a transaction pooler as on a session.
+async fn hold_lease(db: impl PgExecutor<'_>, holder: Uuid) -> sqlx::Result<bool> {
+    let held: Option<Uuid> = sqlx::query_scalar(
         "INSERT INTO core.sweep_leases AS l (name, holder, until)
          VALUES ($1, $2, clock_timestamp() + $3 * interval '1 millisecond')
          ON CONFLICT (name) DO UPDATE SET holder = EXCLUDED.holder, until = EXCLUDED.until
-             WHERE l.until < clock_timestamp()
+             WHERE l.holder = EXCLUDED.holder OR l.until < clock_timestamp()
          RETURNING holder",
     )
     .bind(SWEEP_LEASE)
-    .bind(Uuid::new_v4())
-    .bind(hold.min(LEASE_MAX).as_millis() as i64)
+    .bind(holder)
+    .bind(LEASE_HOLD.as_millis() as i64)
     .fetch_optional(db)
-    .await
+    .await?;
+    Ok(held.is_some())
 }
 
 async fn give_back_lease(db: impl PgExecutor<'_>, holder: Uuid) -> sqlx::Result<()> {
@@ -182,6 +177,7 @@ async fn give_back_lease(db: impl PgExecutor<'_>, holder: Uuid) -> sqlx::Result<
 
 async fn sweep_leased(
     conn: &mut sqlx::PgConnection,
+    holder: Uuid,
     clock: &dyn Clock,
     settings: SweepSettings,
     deadline: Option<Instant>,
@@ -196,6 +192,11 @@ async fn sweep_leased(
         }
         if started.elapsed() >= settings.budget {
             break SweepStop::Budget;
+        }
+        // The lease taken covers the first batch; each later one renews it first. Lost (a batch
+        // outlasted the lease and another sweep took it): that sweep goes on, this one stops.
+        if batches > 0 && !hold_lease(&mut *conn, holder).await? {
+            break SweepStop::Busy;
         }
         let (n, last) = sweep_expired(&mut *conn, now, from, settings.batch_size).await?;
         deleted += n;

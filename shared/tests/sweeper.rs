@@ -168,6 +168,50 @@ async fn a_dead_sweeps_lease_lapses_and_the_next_sweep_takes_it(pool: PgPool) {
     assert_eq!(left, 0, "the sweep gives its lease back");
 }
 
+/// A sweep whose lease was taken over mid-run (a batch outlasted it, another sweep took it)
+/// stops at its next batch instead of sweeping beside the new holder: each batch renews the
+/// lease first.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn a_sweep_whose_lease_was_taken_over_stops_at_its_next_batch(pool: PgPool) {
+    seed(&pool, 20_000, t0() - Span::minutes(1)).await;
+    let paced = SweepSettings {
+        batch_size: 500,
+        pause: Duration::from_millis(20),
+        ..ALL_AT_ONCE
+    };
+    let first = tokio::spawn({
+        let pool = pool.clone();
+        async move {
+            sweep(&pool, &ManualClock::new(t0()), paced, None)
+                .await
+                .unwrap()
+        }
+    });
+    while fences(&pool).await == 20_000 && !first.is_finished() {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let taken: u64 = sqlx::query(
+        "UPDATE core.sweep_leases
+         SET holder = gen_random_uuid(), until = clock_timestamp() + interval '1 hour'",
+    )
+    .execute(&pool)
+    .await
+    .unwrap()
+    .rows_affected();
+    let first = first.await.unwrap();
+    assert_eq!(taken, 1, "the first sweep held the lease");
+    assert_eq!(first.stop, SweepStop::Busy, "{first:?}");
+    assert!(first.deleted < 20_000, "{first:?}");
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM core.sweep_leases")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        left, 1,
+        "the new holder's lease is not the first sweep's to give back"
+    );
+}
+
 /// Consumers keep inserting fences while a sweep runs; the sweep takes only expired rows and
 /// no consumer fails or waits for it.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]

@@ -75,16 +75,7 @@ impl LatencyProxy {
     /// `url` (`postgres://[user[:password]@]host[:port]/rest`) with its host and port replaced
     /// by this proxy's.
     pub fn url(&self, url: &str) -> String {
-        let (scheme, rest) = url.split_once("://").expect("a postgres:// URL");
-        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
-        let user = authority
-            .rsplit_once('@')
-            .map(|(user, _)| format!("{user}@"));
-        format!(
-            "{scheme}://{}127.0.0.1:{}/{path}",
-            user.unwrap_or_default(),
-            self.addr.port()
-        )
+        on_local_port(url, self.addr.port())
     }
 
     /// Round trips (client turns) on every connection so far.
@@ -171,4 +162,29 @@ fn pump(mut from: TcpStream, to: TcpStream, one_way: &AtomicU64, seen: impl Fn(&
     drop(tx);
     let _ = delivering.join();
     let _ = (to.shutdown(Shutdown::Both), from.shutdown(Shutdown::Both));
+}
+
+/// `url` (`postgres://[user[:password]@]host[:port]/rest`) with its host and port replaced by
+/// 127.0.0.1 and `port`: the same user, password, database and parameters, through a local
+/// stand-in (this proxy, a pooler).
+pub fn on_local_port(url: &str, port: u16) -> String {
+    let (scheme, rest) = url.split_once("://").expect("a postgres:// URL");
+    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let user = authority
+        .rsplit_once('@')
+        .map(|(user, _)| format!("{user}@"));
+    format!(
+        "{scheme}://{}127.0.0.1:{port}/{path}",
+        user.unwrap_or_default()
+    )
+}
+
+/// The password of `url` (`postgres://user:password@…`) as written there, or none.
+pub fn password_of(url: &str) -> &str {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority = rest.split_once('/').map_or(rest, |(a, _)| a);
+    authority
+        .rsplit_once('@')
+        .and_then(|(credentials, _)| credentials.split_once(':'))
+        .map_or("", |(_, password)| password)
 }

@@ -8,6 +8,7 @@
 //! port of 127.0.0.1, forwards every database name to the upstream server, and is stopped and
 //! removed when dropped. PgBouncer refuses to run as root, so as root it runs as `postgres`.
 
+use crate::latency_proxy::{on_local_port, password_of};
 use crate::throwaway_pg::{free_port, is_root, run};
 use sqlx::postgres::PgConnectOptions;
 use std::path::PathBuf;
@@ -29,8 +30,9 @@ pub struct Pooler {
 pub struct PoolCounts {
     /// The pool's database.
     pub database: String,
-    /// Client connections linked to a server connection, or waiting for one.
-    pub clients: u32,
+    /// Client connections waiting for a server connection (`cl_waiting`): more clients
+    /// wanted one at once than the pool has.
+    pub waiting: u32,
     /// Server connections open, busy or idle.
     pub servers: u32,
 }
@@ -49,6 +51,10 @@ impl Pooler {
         // With `auth_type = trust` clients are not asked for a password; the file names who may
         // connect, and its password is what PgBouncer logs in to the server with.
         let password = password_of(upstream);
+        assert!(
+            !password.contains(['"', '%']),
+            "the upstream URL's password must be written plainly (no quote, no percent-escape)"
+        );
         std::fs::write(
             dir.join("users.txt"),
             format!("\"{user}\" \"{password}\"\n"),
@@ -103,11 +109,17 @@ impl Pooler {
 
     /// `url` (a `postgres://` URL of the upstream server) pointed at the pooler.
     pub fn url_for(&self, url: &str) -> String {
-        let (scheme, rest) = url.split_once("://").expect("a postgres:// URL");
-        let (credentials, rest) = rest.rsplit_once('@').map_or(("", rest), |(c, r)| (c, r));
-        let path = rest.find(['/', '?']).map_or("", |i| &rest[i..]);
-        let at = if credentials.is_empty() { "" } else { "@" };
-        format!("{scheme}://{credentials}{at}127.0.0.1:{}{path}", self.port)
+        on_local_port(url, self.port)
+    }
+
+    /// What the binary says of itself (`PgBouncer 1.24.1`).
+    pub fn version() -> String {
+        let output = Command::new(binary()).arg("--version").output();
+        output
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .and_then(|v| v.lines().next().map(str::to_string))
+            .unwrap_or_default()
     }
 
     /// The pools' counts now (`SHOW POOLS` on the admin console), the admin console's own left out.
@@ -136,9 +148,9 @@ impl Pooler {
         let mut lines = text.lines();
         let header: Vec<&str> = lines.next().unwrap_or_default().split('\t').collect();
         let column = |name: &str| header.iter().position(|h| *h == name);
-        let (database, clients, servers) = (
+        let (database, waiting, servers) = (
             column("database").expect("SHOW POOLS has a database column"),
-            ["cl_active", "cl_waiting"].map(column),
+            [column("cl_waiting")],
             ["sv_active", "sv_idle", "sv_used", "sv_tested", "sv_login"].map(column),
         );
         let sum = |f: &[&str], columns: &[Option<usize>]| -> u32 {
@@ -153,7 +165,7 @@ impl Pooler {
             .filter(|f| f.len() == header.len() && f[database] != "pgbouncer")
             .map(|f| PoolCounts {
                 database: f[database].to_string(),
-                clients: sum(&f, &clients),
+                waiting: sum(&f, &waiting),
                 servers: sum(&f, &servers),
             })
             .collect()
@@ -189,15 +201,6 @@ impl Drop for Pooler {
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-/// The password in a `postgres://user:password@…` URL, or none.
-fn password_of(url: &str) -> String {
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    rest.rsplit_once('@')
-        .and_then(|(credentials, _)| credentials.split_once(':'))
-        .map(|(_, password)| password.to_string())
-        .unwrap_or_default()
 }
 
 fn binary() -> PathBuf {

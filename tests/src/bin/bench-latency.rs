@@ -359,7 +359,7 @@ async fn pooler() {
     let out: Value = json!({"postgres": version, "rounds": ROUNDS, "run_seconds": RUN.as_secs(),
         "rtt_ms": POOLED_RTT_MS, "measured_rtt_ms": trip, "measured_commit_ms": commit,
         "clients": POOLED_CLIENTS, "server_connections": POOL_SIZE,
-        "pgbouncer": "1.24.1, pool_mode = transaction, max_prepared_statements = 500",
+        "pgbouncer": format!("{}, pool_mode = transaction, max_prepared_statements = 500", e2e::pooler::Pooler::version()),
         "setup": "throwaway primary + synchronous streaming standby; latency proxy → PgBouncer → primary, and primary → standby",
         "figures": figures});
     bench::write_figures("pooler", &out);
