@@ -194,6 +194,23 @@ async fn a_dry_run_changes_nothing_and_a_bulk_replay_applies_each_job_of_the_gro
             .contains("partner ledger offline: account <q> not credited"),
         "{listed:#}"
     );
+    // A list cut at its limit says so, and how to see the rest; one that holds them all does not.
+    let cut = run(&s, &token, &["list", "--limit", "2"]).await;
+    assert_eq!(cut.status, 0, "{}", cut.stderr);
+    assert!(cut.stdout.contains("2 letter(s)"), "{}", cut.stdout);
+    assert!(
+        cut.stderr.contains("more letters match than the 2 shown")
+            && cut.stderr.contains("--limit"),
+        "{}",
+        cut.stderr
+    );
+    let whole = run(&s, &token, &["--json", "list", "--limit", "50"]).await;
+    assert_eq!(whole.last_json().as_array().map(Vec::len), Some(5));
+    assert!(
+        !whole.stderr.contains("more letters match"),
+        "{}",
+        whole.stderr
+    );
 
     let before = e2e::api_client::fingerprint(&s.pool).await;
     let plan = run(
@@ -443,6 +460,76 @@ async fn an_interrupted_bulk_replay_resumed_finishes_the_rest_without_touching_t
 
 /// `bash scripts/stack.sh up`'s process: it migrates, serves the API over HTTP with its
 /// development tokens (written to stack.env), feeds the consumers, and stops on SIGTERM.
+/// Text a producer wrote reaches the operator's terminal inert: a poison message whose
+/// correlation id and payload carry escape sequences (clear the screen, set the window title,
+/// a C1 CSI, a right-to-left override) is listed, shown, grouped and printed as JSON by the
+/// real `dlq` binary with every such character escaped, never sent to the terminal; the JSON
+/// still reads back as the letter's own text.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn a_letters_escape_sequences_are_shown_to_the_operator_never_sent_to_the_terminal(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let s = setup(pool_opts, connect).await;
+    let hostile = "INC\u{1b}[2J\u{1b}]0;all clear\u{7}\u{9b}31m\u{202e}gpj.exe\r\u{8}";
+    let body = json!({"job_id": Uuid::new_v4(), "tenant_id": Uuid::new_v4(), "correlation_id": hostile,
+        "payload": {"account_id": hostile, "points": hostile}});
+    s.stack.send(&body.to_string()).await;
+    let pool = &s.pool;
+    s.stack
+        .run_until(SETTLE, || async move {
+            let letters: i64 = sqlx::query_scalar("SELECT count(*) FROM core.dead_letters")
+                .fetch_one(pool)
+                .await
+                .unwrap();
+            letters == 1
+        })
+        .await;
+    let (id, group): (Uuid, i64) = sqlx::query_as("SELECT id, group_id FROM core.dead_letters")
+        .fetch_one(&s.pool)
+        .await
+        .unwrap();
+    let inert = |c: char| c == '\n' || !(c.is_control() || c == '\u{202e}');
+    for args in [
+        vec!["list".to_string()],
+        vec!["show".into(), id.to_string()],
+        vec!["groups".into()],
+        vec!["group".into(), group.to_string()],
+        vec!["--json".into(), "show".into(), id.to_string()],
+        vec!["--json".into(), "list".into()],
+    ] {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = run(&s, &s.reader.token, &args).await;
+        assert_eq!(out.status, 0, "dlq {args:?}: {}", out.stderr);
+        let sent: Vec<char> = out.stdout.chars().filter(|c| !inert(*c)).collect();
+        assert!(
+            sent.is_empty(),
+            "dlq {args:?} sent {sent:?} to the terminal:\n{}",
+            out.stdout
+        );
+        if args[0] == "--json" {
+            assert!(
+                out.stdout.contains("\\u001b[2J"),
+                "dlq {args:?}: {}",
+                out.stdout
+            );
+            let read: Value = serde_json::from_str(out.stdout.trim()).unwrap();
+            let letter = if args[1] == "show" {
+                &read["letter"]
+            } else {
+                &read[0]
+            };
+            assert_eq!(letter["correlation_id"], hostile, "the same text, escaped");
+        } else if args[0] == "show" {
+            assert!(
+                out.stdout.contains("\\u{1b}[2J"),
+                "dlq {args:?}: {}",
+                out.stdout
+            );
+        }
+    }
+}
+
 #[sqlx::test(migrations = false)]
 async fn the_local_stack_serves_the_api_over_http_with_its_development_tokens(
     _: PgPoolOptions,
@@ -611,4 +698,33 @@ fn the_dlq_binary_refuses_a_number_out_of_bounds_with_a_message_not_a_panic() {
             "{args:?}: refused at once, not after retries"
         );
     }
+}
+
+/// An API that does not answer is named at once, with why (the connection refused), before the
+/// retries, and again in the error they end with; not a bare "error sending request".
+#[test]
+fn an_api_that_does_not_answer_is_named_at_once_with_the_cause() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_local-dlq"))
+        .args(["list"])
+        // Nothing listens here.
+        .env("DLQ_API_URL", "http://127.0.0.1:9")
+        .env("DLQ_TOKEN", "unused")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("dlq runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert!(
+        lines.first().is_some_and(
+            |l| l.starts_with("dlq: no answer from http://127.0.0.1:9 (")
+                && l.to_lowercase().contains("connection refused")
+                && l.contains("more time(s)")
+        ),
+        "the first line says what failed and where: {stderr}"
+    );
+    assert!(
+        lines.last().is_some_and(|l| l.contains("tries") && l.to_lowercase().contains("connection refused")),
+        "the last line keeps the cause: {stderr}"
+    );
 }

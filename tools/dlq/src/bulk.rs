@@ -203,7 +203,7 @@ fn print_plan(
                 Action::Discard => json!({"discard": selection.letters.len()}),
             },
         });
-        println!("{plan}");
+        println!("{}", crate::terminal::json(&plan, false));
         return;
     }
     println!(
@@ -327,6 +327,7 @@ pub async fn run(
             break;
         }
         let (line, stop) = apply(client, action, letter, &reason, &mut summary).await;
+        let line = crate::terminal::shown(&line, crate::terminal::Newlines::Escape);
         if bulk.progress == Progress::Lines {
             eprintln!("{line}");
         }
@@ -504,11 +505,9 @@ fn print_summary(
         rerun.flags()
     );
     if json_out {
-        println!(
-            "{}",
-            json!({"summary": summary, "ending": format!("{ending:?}"), "seconds": took.as_secs_f64(),
-                   "rerun": (ending != Ending::Done).then_some(again)})
-        );
+        let out = json!({"summary": summary, "ending": format!("{ending:?}"), "seconds": took.as_secs_f64(),
+                         "rerun": (ending != Ending::Done).then_some(again)});
+        println!("{}", crate::terminal::json(&out, false));
         return;
     }
     println!(

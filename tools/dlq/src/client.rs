@@ -242,16 +242,41 @@ impl Client {
                     return Err(ApiError::Unreachable(format!(
                         "no answer from {} after {attempt} tries: {}",
                         self.base,
-                        e.without_url()
+                        causes(e)
                     )));
                 }
-                Err(_) => {
+                Err(e) => {
+                    if attempt == 1 {
+                        // Said at once, not after the retries' backoff.
+                        eprintln!(
+                            "dlq: no answer from {} ({}); trying {} more time(s)",
+                            self.base,
+                            causes(e),
+                            self.retries
+                        );
+                    }
                     tokio::time::sleep(delay).await;
                     delay *= 2;
                 }
             }
         }
     }
+}
+
+/// What failed, with every cause under it (reqwest's own message alone, "error sending
+/// request", drops the one that says why: connection refused, a DNS name unknown, a timeout).
+fn causes(e: reqwest::Error) -> String {
+    let e = e.without_url();
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(&e);
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text = format!("{text}: {cause_text}");
+        }
+        source = cause.source();
+    }
+    text
 }
 
 /// An error answer: the API's `{"error": {"code", "message"}}`, or API Gateway's own

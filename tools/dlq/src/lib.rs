@@ -13,6 +13,7 @@ pub mod args;
 pub mod bulk;
 pub mod client;
 pub mod table;
+pub mod terminal;
 
 use args::{Cli, Command};
 use bulk::{Action, Ending};
@@ -20,6 +21,7 @@ use client::{ApiError, Client};
 use serde_json::Value;
 use std::process::ExitCode;
 use table::Table;
+use terminal::{Newlines, shown};
 
 /// Exit statuses, for scripts.
 pub mod exit {
@@ -40,7 +42,7 @@ pub async fn run(cli: Cli) -> ExitCode {
     match run_command(cli).await {
         Ok(code) => ExitCode::from(code),
         Err(message) => {
-            eprintln!("dlq: {message}");
+            eprintln!("dlq: {}", shown(&message, Newlines::Keep));
             ExitCode::from(exit::USAGE)
         }
     }
@@ -72,16 +74,22 @@ async fn run_command(cli: Cli) -> Result<u8, String> {
                 .await
                 .map_err(refused)?;
             if json {
-                println!("{}", Value::Array(letters));
+                println!(
+                    "{}",
+                    terminal::json(&Value::Array(letters.items.clone()), false)
+                );
             } else {
-                print_letters(&letters);
+                print_letters(&letters.items);
+            }
+            if letters.more {
+                say_more_match(letters.items.len());
             }
             Ok(exit::OK)
         }
         Command::Show { id } => {
             let letter = client.letter(id).await.map_err(refused)?;
             if json {
-                println!("{letter}");
+                println!("{}", terminal::json(&letter, false));
             } else {
                 print_letter(&letter);
             }
@@ -108,7 +116,7 @@ async fn run_command(cli: Cli) -> Result<u8, String> {
             let page = client.groups(&query).await.map_err(refused)?;
             if json {
                 let raw: Vec<Value> = page.items.iter().map(group_json).collect();
-                println!("{}", Value::Array(raw));
+                println!("{}", terminal::json(&Value::Array(raw), false));
             } else {
                 print_groups(&page.items);
             }
@@ -121,13 +129,20 @@ async fn run_command(cli: Cli) -> Result<u8, String> {
                 ("status".to_owned(), "pending_review".to_owned()),
             ];
             let letters = collect_letters(&client, query, 20).await.map_err(refused)?;
+            let (more, letters) = (letters.more, letters.items);
             if json {
-                println!(
-                    "{}",
-                    serde_json::json!({"group": group_json(&group), "pending_letters": letters})
-                );
+                let both =
+                    serde_json::json!({"group": group_json(&group), "pending_letters": letters});
+                println!("{}", terminal::json(&both, false));
             } else {
                 print_group(&group, &letters);
+            }
+            if more {
+                eprintln!(
+                    "dlq: the group has more letters pending review than the {} shown: \
+                     dlq list --group {id} --status pending_review --limit N",
+                    letters.len()
+                );
             }
             Ok(exit::OK)
         }
@@ -150,45 +165,59 @@ fn bulk_exit(result: Result<(Ending, bulk::Summary), String>) -> Result<u8, Stri
 }
 
 /// Up to `limit` letters, reading pages as needed (the raw JSON, for `--json`).
+/// Letters read page by page, up to a limit, and whether more match than were read.
+struct Letters {
+    items: Vec<Value>,
+    more: bool,
+}
+
 async fn collect_letters(
     client: &Client,
     mut query: Vec<(String, String)>,
     limit: usize,
-) -> Result<Vec<Value>, ApiError> {
+) -> Result<Letters, ApiError> {
     query.push(("limit".into(), limit.clamp(1, 200).to_string()));
-    let mut out = Vec::new();
+    let mut items = Vec::new();
     let mut cursor: Option<String> = None;
-    while out.len() < limit {
+    let mut more = false;
+    while items.len() < limit {
         let mut q = query.clone();
         if let Some(c) = &cursor {
             q.push(("cursor".into(), c.clone()));
         }
         let raw = client.letters_raw(&q).await?;
-        out.extend(
-            raw["items"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
-                .into_iter()
-                .take(limit - out.len()),
-        );
+        let page = raw["items"].as_array().cloned().unwrap_or_default();
+        let room = limit - items.len();
+        more = page.len() > room;
+        items.extend(page.into_iter().take(room));
         match raw["next_cursor"].as_str() {
             Some(next) => cursor = Some(next.to_owned()),
             None => break,
         }
+        more = more || items.len() >= limit;
     }
-    Ok(out)
+    Ok(Letters { items, more })
+}
+
+/// On stderr, so that `--json` output stays one value: more letters match than were shown.
+fn say_more_match(shown: usize) {
+    eprintln!(
+        "dlq: more letters match than the {shown} shown (newest first): raise --limit (up to {}) \
+         or narrow the filter (--status, --kind, --group, --from, --before, …)",
+        args::MAX_LIST
+    );
 }
 
 fn short_time(t: &str) -> String {
     t.get(..19).unwrap_or(t).replace('T', " ")
 }
 
+/// A value of the API's as one line of text, shown inert ([`terminal::shown`]).
 fn text(v: &Value) -> String {
     match v {
         Value::Null => "-".into(),
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
+        Value::String(s) => shown(s, Newlines::Escape),
+        other => shown(&other.to_string(), Newlines::Escape),
     }
 }
 
@@ -256,13 +285,14 @@ fn print_letter(body: &Value) {
         let ids: Vec<String> = replays.iter().map(text).collect();
         println!("{:<15} {}", "failed replays", ids.join(", "));
     }
-    println!(
-        "last error:\n  {}",
-        text(&l["last_error"]).replace('\n', "\n  ")
-    );
+    let last_error = match &l["last_error"] {
+        Value::String(s) => shown(s, Newlines::Keep),
+        other => text(other),
+    };
+    println!("last error:\n  {}", last_error.replace('\n', "\n  "));
     println!(
         "payload (as received):\n{}",
-        serde_json::to_string_pretty(&l["payload"]).unwrap_or_default()
+        terminal::json(&l["payload"], true)
     );
 }
 
@@ -297,12 +327,17 @@ fn print_groups(groups: &[client::Group]) {
 }
 
 fn print_group(g: &client::Group, pending: &[Value]) {
+    let one_line = |s: &str| shown(s, Newlines::Escape);
     println!(
         "group {} ({}): {} / {} on {}",
-        g.id, g.status, g.consumer, g.error_kind, g.queue
+        g.id,
+        one_line(&g.status),
+        one_line(&g.consumer),
+        one_line(&g.error_kind),
+        one_line(&g.queue)
     );
-    println!("failure        {}", g.pattern);
-    println!("first error    {}", g.sample_error);
+    println!("failure        {}", one_line(&g.pattern));
+    println!("first error    {}", one_line(&g.sample_error));
     println!(
         "letters        {} ({} pending review), {} to {}",
         g.letter_count,

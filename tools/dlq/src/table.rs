@@ -1,4 +1,7 @@
-//! Readable tables for a terminal: columns as wide as their widest cell (long cells clipped).
+//! Readable tables for a terminal: columns as wide as their widest cell (long cells clipped),
+//! every cell one line and shown inert ([`crate::terminal::shown`]).
+
+use crate::terminal::{Newlines, shown};
 
 /// A table of text cells under a header.
 #[derive(Debug, Clone)]
@@ -58,7 +61,7 @@ impl Table {
 }
 
 fn clip(cell: &str) -> String {
-    let one_line = cell.replace(['\n', '\r', '\t'], " ");
+    let one_line = shown(&cell.replace(['\n', '\r', '\t'], " "), Newlines::Escape);
     if one_line.chars().count() <= MAX_CELL {
         return one_line;
     }
