@@ -681,14 +681,8 @@ fn the_dlq_binary_refuses_a_number_out_of_bounds_with_a_message_not_a_panic() {
     ];
     for (args, flag) in cases {
         let started = std::time::Instant::now();
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_local-dlq"))
-            .args(&args)
-            // Nothing listens here: a refusal must come before any request.
-            .env("DLQ_API_URL", "http://127.0.0.1:9")
-            .env("DLQ_TOKEN", "unused")
-            .stdin(std::process::Stdio::null())
-            .output()
-            .expect("dlq runs");
+        // A refusal must come before any request.
+        let out = dlq_with_no_api(&args);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
         assert!(stderr.contains(flag), "{args:?}: names {flag}: {stderr}");
@@ -704,14 +698,7 @@ fn the_dlq_binary_refuses_a_number_out_of_bounds_with_a_message_not_a_panic() {
 /// retries, and again in the error they end with; not a bare "error sending request".
 #[test]
 fn an_api_that_does_not_answer_is_named_at_once_with_the_cause() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_local-dlq"))
-        .args(["list"])
-        // Nothing listens here.
-        .env("DLQ_API_URL", "http://127.0.0.1:9")
-        .env("DLQ_TOKEN", "unused")
-        .stdin(std::process::Stdio::null())
-        .output()
-        .expect("dlq runs");
+    let out = dlq_with_no_api(&["list"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_ne!(out.status.code(), Some(0), "{stderr}");
     let lines: Vec<&str> = stderr.lines().collect();
@@ -727,4 +714,15 @@ fn an_api_that_does_not_answer_is_named_at_once_with_the_cause() {
         lines.last().is_some_and(|l| l.contains("tries") && l.to_lowercase().contains("connection refused")),
         "the last line keeps the cause: {stderr}"
     );
+}
+
+/// The `dlq` binary run with `args` against an address where nothing listens.
+fn dlq_with_no_api(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_local-dlq"))
+        .args(args)
+        .env("DLQ_API_URL", "http://127.0.0.1:9")
+        .env("DLQ_TOKEN", "unused")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("dlq runs")
 }
