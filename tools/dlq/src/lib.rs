@@ -70,19 +70,17 @@ async fn run_command(cli: Cli) -> Result<u8, String> {
             if let Some(status) = status {
                 query.push(("status".into(), status));
             }
-            let letters = collect_letters(&client, query, limit)
+            let Letters { items, more } = collect_letters(&client, query, limit)
                 .await
                 .map_err(refused)?;
+            let shown = items.len();
             if json {
-                println!(
-                    "{}",
-                    terminal::json(&Value::Array(letters.items.clone()), false)
-                );
+                println!("{}", terminal::json(&Value::Array(items), false));
             } else {
-                print_letters(&letters.items);
+                print_letters(&items);
             }
-            if letters.more {
-                say_more_match(letters.items.len());
+            if more {
+                say_more_match(shown);
             }
             Ok(exit::OK)
         }
@@ -128,8 +126,10 @@ async fn run_command(cli: Cli) -> Result<u8, String> {
                 ("group_id".to_owned(), id.to_string()),
                 ("status".to_owned(), "pending_review".to_owned()),
             ];
-            let letters = collect_letters(&client, query, 20).await.map_err(refused)?;
-            let (more, letters) = (letters.more, letters.items);
+            let Letters {
+                items: letters,
+                more,
+            } = collect_letters(&client, query, 20).await.map_err(refused)?;
             if json {
                 let both =
                     serde_json::json!({"group": group_json(&group), "pending_letters": letters});
@@ -164,13 +164,13 @@ fn bulk_exit(result: Result<(Ending, bulk::Summary), String>) -> Result<u8, Stri
     })
 }
 
-/// Up to `limit` letters, reading pages as needed (the raw JSON, for `--json`).
 /// Letters read page by page, up to a limit, and whether more match than were read.
 struct Letters {
     items: Vec<Value>,
     more: bool,
 }
 
+/// Up to `limit` letters, reading pages as needed (the raw JSON, for `--json`).
 async fn collect_letters(
     client: &Client,
     mut query: Vec<(String, String)>,
