@@ -33,6 +33,18 @@ impl<P> Job<P> {
     pub fn count(&self, name: &'static str, n: u64) {
         self.metrics.count(name, n);
     }
+
+    /// Records one sample of the consumer's own metric `name` in `unit` (a provider call's
+    /// time, a card's size); it leaves as EMF with the harness's metrics. For a duration,
+    /// [`Job::observe_duration`].
+    pub fn observe(&self, name: &'static str, value: f64, unit: crate::metrics::Unit) {
+        self.metrics.observe(name, value, unit);
+    }
+
+    /// Records `duration` as a sample of the consumer's own metric `name`, in milliseconds.
+    pub fn observe_duration(&self, name: &'static str, duration: std::time::Duration) {
+        self.metrics.observe_duration(name, duration);
+    }
 }
 
 /// How a handler failed. The class decides between retry and dead letter; the [`Cause`] keeps

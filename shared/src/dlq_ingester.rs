@@ -18,12 +18,13 @@ use crate::execution::{Ledger, ledger};
 use crate::fence::{fence_exists, settle_horizon};
 use crate::ids::ConsumerName;
 use crate::metrics::{Metric, Metrics};
-use crate::sqs::{batch_response, incoming};
+use crate::sqs::{batch_response, incoming, sent_at};
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsMessage};
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use std::sync::Arc;
 use std::time::Duration;
+use tracing::Instrument;
 
 /// Writes dead letters for the messages of one consumer's DLQ.
 pub struct DlqIngester {
@@ -57,13 +58,17 @@ impl DlqIngester {
         let mut failed = Vec::new();
         for record in &records {
             let msg = incoming(record);
-            match self.ingest_one(&msg, sent_at(record)).await {
-                Ok(()) => {}
-                Err(e) => {
-                    self.metrics.increment(Metric::DeadLetterWriteFailed);
-                    tracing::error!(message_id = %msg.message_id, error = %e, "backstop letter not written; left in the DLQ");
-                    failed.push(msg.message_id);
-                }
+            // Its lines carry the ids its body has, as the consumer's do.
+            let ids = crate::envelope::read_ids(&msg.body);
+            let span = crate::telemetry::record_span(self.consumer.as_str(), &msg.message_id, &ids);
+            let ingested = self
+                .ingest_one(&msg, sent_at(record))
+                .instrument(span.clone());
+            if let Err(e) = ingested.await {
+                self.metrics.increment(Metric::DeadLetterWriteFailed);
+                let _in_its_span = span.entered();
+                tracing::error!(error = %e, "backstop letter not written; left in the DLQ");
+                failed.push(msg.message_id);
             }
         }
         if let Some(alerter) = &self.alerter {
@@ -147,21 +152,13 @@ impl DlqIngester {
         match settled {
             Settled::AlreadyProcessed => {
                 self.metrics.increment(Metric::RedrivenAlreadyProcessed);
-                tracing::info!(message_id = %msg.message_id, job_id = ?ids.job_id,
-                    "redriven message of a job that committed: no letter");
+                tracing::info!("redriven message of a job that committed: no letter");
             }
             Settled::Recorded(recorded) | Settled::Conflict(recorded) => {
                 self.metrics.increment(Metric::DeadLettered(kind));
-                tracing::warn!(message_id = %msg.message_id, letter = %recorded.id(), %kind, "backstop dead letter");
+                tracing::warn!(letter = %recorded.id(), %kind, "backstop dead letter");
             }
         }
         Ok(())
     }
-}
-
-/// When a record's message was first sent (`SentTimestamp`: a standard queue's redrive keeps
-/// it), if the record says.
-fn sent_at(record: &SqsMessage) -> Option<DateTime<Utc>> {
-    let millis: i64 = record.attributes.get("SentTimestamp")?.parse().ok()?;
-    DateTime::from_timestamp_millis(millis)
 }

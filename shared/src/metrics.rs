@@ -1,7 +1,11 @@
-//! Counts of what the harness did, emitted as CloudWatch Embedded Metric Format (EMF).
+//! What the harness did and how long it took, emitted as CloudWatch Embedded Metric Format (EMF).
 //!
 //! Successes are metrics, not rows (spec, Behaviour 9). Counters are atomic and shared by all
 //! records of a batch; [`Metrics::flush_emf`] writes one EMF line per invocation and resets them.
+//! Besides counts, each record leaves two samples, with their units: [`JOB_DURATION`] (how long
+//! the harness spent on it) and [`MESSAGE_AGE`] (how old its message was when the invocation
+//! took it: the lag on-call looks at first). Consumers add their own counts and samples through
+//! [`crate::consumer::Job`].
 
 use crate::dead_letter::ErrorKind;
 use chrono::{DateTime, Utc};
@@ -110,12 +114,49 @@ impl Metric {
     }
 }
 
-/// A set of counters for one consumer: the harness's own, and any the consumer counts
-/// ([`crate::consumer::Job::count`]). All leave in one EMF line per invocation.
+/// Milliseconds from the start of a record's processing to its outcome (a job committed in a
+/// batch's transaction: the transaction's time), one sample per record.
+pub const JOB_DURATION: &str = "JobDuration";
+/// Milliseconds from the message's `SentTimestamp` to the invocation that took it, one sample
+/// per record: how far behind the consumer is.
+pub const MESSAGE_AGE: &str = "MessageAge";
+
+/// The most values one EMF metric may carry in one document; more leave in further lines.
+const EMF_VALUES_PER_METRIC: usize = 100;
+
+/// The CloudWatch unit of a sampled value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    /// Durations.
+    Milliseconds,
+    /// Sizes.
+    Bytes,
+    /// Plain numbers.
+    Count,
+}
+
+impl Unit {
+    /// CloudWatch's name for it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unit::Milliseconds => "Milliseconds",
+            Unit::Bytes => "Bytes",
+            Unit::Count => "Count",
+        }
+    }
+}
+
+/// Sampled values by metric name, with their unit.
+type Samples = std::collections::BTreeMap<&'static str, (Unit, Vec<f64>)>;
+
+/// A set of counters and samples for one consumer: the harness's own, and any the consumer
+/// records ([`crate::consumer::Job::count`], [`crate::consumer::Job::observe`]). All leave in one
+/// EMF line per invocation (more when a metric has over 100 samples).
 #[derive(Debug, Default)]
 pub struct Metrics {
     counters: [AtomicU64; NAMES.len()],
     custom: std::sync::Mutex<std::collections::BTreeMap<&'static str, u64>>,
+    samples: std::sync::Mutex<Samples>,
 }
 
 impl Metrics {
@@ -145,6 +186,33 @@ impl Metrics {
             .or_default() += n;
     }
 
+    /// Adds one sample of `value` in `unit` to the metric `name` (a fixed CloudWatch metric
+    /// name; its first sample fixes its unit).
+    pub fn observe(&self, name: &'static str, value: f64, unit: Unit) {
+        self.samples
+            .lock()
+            .expect("metrics lock")
+            .entry(name)
+            .or_insert_with(|| (unit, Vec::new()))
+            .1
+            .push(value);
+    }
+
+    /// Adds `duration` as a sample in milliseconds to the metric `name`.
+    pub fn observe_duration(&self, name: &'static str, duration: std::time::Duration) {
+        self.observe(name, duration.as_secs_f64() * 1000.0, Unit::Milliseconds);
+    }
+
+    /// The samples of `name` since the last flush.
+    pub fn samples(&self, name: &str) -> Vec<f64> {
+        self.samples
+            .lock()
+            .expect("metrics lock")
+            .get(name)
+            .map(|(_, values)| values.clone())
+            .unwrap_or_default()
+    }
+
     /// The current count of the consumer's own metric `name`.
     pub fn custom(&self, name: &str) -> u64 {
         self.custom
@@ -155,8 +223,9 @@ impl Metrics {
             .unwrap_or(0)
     }
 
-    /// Writes the counts since the last flush as one EMF JSON line and resets them.
-    /// Writes nothing when nothing happened.
+    /// Writes the counts and samples since the last flush as EMF JSON lines and resets them:
+    /// one line, and one more for each further 100 samples of a metric. Writes nothing when
+    /// nothing happened.
     pub fn flush_emf(
         &self,
         out: &mut impl Write,
@@ -166,20 +235,35 @@ impl Metrics {
     ) -> std::io::Result<()> {
         let counts: Vec<u64> = self.counters.iter().map(|c| c.swap(0, Relaxed)).collect();
         let custom = std::mem::take(&mut *self.custom.lock().expect("metrics lock"));
-        if counts.iter().all(|&c| c == 0) && custom.is_empty() {
+        let samples = std::mem::take(&mut *self.samples.lock().expect("metrics lock"));
+        if counts.iter().all(|&c| c == 0) && custom.is_empty() && samples.is_empty() {
             return Ok(());
         }
-        let values: Vec<_> = NAMES
+        let mut first: Vec<(&str, Value, &str)> = NAMES
             .iter()
             .zip(counts)
-            .map(|(n, c)| (*n, c as f64, "Count"))
-            .chain(custom.into_iter().map(|(n, c)| (n, c as f64, "Count")))
+            .map(|(n, c)| (*n, json!(c), "Count"))
+            .chain(custom.into_iter().map(|(n, c)| (n, json!(c), "Count")))
             .collect();
-        writeln!(
-            out,
-            "{}",
-            emf_line(namespace, ("Consumer", consumer), &values, at)
-        )
+        let mut rest: Vec<Vec<(&str, Value, &str)>> = Vec::new();
+        for (name, (unit, values)) in &samples {
+            for (i, chunk) in values.chunks(EMF_VALUES_PER_METRIC).enumerate() {
+                let entry = (*name, json!(chunk), unit.as_str());
+                match i {
+                    0 => first.push(entry),
+                    i if rest.len() < i => rest.push(vec![entry]),
+                    i => rest[i - 1].push(entry),
+                }
+            }
+        }
+        for values in std::iter::once(first).chain(rest) {
+            writeln!(
+                out,
+                "{}",
+                emf_document(namespace, ("Consumer", consumer), values, at)
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -190,7 +274,31 @@ pub(crate) fn emf_line(
     values: &[(&str, f64, &str)],
     at: DateTime<Utc>,
 ) -> Value {
+    let values = values.iter().map(|(name, value, unit)| {
+        let number = if value.fract() == 0.0 && *value >= 0.0 {
+            json!(*value as u64)
+        } else {
+            json!(value)
+        };
+        (*name, number, *unit)
+    });
+    emf_document(namespace, dimension, values, at)
+}
+
+/// One EMF document: each value (a number, or an array of samples) with its name and unit.
+fn emf_document<'a>(
+    namespace: &str,
+    dimension: (&str, &str),
+    values: impl IntoIterator<Item = (&'a str, Value, &'a str)>,
+    at: DateTime<Utc>,
+) -> Value {
     let mut doc = Map::new();
+    let mut defined = Vec::new();
+    doc.insert(dimension.0.into(), dimension.1.into());
+    for (name, value, unit) in values {
+        defined.push(json!({"Name": name, "Unit": unit}));
+        doc.insert(name.into(), value);
+    }
     doc.insert(
         "_aws".into(),
         json!({
@@ -198,19 +306,10 @@ pub(crate) fn emf_line(
             "CloudWatchMetrics": [{
                 "Namespace": namespace,
                 "Dimensions": [[dimension.0]],
-                "Metrics": values.iter().map(|(n, _, unit)| json!({"Name": n, "Unit": unit})).collect::<Vec<_>>(),
+                "Metrics": defined,
             }],
         }),
     );
-    doc.insert(dimension.0.into(), dimension.1.into());
-    for (name, value, _) in values {
-        let number = if value.fract() == 0.0 && *value >= 0.0 {
-            json!(*value as u64)
-        } else {
-            json!(value)
-        };
-        doc.insert((*name).into(), number);
-    }
     Value::Object(doc)
 }
 
@@ -288,5 +387,48 @@ mod tests {
             .unwrap();
         assert!(defined.iter().any(|d| d["Name"] == "PointsRedeemed"));
         assert_eq!(m.custom("PointsRedeemed"), 0, "reset by the flush");
+    }
+
+    #[test]
+    fn samples_leave_with_their_unit_a_hundred_values_a_line() {
+        let m = Metrics::default();
+        m.increment(Metric::Processed);
+        for i in 0..250 {
+            m.observe_duration(JOB_DURATION, std::time::Duration::from_millis(i));
+        }
+        m.observe("CardBytes", 512.0, Unit::Bytes);
+        let mut out = Vec::new();
+        m.flush_emf(&mut out, "JobHarness", "award-points", DateTime::UNIX_EPOCH)
+            .unwrap();
+        let lines: Vec<Value> = out
+            .split(|b| *b == b'\n')
+            .filter(|l| !l.is_empty())
+            .map(|l| serde_json::from_slice(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 3, "100 + 100 + 50 samples");
+        let unit_of = |line: &Value, name: &str| {
+            line["_aws"]["CloudWatchMetrics"][0]["Metrics"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|d| d["Name"] == name)
+                .map(|d| d["Unit"].clone())
+        };
+        assert_eq!(
+            unit_of(&lines[0], JOB_DURATION),
+            Some(json!("Milliseconds"))
+        );
+        assert_eq!(unit_of(&lines[0], "CardBytes"), Some(json!("Bytes")));
+        assert_eq!(lines[0]["Processed"], 1);
+        let all: Vec<f64> = lines
+            .iter()
+            .flat_map(|l| l[JOB_DURATION].as_array().unwrap().clone())
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        assert_eq!(all.len(), 250);
+        assert_eq!((all[0], all[249]), (0.0, 249.0));
+        assert!(lines[1].get("Processed").is_none(), "counts leave once");
+        assert_eq!(lines[2]["Consumer"], "award-points");
+        assert!(m.samples(JOB_DURATION).is_empty(), "reset by the flush");
     }
 }

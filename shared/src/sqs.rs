@@ -191,6 +191,7 @@ pub async fn process_batch<C: Consumer>(
     let margin =
         chrono::Duration::from_std(settings.deadline_margin).unwrap_or(chrono::Duration::MAX);
     let may_start = || deadline.is_none_or(|deadline| harness.now() + margin < deadline);
+    observe_ages(harness, &records);
     let (msgs, receipts): (Vec<IncomingMessage>, Vec<Option<Receipt>>) =
         records.into_iter().map(delivery).unzip();
     let outcomes = harness
@@ -201,7 +202,13 @@ pub async fn process_batch<C: Consumer>(
         .zip(&receipts)
         .zip(&outcomes)
         .map(|((msg, receipt), outcome)| {
-            report(visibility, msg, receipt.as_ref(), outcome.as_ref())
+            report(
+                harness.consumer().name().as_str(),
+                visibility,
+                msg,
+                receipt.as_ref(),
+                outcome.as_ref(),
+            )
         });
     let failures: Vec<String> = futures_util::future::join_all(reports)
         .await
@@ -211,9 +218,29 @@ pub async fn process_batch<C: Consumer>(
     batch_response(failures)
 }
 
+/// One [`crate::metrics::MESSAGE_AGE`] sample per record that has a `SentTimestamp`: how long
+/// it waited in the queue before this invocation took it.
+fn observe_ages<C: Consumer>(harness: &Harness<C>, records: &[SqsMessage]) {
+    let now = harness.now();
+    for sent in records.iter().filter_map(sent_at) {
+        let age = (now - sent).to_std().unwrap_or_default();
+        harness
+            .metrics()
+            .observe_duration(crate::metrics::MESSAGE_AGE, age);
+    }
+}
+
+/// When the record's message was first sent (SQS `SentTimestamp`, epoch milliseconds; a
+/// standard queue's redrive keeps it), if the record says.
+pub(crate) fn sent_at(record: &SqsMessage) -> Option<DateTime<Utc>> {
+    let millis: i64 = record.attributes.get("SentTimestamp")?.parse().ok()?;
+    DateTime::from_timestamp_millis(millis)
+}
+
 /// The record's batch-item failure, unless its outcome is an ack; a record to redeliver later
 /// first gets its visibility set to the outcome's delay.
 async fn report(
+    consumer: &str,
     visibility: &impl Visibility,
     msg: &IncomingMessage,
     receipt: Option<&Receipt>,
@@ -228,7 +255,12 @@ async fn report(
             .delay(&receipt.queue_url, &receipt.handle, after)
             .await
     {
-        tracing::warn!(message_id = %msg.message_id, error, "ChangeMessageVisibility failed; the message returns after the queue's visibility timeout");
+        let ids = crate::envelope::read_ids(&msg.body);
+        let _in_its_span = crate::telemetry::record_span(consumer, &msg.message_id, &ids).entered();
+        tracing::warn!(
+            error,
+            "ChangeMessageVisibility failed; the message returns after the queue's visibility timeout"
+        );
     }
     Some(msg.message_id.clone())
 }

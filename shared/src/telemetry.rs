@@ -1,47 +1,209 @@
-//! Logging for the Lambda binaries: JSON lines on stderr (stdout carries the EMF metrics). The
-//! level is `RUST_LOG` if set, else `AWS_LAMBDA_LOG_LEVEL` (what SAM's `LoggingConfig` sets),
-//! else `info`. Each line inside a job carries the job's span: `job_id`, `correlation_id`,
-//! `tenant_id`, `message_id` and `attempt`, the handler's own lines included.
+//! Logging for the Lambda binaries, on stderr (stdout carries the EMF metrics), configured the way
+//! Lambda's advanced logging controls configure a function:
+//!
+//! - **Level:** `AWS_LAMBDA_LOG_LEVEL` (what the function's `LoggingConfig.ApplicationLogLevel`
+//!   sets) wins where it is set; else `RUST_LOG` (any `tracing` filter, for local runs); else
+//!   `info`. This is the order the Rust runtime's own logger reads them in.
+//! - **Format:** `AWS_LAMBDA_LOG_FORMAT` (`LoggingConfig.LogFormat`): `JSON`, one object a line,
+//!   or `Text`. Unset, JSON: what every function deploys with and what the local tools read.
+//! - A value that is neither stops the function at start, naming the variable.
+//!
+//! **Every line about a record carries its ids, at every level.** Each message is processed
+//! inside a [`record_span`] named `job` with the consumer, `message_id`, `job_id`,
+//! `correlation_id`, `tenant_id` and `attempt`; the handler's own lines are inside it too. The span
+//! is declared at `ERROR`, so it is enabled whenever any line is: at `AWS_LAMBDA_LOG_LEVEL=WARN`
+//! the `dead-lettered` line still names its job (an `INFO` span would be filtered out with its
+//! fields).
 
-/// Installs the global subscriber. Call once, first thing in `main`.
-pub fn init() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new(lambda_log_level(
-            std::env::var("AWS_LAMBDA_LOG_LEVEL").ok().as_deref(),
-        ))
-    });
-    // `try_init`: a second call (a test harness that already installed one) is not an error.
-    let _ = tracing_subscriber::fmt()
-        .json()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_current_span(true)
-        .with_span_list(false)
-        .try_init();
+use crate::config::{ConfigError, Env};
+use crate::envelope::PartialIds;
+
+/// `AWS_LAMBDA_LOG_LEVEL`: the function's log level, set by Lambda from `LoggingConfig`.
+pub const AWS_LAMBDA_LOG_LEVEL: &str = "AWS_LAMBDA_LOG_LEVEL";
+/// `AWS_LAMBDA_LOG_FORMAT`: `JSON` or `Text`, set by Lambda from `LoggingConfig`.
+pub const AWS_LAMBDA_LOG_FORMAT: &str = "AWS_LAMBDA_LOG_FORMAT";
+/// `RUST_LOG`: a `tracing` filter, used only where `AWS_LAMBDA_LOG_LEVEL` is not set.
+pub const RUST_LOG: &str = "RUST_LOG";
+
+/// How lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// One JSON object a line (the span's fields under `span`).
+    Json,
+    /// Plain text, the span's fields in `job{…}` before the message.
+    Text,
 }
 
-/// The `tracing` level for Lambda's `AWS_LAMBDA_LOG_LEVEL` (`TRACE` … `FATAL`); `info` when
-/// unset or unknown.
-pub fn lambda_log_level(value: Option<&str>) -> &'static str {
-    match value.map(|v| v.trim().to_ascii_uppercase()).as_deref() {
-        Some("TRACE") => "trace",
-        Some("DEBUG") => "debug",
-        Some("WARN") => "warn",
-        Some("ERROR") | Some("FATAL") => "error",
-        _ => "info",
+/// The logging a function runs with, read from its environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogSettings {
+    /// The `tracing` filter.
+    pub filter: String,
+    /// The line format.
+    pub format: LogFormat,
+    /// Which variable the filter came from (`None`: the default, `info`).
+    pub level_from: Option<&'static str>,
+}
+
+impl LogSettings {
+    /// Reads the three variables; an unknown level or format, or a `RUST_LOG` that is not a
+    /// filter, is an error naming the variable.
+    pub fn from_env(env: &Env) -> Result<Self, ConfigError> {
+        let format = match env.get(AWS_LAMBDA_LOG_FORMAT) {
+            None => LogFormat::Json,
+            Some(v) if v.trim().eq_ignore_ascii_case("json") => LogFormat::Json,
+            Some(v) if v.trim().eq_ignore_ascii_case("text") => LogFormat::Text,
+            Some(v) => {
+                return Err(ConfigError {
+                    variable: AWS_LAMBDA_LOG_FORMAT,
+                    problem: format!("{v:?} is not a log format: JSON or Text"),
+                });
+            }
+        };
+        let (filter, level_from) = if let Some(level) = env.get(AWS_LAMBDA_LOG_LEVEL) {
+            let filter = lambda_log_level(&level).ok_or_else(|| ConfigError {
+                variable: AWS_LAMBDA_LOG_LEVEL,
+                problem: format!(
+                    "{level:?} is not a log level: TRACE, DEBUG, INFO, WARN, ERROR or FATAL"
+                ),
+            })?;
+            (filter.to_owned(), Some(AWS_LAMBDA_LOG_LEVEL))
+        } else if let Some(directives) = env.get(RUST_LOG) {
+            tracing_subscriber::EnvFilter::builder()
+                .parse(&directives)
+                .map_err(|e| ConfigError {
+                    variable: RUST_LOG,
+                    problem: format!("{directives:?} is not a tracing filter: {e}"),
+                })?;
+            (directives, Some(RUST_LOG))
+        } else {
+            ("info".to_owned(), None)
+        };
+        Ok(Self {
+            filter,
+            format,
+            level_from,
+        })
     }
+}
+
+/// Installs the global subscriber from the process environment, or stops the process naming the
+/// variable at fault. Call once, first thing in `main`.
+pub fn init() {
+    let settings = crate::config::or_exit(LogSettings::from_env(&Env::process()));
+    install(&settings);
+    if settings.level_from == Some(AWS_LAMBDA_LOG_LEVEL) && Env::process().get(RUST_LOG).is_some() {
+        tracing::debug!("RUST_LOG is ignored: the function's AWS_LAMBDA_LOG_LEVEL is set");
+    }
+}
+
+/// Installs `settings` as the global subscriber; a second call (a test harness that already
+/// installed one) is not an error.
+pub fn install(settings: &LogSettings) {
+    let filter = tracing_subscriber::EnvFilter::new(&settings.filter);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false);
+    let _ = match settings.format {
+        LogFormat::Json => builder
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+}
+
+/// The `tracing` level for Lambda's `AWS_LAMBDA_LOG_LEVEL` (`TRACE` … `FATAL`, any case).
+pub fn lambda_log_level(value: &str) -> Option<&'static str> {
+    Some(match value.trim().to_ascii_uppercase().as_str() {
+        "TRACE" => "trace",
+        "DEBUG" => "debug",
+        "INFO" => "info",
+        "WARN" => "warn",
+        "ERROR" | "FATAL" => "error",
+        _ => return None,
+    })
+}
+
+/// The span a record's lines are written in: the consumer, the message and every id its body
+/// carries (`attempt` is recorded once known). Enabled at every level (see the module).
+pub fn record_span(consumer: &str, message_id: &str, ids: &PartialIds) -> tracing::Span {
+    let span = tracing::error_span!(
+        "job",
+        consumer,
+        message_id,
+        job_id = tracing::field::Empty,
+        correlation_id = tracing::field::Empty,
+        tenant_id = tracing::field::Empty,
+        attempt = tracing::field::Empty,
+    );
+    if let Some(job_id) = ids.job_id {
+        span.record("job_id", tracing::field::display(job_id));
+    }
+    if let Some(tenant_id) = ids.tenant_id {
+        span.record("tenant_id", tracing::field::display(tenant_id));
+    }
+    if let Some(correlation_id) = &ids.correlation_id {
+        // Bounded as the letter keeps it: every line of the job carries it.
+        let bounded = crate::ids::bounded_correlation_id(correlation_id);
+        span.record("correlation_id", &*bounded);
+    }
+    span
 }
 
 #[cfg(test)]
 mod tests {
-    use super::lambda_log_level;
+    use super::*;
+
+    fn settings(pairs: &[(&str, &str)]) -> Result<LogSettings, ConfigError> {
+        LogSettings::from_env(&Env::from_pairs(pairs))
+    }
 
     #[test]
     fn lambda_log_levels_map_to_tracing_levels() {
-        assert_eq!(lambda_log_level(Some("DEBUG")), "debug");
-        assert_eq!(lambda_log_level(Some("warn")), "warn");
-        assert_eq!(lambda_log_level(Some("FATAL")), "error");
-        assert_eq!(lambda_log_level(None), "info");
-        assert_eq!(lambda_log_level(Some("loud")), "info");
+        assert_eq!(lambda_log_level("DEBUG"), Some("debug"));
+        assert_eq!(lambda_log_level("warn"), Some("warn"));
+        assert_eq!(lambda_log_level("FATAL"), Some("error"));
+        assert_eq!(lambda_log_level("loud"), None);
+    }
+
+    #[test]
+    fn the_functions_configured_level_wins_over_rust_log() {
+        let s = settings(&[(AWS_LAMBDA_LOG_LEVEL, "WARN"), (RUST_LOG, "debug")]).unwrap();
+        assert_eq!(
+            (s.filter.as_str(), s.level_from),
+            ("warn", Some(AWS_LAMBDA_LOG_LEVEL))
+        );
+        let s = settings(&[(RUST_LOG, "shared=debug,info")]).unwrap();
+        assert_eq!(
+            (s.filter.as_str(), s.level_from),
+            ("shared=debug,info", Some(RUST_LOG))
+        );
+        let s = settings(&[]).unwrap();
+        assert_eq!((s.filter.as_str(), s.format), ("info", LogFormat::Json));
+    }
+
+    #[test]
+    fn the_log_format_is_lambdas_and_json_when_unset() {
+        let format = |v| settings(&[(AWS_LAMBDA_LOG_FORMAT, v)]).map(|s| s.format);
+        assert_eq!(format("Text"), Ok(LogFormat::Text));
+        assert_eq!(format("JSON"), Ok(LogFormat::Json));
+        assert_eq!(format("json"), Ok(LogFormat::Json));
+    }
+
+    #[test]
+    fn an_unknown_level_format_or_filter_names_its_variable() {
+        let variable = |pairs: &[(&str, &str)]| settings(pairs).unwrap_err().variable;
+        assert_eq!(
+            variable(&[(AWS_LAMBDA_LOG_FORMAT, "yaml")]),
+            AWS_LAMBDA_LOG_FORMAT
+        );
+        assert_eq!(
+            variable(&[(AWS_LAMBDA_LOG_LEVEL, "loud")]),
+            AWS_LAMBDA_LOG_LEVEL
+        );
+        assert_eq!(variable(&[(RUST_LOG, "shared=[")]), RUST_LOG);
     }
 }

@@ -91,6 +91,8 @@ pub struct StackSpec {
     pub max_receive_count: u32,
     /// Extra environment for the consumer (the retry policy, faults, …).
     pub consumer_env: Vec<(String, String)>,
+    /// Extra environment for every function (the log level and format, …).
+    pub function_env: Vec<(String, String)>,
     /// The consumer's function timeout.
     pub consumer_timeout: Duration,
     /// Where the functions' logs go.
@@ -116,6 +118,7 @@ impl StackSpec {
                 ),
                 ("DEADLINE_MARGIN_MS".into(), "4000".into()),
             ],
+            function_env: Vec::new(),
             consumer_timeout: Duration::from_secs(20),
             log_dir: None,
         }
@@ -135,6 +138,7 @@ impl StackSpec {
     ) -> Self {
         let mut spec = Self::time_scaled(self.binaries.clone(), &self.database_url, queue_name);
         spec.binaries.consumer = binary;
+        spec.function_env = self.function_env.clone();
         spec.consumer_name = consumer.name.into();
         spec.log_dir = match self.log_dir.as_ref() {
             Some(dir) if queue_name != self.queue_name => Some(dir.join(consumer.name)),
@@ -181,7 +185,9 @@ impl StackSpec {
             ("REDRIVE_MAX_RECEIVE_COUNT", redrive.as_str()),
         ]
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .to_vec()
+        .into_iter()
+        .chain(self.function_env.iter().cloned())
+        .collect()
     }
 
     /// Where the function `name` logs, if anywhere.

@@ -227,6 +227,10 @@ fn every_function_builds_a_binary_of_this_workspace_with_cargo_lambda() {
         (Some("provided.al2023"), Some("bootstrap"))
     );
     assert_eq!(globals["LoggingConfig"]["LogFormat"], "JSON");
+    assert_eq!(
+        globals["LoggingConfig"]["ApplicationLogLevel"]["Ref"], "LogLevel",
+        "every function logs at its environment's LogLevel (AWS_LAMBDA_LOG_LEVEL)"
+    );
     assert!(
         globals["Environment"]["Variables"]
             .get("CONSUMER_NAME")
@@ -504,6 +508,15 @@ fn every_function_has_a_role_and_a_log_group_of_its_own() {
             group["RetentionInDays"]["Ref"], "LogRetentionDays",
             "{name}"
         );
+        // Its own LoggingConfig (a nested consumer's, with its Globals applied) or the stack's.
+        let logging = &f["Properties"]["LoggingConfig"];
+        let level = logging
+            .get("ApplicationLogLevel")
+            .unwrap_or(&t["Globals"]["Function"]["LoggingConfig"]["ApplicationLogLevel"]);
+        assert_eq!(
+            level["Ref"], "LogLevel",
+            "{name} logs at the environment's LogLevel"
+        );
         assert!(
             group["LogGroupName"]["Fn::Sub"]
                 .as_str()
@@ -531,6 +544,7 @@ fn emitted_metrics() -> BTreeSet<String> {
     let mut names: BTreeSet<String> = shared::metrics::Metric::ALL
         .iter()
         .map(|m| m.name().to_owned())
+        .chain([shared::metrics::JOB_DURATION, shared::metrics::MESSAGE_AGE].map(String::from))
         .collect();
     let report = shared::scheduled::ScheduledReport {
         alerts: Default::default(),
@@ -697,6 +711,8 @@ fn the_dashboard_is_valid_json_and_shows_the_flow() {
         "LettersPendingReview",
         "FencesDeleted",
         "SweepBacklogSeconds",
+        "MessageAge",
+        "JobDuration",
     ] {
         assert!(shown.contains(metric), "the dashboard shows {metric}");
     }
@@ -809,6 +825,7 @@ fn samconfig_holds_a_staging_and_a_production_environment_each_whole() {
                 .contains("CAPABILITY_IAM")
         );
         let overrides = deploy["parameter_overrides"].as_str().unwrap();
+        assert!(overrides.contains("LogLevel="), "{env} says its log level");
         for name in &required {
             assert!(
                 overrides.contains(&format!("{name}=")),

@@ -79,7 +79,8 @@ impl<C: Consumer> Harness<C> {
         }
         let start = |(i, parsed): Record<C::Payload>| async move {
             if !may_start() {
-                tracing::warn!(message_id = %msgs[i].message_id, "deadline near: handing the record back unstarted");
+                let _in_its_span = self.span(&msgs[i], &super::life::ids_of(&parsed)).entered();
+                tracing::warn!("deadline near: handing the record back unstarted");
                 return (i, None);
             }
             (i, Some(self.process_parsed(&msgs[i], parsed).await))

@@ -58,11 +58,13 @@ impl<C: Consumer> Harness<C> {
             return alone;
         }
         let (members, mut group) = self.group_of(runners);
+        let started = self.clock.now();
         let committed = self.transact(Jobs::Group(&mut group)).await;
         let committed = self.count_group(committed, members.len());
         for (i, job) in members.into_iter().zip(group) {
             if committed.contains(&job.envelope.job_id) {
                 self.metrics.increment(Metric::Processed);
+                self.observe_duration_since(started);
                 outcomes[i] = Some(RecordOutcome::Processed);
             } else {
                 alone.push((i, Ok((job.envelope, job.digest))));

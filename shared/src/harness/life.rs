@@ -4,11 +4,11 @@
 
 use super::attempt::{Committed, Jobs, Unfinished};
 use super::letter::Settle;
-use super::{Harness, IncomingMessage, RecordOutcome, record_ids};
+use super::{Harness, IncomingMessage, RecordOutcome};
 use crate::consumer::{Consumer, Job, ProcessError};
 use crate::dead_letter::{ErrorKind, Recorded};
 use crate::decision::AfterFailure;
-use crate::envelope::{Envelope, JobDigest, Poison};
+use crate::envelope::{Envelope, JobDigest, PartialIds, Poison};
 use crate::execution::{Ledger, Start, record_failure, start_execution, uncharge};
 use crate::fence::{FenceError, conflicts, settle_committed};
 use std::time::Duration;
@@ -19,6 +19,14 @@ pub(super) type Parsed<P> = Result<ParsedJob<P>, Poison>;
 
 /// A body that is a job: its envelope, and the digest of what makes up the job.
 pub(super) type ParsedJob<P> = (Envelope<P>, JobDigest);
+
+/// The ids a parsed message carries: all of them, or what a poison body still had.
+pub(super) fn ids_of<P>(parsed: &Parsed<P>) -> PartialIds {
+    match parsed {
+        Ok((envelope, _)) => envelope.ids(),
+        Err(poison) => poison.ids.clone(),
+    }
+}
 
 /// The end of a message's life, reached before its last step: the outcome is final.
 struct Stop(RecordOutcome);
@@ -89,12 +97,8 @@ impl<C: Consumer> Harness<C> {
         parsed: Parsed<C::Payload>,
     ) -> Step<ParsedJob<C::Payload>> {
         match parsed {
-            Ok((envelope, digest)) => {
-                record_ids(&envelope.ids());
-                Ok((envelope, digest))
-            }
+            Ok((envelope, digest)) => Ok((envelope, digest)),
             Err(Poison { reason, ids }) => {
-                record_ids(&ids);
                 // Poison is never attempted, so its letter says 1 attempt even when crashes of
                 // its batch delivered it more than once.
                 let letter = self.dead_letter(

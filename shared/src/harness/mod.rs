@@ -82,22 +82,6 @@ pub struct Harness<C> {
     lanes: lanes::Lanes,
 }
 
-/// Fills the job's span with the identifiers the message carries.
-fn record_ids(ids: &PartialIds) {
-    let span = tracing::Span::current();
-    if let Some(job_id) = ids.job_id {
-        span.record("job_id", tracing::field::display(job_id));
-    }
-    if let Some(tenant_id) = ids.tenant_id {
-        span.record("tenant_id", tracing::field::display(tenant_id));
-    }
-    if let Some(correlation_id) = &ids.correlation_id {
-        // Bounded as the letter keeps it: every log line of the job carries it.
-        let bounded = crate::ids::bounded_correlation_id(correlation_id);
-        span.record("correlation_id", &*bounded);
-    }
-}
-
 impl<C: Consumer> Harness<C> {
     /// A harness for `consumer`. `rng` draws the backoff jitter; seed it in tests.
     pub fn new(
@@ -157,6 +141,18 @@ impl<C: Consumer> Harness<C> {
         self.process_parsed(msg, self.parse(msg)).await
     }
 
+    /// One [`crate::metrics::JOB_DURATION`] sample: the time since `started`, by the clock.
+    fn observe_duration_since(&self, started: chrono::DateTime<chrono::Utc>) {
+        let took = (self.clock.now() - started).to_std().unwrap_or_default();
+        self.metrics
+            .observe_duration(crate::metrics::JOB_DURATION, took);
+    }
+
+    /// The span `msg`'s lines are written in ([`crate::telemetry::record_span`]).
+    fn span(&self, msg: &IncomingMessage, ids: &PartialIds) -> tracing::Span {
+        crate::telemetry::record_span(self.consumer.name().as_str(), &msg.message_id, ids)
+    }
+
     /// [`Harness::process`] for a message whose body is already `parsed`: the life of the
     /// message in its span, then its metric and its log line.
     async fn process_parsed(
@@ -165,17 +161,11 @@ impl<C: Consumer> Harness<C> {
         parsed: Parsed<C::Payload>,
     ) -> RecordOutcome {
         // Every line logged while the job runs, the handler's own included, carries these.
-        let span = tracing::info_span!(
-            "job",
-            consumer = self.consumer.name().as_str(),
-            message_id = %msg.message_id,
-            job_id = tracing::field::Empty,
-            correlation_id = tracing::field::Empty,
-            tenant_id = tracing::field::Empty,
-            attempt = tracing::field::Empty,
-        );
+        let span = self.span(msg, &life::ids_of(&parsed));
+        let started = self.clock.now();
         let outcome = self.live(msg, parsed).instrument(span.clone()).await;
         self.metrics.increment(outcome.metric());
+        self.observe_duration_since(started);
         let _entered = span.enter();
         log_outcome(&outcome);
         outcome

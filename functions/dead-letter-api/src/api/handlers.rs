@@ -233,8 +233,9 @@ async fn replay(
             }
         }
     };
-    tracing::info!(letter = %id, job = %job_id, actor, message_id = ?sent, fence_exists,
-        "dead letter replayed");
+    // `message_id` is the replay's SQS message; absent while the replay is queued.
+    tracing::info!(letter = %id, job_id = %job_id, actor, message_id = sent.as_deref(),
+        queued = sent.is_none(), fence_exists, "dead letter replayed");
     Ok(ApiResponse {
         status,
         body: json!({
@@ -265,7 +266,8 @@ async fn discard(
         .await
         .map_err(db)?;
     let letter = locked.commit().await.map_err(db)?;
-    tracing::info!(letter = %id, actor, "dead letter discarded");
+    tracing::info!(letter = %id, job_id = letter.job_id.map(tracing::field::display),
+        correlation_id = letter.correlation_id.as_deref(), actor, "dead letter discarded");
     ok(json!({ "letter": letter }))
 }
 
