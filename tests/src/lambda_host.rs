@@ -4,7 +4,8 @@
 //!
 //! Like Lambda, a process that dies or overruns its timeout is discarded and the next invocation
 //! starts a fresh one. Each sandbox has its own listener, so nothing a dead process was waiting
-//! for can leak into the next. EMF lines on the function's stdout are summed as metrics.
+//! for can leak into the next. EMF lines on the function's stdout are summed as metrics (counts),
+//! and their samples (arrays of values, with a unit) are kept.
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -97,7 +98,7 @@ impl Drop for Sandbox {
 pub struct LambdaHost {
     spec: FunctionSpec,
     sandbox: tokio::sync::Mutex<Option<Sandbox>>,
-    metrics: Arc<Mutex<BTreeMap<String, u64>>>,
+    metrics: Arc<Mutex<Emf>>,
     starts: Mutex<u32>,
     /// The running process's pid (0: none), readable while an invocation holds the sandbox.
     pid: std::sync::atomic::AtomicU32,
@@ -117,7 +118,16 @@ impl LambdaHost {
 
     /// The sum of every EMF metric the function's processes printed so far.
     pub fn metrics(&self) -> BTreeMap<String, u64> {
-        self.metrics.lock().unwrap().clone()
+        self.metrics.lock().unwrap().counts.clone()
+    }
+
+    /// Every sample of the metric `name` the function's processes printed so far, and its unit.
+    pub fn samples(&self, name: &str) -> (Option<String>, Vec<f64>) {
+        let emf = self.metrics.lock().unwrap();
+        emf.samples
+            .get(name)
+            .map(|(unit, values)| (Some(unit.clone()), values.clone()))
+            .unwrap_or_default()
     }
 
     /// The running process's peak resident memory (`VmHWM`), in KiB; `None` if none runs.
@@ -254,25 +264,46 @@ impl LambdaHost {
     }
 }
 
-async fn sum_emf(stdout: tokio::process::ChildStdout, metrics: Arc<Mutex<BTreeMap<String, u64>>>) {
+/// What a function's EMF lines said so far.
+#[derive(Debug, Default)]
+struct Emf {
+    /// Counts, summed.
+    counts: BTreeMap<String, u64>,
+    /// Samples by metric: the unit and every value.
+    samples: BTreeMap<String, (String, Vec<f64>)>,
+}
+
+async fn sum_emf(stdout: tokio::process::ChildStdout, metrics: Arc<Mutex<Emf>>) {
     let mut lines = BufReader::new(stdout).lines();
     while let Ok(Some(line)) = lines.next_line().await {
         let Ok(doc) = serde_json::from_str::<Value>(&line) else {
             continue;
         };
-        let Some(names) = doc
+        let Some(defined) = doc
             .pointer("/_aws/CloudWatchMetrics/0/Metrics")
             .and_then(Value::as_array)
         else {
             continue;
         };
-        let mut sums = metrics.lock().unwrap();
-        for name in names
-            .iter()
-            .filter_map(|m| m.get("Name").and_then(Value::as_str))
-        {
-            *sums.entry(name.to_owned()).or_default() +=
-                doc.get(name).and_then(Value::as_u64).unwrap_or(0);
+        let mut emf = metrics.lock().unwrap();
+        for metric in defined {
+            let Some(name) = metric.get("Name").and_then(Value::as_str) else {
+                continue;
+            };
+            match doc.get(name) {
+                Some(Value::Array(values)) => {
+                    let unit = metric["Unit"].as_str().unwrap_or("None").to_owned();
+                    let (_, all) = emf
+                        .samples
+                        .entry(name.to_owned())
+                        .or_insert_with(|| (unit, Vec::new()));
+                    all.extend(values.iter().filter_map(Value::as_f64));
+                }
+                value => {
+                    *emf.counts.entry(name.to_owned()).or_default() +=
+                        value.and_then(Value::as_u64).unwrap_or(0);
+                }
+            }
         }
     }
 }

@@ -53,6 +53,43 @@ async fn a_message_is_processed_once_and_deleted(
     assert_eq!(stack.consumer.metrics().get("Processed"), Some(&1));
 }
 
+/// Each record leaves two samples, in milliseconds: how long the harness spent on it, and how
+/// old its message was (from `SentTimestamp`) when the invocation took it.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn each_record_leaves_its_duration_and_its_messages_age_in_milliseconds(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let (pool, stack) = e2e::stack_for_test!(pool_opts, connect, |_| {}).await;
+    let (job_id, body) = job(json!({"account_id": "a", "points": 5}));
+    stack.send(&body).await;
+    let waited = Duration::from_millis(1_500);
+    tokio::time::sleep(waited).await;
+    let before = Instant::now();
+    until_awarded(&stack, &pool, job_id).await;
+    let ceiling = (before.elapsed() + waited).as_secs_f64() * 1000.0 + 1000.0;
+    let (unit, ages) = stack.consumer.samples("MessageAge");
+    assert_eq!(
+        (unit.as_deref(), ages.len()),
+        (Some("Milliseconds"), 1),
+        "{ages:?}"
+    );
+    assert!(
+        ages[0] >= waited.as_millis() as f64 && ages[0] < ceiling,
+        "the message waited {waited:?} in the queue before its poll: {} ms",
+        ages[0]
+    );
+    let (unit, durations) = stack.consumer.samples("JobDuration");
+    assert_eq!(
+        (unit.as_deref(), durations.len()),
+        (Some("Milliseconds"), 1)
+    );
+    assert!(
+        durations[0] > 0.0 && durations[0] < ceiling,
+        "{durations:?}"
+    );
+}
+
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn a_duplicate_send_is_acked_as_a_duplicate(
     pool_opts: PgPoolOptions,
