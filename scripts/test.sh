@@ -27,6 +27,7 @@ cargo clippy --workspace --all-targets --quiet -- -D warnings || die "clippy fou
 
 ensure_pg_server_binaries
 ensure_pgbouncer
+ensure_cargo_lambda # the dev loop's test runs the consumer under cargo lambda watch
 export PGBOUNCER
 step "Running the tests against ${DATABASE_URL%%@*}@… (cargo test --workspace)"
 note "the chaos soak restarts a throwaway PostgreSQL cluster of its own, never this one"

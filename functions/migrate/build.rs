@@ -17,6 +17,11 @@
 //! binary = "redeem-reward"   # its Lambda binary (default: the package name)
 //! local-queue-suffix = "-redeem"           # the local stack's queue: <base><suffix> (default: -<name>)
 //! local-env = { RETRY_MAX_ATTEMPTS = "3" } # what the local stack adds to its environment
+//! dev-payload = { account_id = "dev", reward_sku = "MUG", cost_points = 5 }  # a valid payload,
+//!                                          # what `bash scripts/dev.sh send` sends ("{job_id}"
+//!                                          # in a string becomes each job's id)
+//! dev-failing-payload = { account_id = "dev", reward_sku = "MUG", cost_points = -5 }  # one
+//!                                          # the handler fails on (`send … failing`)
 //! ```
 //!
 //! Invariant: a malformed table, two consumers with one name or one schema, a consumer taking
@@ -35,6 +40,9 @@ struct Found {
     binary: String,
     local_queue_suffix: String,
     local_env: Vec<(String, String)>,
+    /// `dev-payload` and `dev-failing-payload`, as JSON.
+    dev_payload: Option<String>,
+    dev_failing_payload: Option<String>,
     /// Relative to this crate's manifest directory, as `sqlx::migrate!` takes it.
     migrations: String,
 }
@@ -159,7 +167,17 @@ fn consumer(manifest: &Path, relative: &str) -> Option<Found> {
             })
             .collect(),
     };
+    let payload = |k: &str| {
+        meta.get(k).map(|v| {
+            if !v.is_table() {
+                fail(manifest, &format!("{}: not a table (the payload, as TOML)", key(k)));
+            }
+            serde_json::to_string(v).expect("a TOML table is JSON")
+        })
+    };
     Some(Found {
+        dev_payload: payload("dev-payload"),
+        dev_failing_payload: payload("dev-failing-payload"),
         label: text("label", Some(&name)),
         binary: text("binary", Some(&package_name)),
         local_queue_suffix: text("local-queue-suffix", Some(&format!("-{name}"))),
@@ -210,8 +228,16 @@ fn generate(found: &[Found]) -> String {
         let _ = writeln!(
             out,
             "    ConsumerCrate {{ package: {:?}, name: {:?}, label: {:?}, schema: {:?}, binary: {:?}, \
-             local_queue_suffix: {:?}, local_env: &[{env}] }},",
-            c.package, c.name, c.label, c.schema, c.binary, c.local_queue_suffix
+             local_queue_suffix: {:?}, local_env: &[{env}], dev_payload: {:?}, \
+             dev_failing_payload: {:?} }},",
+            c.package,
+            c.name,
+            c.label,
+            c.schema,
+            c.binary,
+            c.local_queue_suffix,
+            c.dev_payload,
+            c.dev_failing_payload
         );
     }
     out.push_str("];\n\n");

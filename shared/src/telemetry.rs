@@ -13,7 +13,9 @@
 //! `correlation_id`, `tenant_id` and `attempt`; the handler's own lines are inside it too. The span
 //! is declared at `ERROR`, so it is enabled whenever any line is: at `AWS_LAMBDA_LOG_LEVEL=WARN`
 //! the `dead-lettered` line still names its job (an `INFO` span would be filtered out with its
-//! fields).
+//! fields). In JSON, `span` is the job's span and `spans` every span the line is in, outermost
+//! first: the runtime's `Lambda runtime invoke` span gives each line the invocation's
+//! `requestId` and `xrayTraceId`.
 
 use crate::config::{ConfigError, Env};
 use crate::envelope::PartialIds;
@@ -109,7 +111,9 @@ pub fn install(settings: &LogSettings) {
         LogFormat::Json => builder
             .json()
             .with_current_span(true)
-            .with_span_list(false)
+            // The runtime's invoke span (`requestId`, `xrayTraceId`) and the job's, outermost
+            // first: every line names its invocation and its X-Ray trace.
+            .with_span_list(true)
             .try_init(),
         LogFormat::Text => builder.try_init(),
     };

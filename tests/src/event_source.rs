@@ -119,14 +119,71 @@ pub struct PollReport {
     pub invoke_error: Option<String>,
 }
 
+/// A function an event source can invoke: a [`LambdaHost`] here, or one served over HTTP by
+/// `cargo lambda watch` ([`WatchedFunction`]).
+pub trait Invoke: Sync {
+    /// Invokes the function with `event`; its response, or why there is none.
+    fn invoke(&self, event: &Value) -> impl Future<Output = Result<Value, String>> + Send;
+}
+
+impl Invoke for LambdaHost {
+    async fn invoke(&self, event: &Value) -> Result<Value, String> {
+        LambdaHost::invoke(self, event)
+            .await
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// A function `cargo lambda watch` serves: invoked through its Lambda Invoke API
+/// (`POST /2015-03-31/functions/<name>/invocations`), as `cargo lambda invoke` does.
+pub struct WatchedFunction {
+    /// `http://127.0.0.1:9000/2015-03-31/functions/<name>/invocations`.
+    pub url: String,
+    /// The HTTP client.
+    pub http: reqwest::Client,
+}
+
+impl WatchedFunction {
+    /// The function `name` (its binary) of the `watch` listening on `addr` (`127.0.0.1:9000`).
+    pub fn new(addr: &str, name: &str) -> Self {
+        Self {
+            url: format!("http://{addr}/2015-03-31/functions/{name}/invocations"),
+            http: reqwest::Client::new(),
+        }
+    }
+}
+
+impl Invoke for WatchedFunction {
+    async fn invoke(&self, event: &Value) -> Result<Value, String> {
+        let response = self
+            .http
+            .post(&self.url)
+            .json(event)
+            .timeout(Duration::from_secs(300)) // a first invoke waits for the build
+            .send()
+            .await
+            .map_err(|e| format!("no answer from cargo lambda watch at {}: {e}", self.url))?;
+        let status = response.status();
+        let body = response.text().await.map_err(|e| e.to_string())?;
+        if !status.is_success() {
+            return Err(format!("{status}: {body}"));
+        }
+        let value: Value = serde_json::from_str(&body).map_err(|e| format!("{e}: {body}"))?;
+        if value.get("errorType").is_some() || value.get("errorMessage").is_some() {
+            return Err(format!("function error: {value}"));
+        }
+        Ok(value)
+    }
+}
+
 /// One queue feeding one function.
-pub struct EventSource<'a> {
+pub struct EventSource<'a, F: Invoke = LambdaHost> {
     /// The SQS client.
     pub sqs: &'a Client,
     /// The queue polled.
     pub queue: &'a Queue,
     /// The function invoked.
-    pub function: &'a LambdaHost,
+    pub function: &'a F,
     /// Records per invocation (1–10).
     pub batch_size: i32,
     /// The share of `DeleteMessageBatch` calls that are lost (an injected SQS API fault): the
@@ -134,7 +191,7 @@ pub struct EventSource<'a> {
     pub delete_loss: f64,
 }
 
-impl EventSource<'_> {
+impl<F: Invoke> EventSource<'_, F> {
     /// Receives one batch (waiting up to 1 s for it), invokes the function, deletes what succeeded.
     pub async fn poll_once(&self) -> PollReport {
         let received = self
@@ -174,7 +231,7 @@ impl EventSource<'_> {
                 .filter_map(|f| f["itemIdentifier"].as_str().map(str::to_owned))
                 .collect(),
             Err(e) => {
-                report.invoke_error = Some(e.to_string());
+                report.invoke_error = Some(e);
                 messages
                     .iter()
                     .filter_map(|m| m.message_id.clone())

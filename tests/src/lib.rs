@@ -8,6 +8,7 @@ pub mod alert_receiver;
 pub mod api_client;
 pub mod bench;
 pub mod demo;
+pub mod dev;
 pub mod event_source;
 pub mod faulty_award;
 pub mod gateway;

@@ -221,7 +221,8 @@ pub(crate) fn is_root() -> bool {
         .is_ok_and(|o| o.stdout.starts_with(b"0\n"))
 }
 
-pub(crate) fn free_port() -> u16 {
+/// A TCP port free on 127.0.0.1 just now.
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())

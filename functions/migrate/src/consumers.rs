@@ -23,6 +23,10 @@ pub struct ConsumerCrate {
     pub local_queue_suffix: &'static str,
     /// What the local stack adds to its environment (its own retry policy, …).
     pub local_env: &'static [(&'static str, &'static str)],
+    /// A valid payload, as JSON (`dev-payload`): what the dev loop sends.
+    pub dev_payload: Option<&'static str>,
+    /// A payload its handler fails on, as JSON (`dev-failing-payload`).
+    pub dev_failing_payload: Option<&'static str>,
 }
 
 include!(concat!(env!("OUT_DIR"), "/consumers.rs"));
