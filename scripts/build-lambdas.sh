@@ -17,4 +17,4 @@ for f in "${BINARIES[@]}"; do
   [ -x "target/lambda/$f/bootstrap" ] || die "target/lambda/$f/bootstrap was not produced"
   note "$f: target/lambda/$f/bootstrap ($(du -h "target/lambda/$f/bootstrap" | cut -f1))"
 done
-step "Built; deploy with: sam build && sam deploy --guided"
+step "Built; deploy with: sam build && sam deploy --config-env staging (docs/deploy.md; sam build reuses this build)"

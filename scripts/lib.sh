@@ -161,6 +161,10 @@ ensure_sam_cli() {
   if [ "$installed" != "SAM CLI, version $SAM_CLI_VERSION" ]; then
     venv_install sam-venv "aws-sam-cli==$SAM_CLI_VERSION"
   fi
+  # Only `sam` on PATH (.tools/bin), not the venv's python and pip.
+  mkdir -p "$TOOLS/bin"
+  ln -sf "$TOOLS/sam-venv/bin/sam" "$TOOLS/bin/sam"
+  export PATH="$TOOLS/bin:$PATH"
 }
 
 # cargo-lambda and zig (its cross linker), pinned, in .tools/lambda-venv; puts them first on PATH.

@@ -243,7 +243,8 @@ async fn a_dry_run_changes_nothing_and_a_bulk_replay_applies_each_job_of_the_gro
         "a dry run changes nothing"
     );
 
-    // A token without the replay scope: refused by the gateway at the first letter, nothing done.
+    // A token without the replay scope: refused before the plan is read or printed (the
+    // gateway's 403 to a probe), nothing done; a dry run with it says the real run would stop.
     let refused = run(
         &s,
         &s.reader.token,
@@ -251,7 +252,17 @@ async fn a_dry_run_changes_nothing_and_a_bulk_replay_applies_each_job_of_the_gro
     )
     .await;
     assert_eq!(refused.status, 2, "{}\n{}", refused.stdout, refused.stderr);
-    assert!(refused.stderr.contains("403"), "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("403")
+            && refused.stderr.contains("may not replay")
+            && refused.stderr.contains("core.dead_letters.replay"),
+        "{}",
+        refused.stderr
+    );
+    assert!(refused.stdout.is_empty(), "no plan: {}", refused.stdout);
+    let dry = run(&s, &s.reader.token, &["replay", "--group", &g, "--dry-run"]).await;
+    assert_eq!(dry.status, 0, "{}", dry.stderr);
+    assert!(dry.stderr.contains("the real run would stop here"), "{}", dry.stderr);
     assert_eq!(e2e::api_client::fingerprint(&s.pool).await, before);
     // A real run needs a reason, and a non-terminal needs --yes: both refused before anything.
     assert_eq!(

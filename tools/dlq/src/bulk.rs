@@ -281,6 +281,12 @@ pub async fn run(
             ));
         }
     };
+    if let Err(refused) = may_apply(client, action).await {
+        if !bulk.dry_run {
+            return Err(refused);
+        }
+        eprintln!("dlq: {refused}; the dry run goes on, but the real run would stop here");
+    }
     let selection = select(client, bulk).await.map_err(|e| e.to_string())?;
     print_plan(
         action,
@@ -386,6 +392,30 @@ enum Stop {
 
 /// Changes one letter; counts what happened and returns a line saying it, and whether to stop
 /// (a refusal every other letter would meet too).
+/// Whether the token may `action` at all, asked before anything is read or planned: the same
+/// request on the nil letter id, which no letter has. API Gateway's authorizer answers 401 or
+/// 403 before the function runs; a token that may gets the function's 404 and nothing changes.
+/// Any other answer is left to the run itself.
+async fn may_apply(client: &Client, action: Action) -> Result<(), String> {
+    let probe = "dlq: checking the token's scope before the plan";
+    let answer = match action {
+        Action::Replay => client.replay(uuid::Uuid::nil(), probe).await,
+        Action::Discard => client.discard(uuid::Uuid::nil(), probe).await,
+    };
+    match answer {
+        Err(ApiError::Refused {
+            status: status @ (401 | 403),
+            message,
+            ..
+        }) => Err(format!(
+            "the token may not {verb} letters ({status}: {message}): {verb} needs the scope \
+             core.dead_letters.{verb} (DLQ_TOKEN / --token); nothing was read or changed",
+            verb = action.verb(),
+        )),
+        _ => Ok(()),
+    }
+}
+
 async fn apply(
     client: &Client,
     action: Action,
