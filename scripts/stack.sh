@@ -67,7 +67,7 @@ env_hint() {
       eval "\$(bash scripts/stack.sh env)"
       target/debug/dlq groups                      # or: cargo run -q -p dlq -- groups
       curl -s -H "Authorization: Bearer \$DLQ_TOKEN" "\$DLQ_API_URL/v1/core/dead-letters?status=pending_review"
-      aws --endpoint-url "\$AWS_ENDPOINT_URL_SQS" sqs send-message --queue-url "\$AWARD_POINTS_QUEUE_URL" --message-body '{…}'
+      bash scripts/smoke.sh local                  # a canary job to its fence, a poison one to its letter, the API
     Stop it: bash scripts/stack.sh down
 EOF
 }

@@ -445,6 +445,37 @@ pub async fn fence_exists(
     .await
 }
 
+/// A committed fence, as operators see it (the API's `GET /v1/core/processed-jobs/{id}`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, sqlx::FromRow)]
+pub struct ProcessedJob {
+    /// The job.
+    pub job_id: uuid::Uuid,
+    /// The consumer whose work committed with it.
+    pub consumer: String,
+    /// The job's tenant.
+    pub tenant_id: uuid::Uuid,
+    /// When the work committed.
+    pub processed_at: chrono::DateTime<chrono::Utc>,
+    /// Until when a copy of the job is skipped as a duplicate (then the sweep removes it).
+    pub expires_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// The committed fence of (`job_id`, `consumer`), if any.
+pub async fn processed_job(
+    db: impl PgExecutor<'_>,
+    job_id: JobId,
+    consumer: &ConsumerName,
+) -> sqlx::Result<Option<ProcessedJob>> {
+    sqlx::query_as(
+        "SELECT job_id, consumer, tenant_id, processed_at, expires_at
+           FROM core.processed_jobs WHERE job_id = $1 AND consumer = $2",
+    )
+    .bind(job_id.0)
+    .bind(consumer.as_str())
+    .fetch_optional(db)
+    .await
+}
+
 /// When the fence of (`job_id`, `consumer`) expires, if it exists.
 pub async fn fence_expiry(
     db: impl PgExecutor<'_>,

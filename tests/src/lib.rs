@@ -16,6 +16,7 @@ pub mod lambda_host;
 pub mod latency_proxy;
 pub mod local_stack;
 pub mod pooler;
+pub mod smoke;
 pub mod soak;
 pub mod stack;
 pub mod throwaway_pg;

@@ -512,7 +512,28 @@ async fn any_letter_is_found_by_job_correlation_tenant_or_message(pool: PgPool) 
     );
     let tenant = letter.tenant_id.expect("the envelope's tenant").to_string();
     assert_eq!(found(vec![("tenant_id", tenant)]).await, id);
+    // By the first hex digits of its id, as git takes a commit's (dlq show 481e82ee).
+    let whole = target.to_string();
+    assert_eq!(found(vec![("id_prefix", whole[..8].to_owned())]).await, id);
+    assert_eq!(found(vec![("id_prefix", whole.to_uppercase())]).await, id);
+    let digit = &whole[..1];
+    let mut expected: Vec<String> =
+        sqlx::query_scalar("SELECT id::text FROM core.dead_letters WHERE id::text LIKE $1 || '%'")
+            .bind(digit)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let mut by_one_digit = found(vec![("id_prefix", digit.to_owned())]).await;
+    expected.sort();
+    by_one_digit.sort();
+    assert_eq!(
+        by_one_digit, expected,
+        "every letter whose id starts with {digit}, no other"
+    );
     for (name, value) in [
+        ("id_prefix", "xyz"),
+        ("id_prefix", "-"),
+        ("id_prefix", "481e82ee-0733-4a23-bad4-7a61e82b17780"),
         ("job_id", "nope"),
         ("tenant_id", "1"),
         ("group_id", "x"),
@@ -1345,4 +1366,100 @@ async fn a_letter_whose_job_id_another_job_took_is_not_replayable(pool: PgPool) 
     }
     assert_eq!(fingerprint(&pool).await, before);
     assert_eq!(apis.sent().await, 0);
+}
+
+/// `GET /v1/core/processed-jobs/{id}?consumer=…`: a committed job's fence (what a deploy's smoke
+/// test and "did this job run?" read), 404 for a job without one, 400 for a bad id or consumer,
+/// and only with the read scope.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn a_processed_job_shows_its_fence_and_one_without_is_404(pool: PgPool) {
+    let (pool, apis) = setup(pool).await;
+    let job = Uuid::new_v4();
+    let tenant = Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, processed_at, expires_at)
+         VALUES ($1, 'award-points', $2, now(), now() + interval '14 days')",
+    )
+    .bind(job)
+    .bind(tenant)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let get = |id: String, query: &[(&str, &str)], scopes: &[Scope]| {
+        let mut r = request(
+            "GET",
+            &format!("/v1/core/processed-jobs/{id}"),
+            Some(caller("ops-1", scopes)),
+        );
+        r.query = query
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        r
+    };
+    let found = apis
+        .call(get(
+            job.to_string(),
+            &[("consumer", "award-points")],
+            &[Scope::Read],
+        ))
+        .await;
+    assert_eq!(found.status, 200, "{:#}", found.body);
+    let fence = &found.body["processed_job"];
+    assert_eq!(
+        (
+            fence["job_id"].as_str(),
+            fence["consumer"].as_str(),
+            fence["tenant_id"].as_str()
+        ),
+        (
+            Some(job.to_string().as_str()),
+            Some("award-points"),
+            Some(tenant.to_string().as_str())
+        )
+    );
+    assert!(fence["processed_at"].is_string() && fence["expires_at"].is_string());
+
+    let before = fingerprint(&pool).await;
+    let other_consumer = apis
+        .call(get(
+            job.to_string(),
+            &[("consumer", "redeem-reward")],
+            &[Scope::Read],
+        ))
+        .await;
+    assert_error(&other_consumer, 404, "not_found");
+    let unknown = apis
+        .call(get(
+            Uuid::new_v4().to_string(),
+            &[("consumer", "award-points")],
+            &[Scope::Read],
+        ))
+        .await;
+    assert_error(&unknown, 404, "not_found");
+    for (id, query) in [
+        ("not-a-uuid".to_owned(), vec![("consumer", "award-points")]),
+        (job.to_string(), vec![]),
+        (job.to_string(), vec![("consumer", "")]),
+        (
+            job.to_string(),
+            vec![("consumer", "award-points"), ("consumer", "x")],
+        ),
+        (
+            job.to_string(),
+            vec![("consumer", "award-points"), ("status", "x")],
+        ),
+    ] {
+        let bad = apis.call(get(id.clone(), &query, &[Scope::Read])).await;
+        assert_error(&bad, 400, "invalid_parameter");
+    }
+    let no_scope = apis
+        .call(get(
+            job.to_string(),
+            &[("consumer", "award-points")],
+            &[Scope::Replay],
+        ))
+        .await;
+    assert_eq!(no_scope.status, 403, "{:#}", no_scope.body);
+    assert_eq!(fingerprint(&pool).await, before, "a read changes nothing");
 }

@@ -153,6 +153,23 @@ impl Client {
         })
     }
 
+    /// The fence of `job_id` for `consumer`, if the job committed there (`None` on 404).
+    pub async fn processed_job(
+        &self,
+        job_id: uuid::Uuid,
+        consumer: &str,
+    ) -> Result<Option<Value>, ApiError> {
+        let path = format!("/v1/core/processed-jobs/{job_id}");
+        match self
+            .get(&path, &[("consumer".into(), consumer.into())])
+            .await
+        {
+            Ok(answer) => Ok(Some(answer.body["processed_job"].clone())),
+            Err(ApiError::Refused { status: 404, .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// One page of letters.
     pub async fn letters(&self, query: &[(String, String)]) -> Result<Page<Letter>, ApiError> {
         decode(self.get("/v1/core/dead-letters", query).await?)
@@ -298,9 +315,37 @@ fn refused(status: u16, body: &Value, text: &str) -> ApiError {
     ApiError::Refused {
         status,
         code,
-        message,
+        message: as_flags(&message),
     }
 }
+
+/// The API's parameters and the `dlq` flags that set them.
+const FLAGS: [(&str, &str); 13] = [
+    ("group_id", "--group"),
+    ("queue", "--queue"),
+    ("consumer", "--consumer"),
+    ("error_kind", "--kind"),
+    ("job_id", "--job-id"),
+    ("correlation_id", "--correlation-id"),
+    ("tenant_id", "--tenant-id"),
+    ("message_id", "--message-id"),
+    ("created_from", "--from"),
+    ("created_before", "--before"),
+    ("status", "--status"),
+    ("limit", "--limit"),
+    ("id_prefix", "the letter id"),
+];
+
+/// An API message naming its parameters (`` `error_kind` ``) as the operator typed them: the flag
+/// (`--kind`).
+pub fn as_flags(message: &str) -> String {
+    FLAGS
+        .iter()
+        .fold(message.to_owned(), |m, (parameter, flag)| {
+            m.replace(&format!("`{parameter}`"), flag)
+        })
+}
+
 
 fn decode<T: serde::de::DeserializeOwned>(answer: Answer) -> Result<T, ApiError> {
     serde_json::from_value(answer.body).map_err(|e| {
@@ -308,4 +353,18 @@ fn decode<T: serde::de::DeserializeOwned>(answer: Answer) -> Result<T, ApiError>
             "the API's answer is not what this tool expects: {e}"
         ))
     })
+}
+
+#[cfg(test)]
+mod flag_tests {
+    #[test]
+    fn the_apis_parameters_are_named_as_the_flags_that_set_them() {
+        assert_eq!(
+            super::as_flags(
+                "`error_kind` must be one of poison, permanent; `created_from` must be earlier than `created_before`"
+            ),
+            "--kind must be one of poison, permanent; --from must be earlier than --before"
+        );
+        assert_eq!(super::as_flags("no parameter here"), "no parameter here");
+    }
 }

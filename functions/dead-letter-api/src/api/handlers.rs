@@ -12,7 +12,7 @@ use super::list_query::{
 use super::{Api, ApiRequest, ApiResponse, Operation, Route};
 use serde_json::{Value, json};
 use shared::dead_letter::{self, ErrorKind, LockedLetter, ReplayOutcome, ReviewStatus, Verdict};
-use shared::ids::{DeadLetterId, GroupId};
+use shared::ids::{ConsumerName, DeadLetterId, GroupId, JobId};
 
 /// The longest reason (discard or replay), in characters, after trimming.
 pub const MAX_REASON_CHARS: usize = 1000;
@@ -46,7 +46,62 @@ pub(super) async fn run(
             let id = a_group_id("id", id.unwrap_or_default())?;
             get_group(api, route, id).await
         }
+        Operation::GetProcessedJob => {
+            let job_id = parse_job_id(id)?;
+            let consumer = parse_consumer(&request.query)?;
+            get_processed_job(api, route, job_id, &consumer).await
+        }
     }
+}
+
+fn parse_job_id(id: Option<&str>) -> Result<JobId, ApiError> {
+    let id = id.unwrap_or_default();
+    uuid::Uuid::try_parse(id).map(JobId).map_err(|_| {
+        ApiError::invalid_parameter(format!(
+            "the job id in the path must be a UUID such as 0b7e5f6e-2c4d-4f7a-9d1e-3a5b7c9d1e2f, got {}",
+            shown(id)
+        ))
+    })
+}
+
+/// `?consumer=<name>`, once, and nothing else.
+fn parse_consumer(query: &[(String, String)]) -> Result<ConsumerName, ApiError> {
+    if let Some((other, _)) = query.iter().find(|(k, _)| k != "consumer") {
+        return Err(ApiError::invalid_parameter(format!(
+            "unknown parameter {}: this route takes only consumer",
+            shown(other)
+        )));
+    }
+    match query {
+        [(_, name)] => ConsumerName::new(name.as_str()).map_err(|problem| {
+            ApiError::invalid_parameter(format!("consumer {}: {problem}", shown(name)))
+        }),
+        [] => Err(ApiError::invalid_parameter(
+            "consumer is required: the fence is per consumer (?consumer=award-points)",
+        )),
+        _ => Err(ApiError::invalid_parameter(
+            "consumer is given more than once",
+        )),
+    }
+}
+
+/// The job's fence for `consumer`: it committed, and until when a copy is a duplicate.
+async fn get_processed_job(
+    api: &Api,
+    route: &Route,
+    job_id: JobId,
+    consumer: &ConsumerName,
+) -> Result<ApiResponse, ApiError> {
+    let fence = shared::fence::processed_job(&api.pool, job_id, consumer)
+        .await
+        .map_err(|e| ApiError::database(route.path, &e))?
+        .ok_or_else(|| {
+            ApiError::not_found(format!(
+                "job {job_id} has no fence for {consumer}: it has not committed there (or its \
+                 fence expired, after its TTL)"
+            ))
+        })?;
+    ok(json!({"processed_job": fence}))
 }
 
 fn ok(body: Value) -> Result<ApiResponse, ApiError> {

@@ -17,7 +17,7 @@ use shared::dead_letter::{
 use shared::ids::{ConsumerName, GroupId, JobId, TenantId};
 
 /// The query parameters the list endpoint accepts (the OpenAPI document lists the same).
-pub const LIST_PARAMETERS: [&str; 13] = [
+pub const LIST_PARAMETERS: [&str; 14] = [
     "status",
     "queue",
     "consumer",
@@ -27,6 +27,7 @@ pub const LIST_PARAMETERS: [&str; 13] = [
     "tenant_id",
     "message_id",
     "group_id",
+    "id_prefix",
     "created_from",
     "created_before",
     "limit",
@@ -126,6 +127,7 @@ pub fn parse_list_query(pairs: &[(String, String)]) -> Result<ListQuery, ApiErro
             "tenant_id" => f.tenant_id = Some(TenantId(a_uuid(name, value)?)),
             "message_id" => f.message_id = Some(a_text(name, value)?),
             "group_id" => f.group_id = Some(a_group_id(name, value)?),
+            "id_prefix" => f.id_range = Some(an_id_prefix(name, value)?),
             "created_from" => f.created_from = Some(a_time(name, value)?),
             "created_before" => f.created_before = Some(a_time(name, value)?),
             "limit" => query.limit = a_limit(value)?,
@@ -198,6 +200,17 @@ fn a_uuid(name: &str, value: &str) -> Result<uuid::Uuid, ApiError> {
     uuid::Uuid::try_parse(value).map_err(|_| {
         ApiError::invalid_parameter(format!(
             "`{name}` must be a UUID such as 0b7e5f6e-2c4d-4f7a-9d1e-3a5b7c9d1e2f, got {}",
+            shown(value)
+        ))
+    })
+}
+
+/// A letter id's first hex digits (dashes allowed), as `git` takes a commit's.
+fn an_id_prefix(name: &str, value: &str) -> Result<(uuid::Uuid, uuid::Uuid), ApiError> {
+    shared::dead_letter::id_prefix_range(value).ok_or_else(|| {
+        ApiError::invalid_parameter(format!(
+            "`{name}` must be the first 1 to 32 hex digits of a letter id (dashes allowed), such \
+             as 481e82ee, got {}",
             shown(value)
         ))
     })
