@@ -4,7 +4,7 @@
 #   bash scripts/tools.sh          installs the AWS SAM CLI, cargo-lambda (with zig), cfn-lint
 #                                  (each in a venv of its own under .tools/) and the dlq tool
 #                                  (cargo install --locked --path tools/dlq), and links sam,
-#                                  cargo-lambda, cfn-lint and dlq into /usr/local/bin (as root)
+#                                  cargo-lambda, zig, cfn-lint and dlq into /usr/local/bin (as root)
 #                                  or ~/.local/bin
 #
 # docs/deploy.md and docs/operations.md run what this installs.
@@ -19,10 +19,13 @@ cargo install --quiet --locked --path tools/dlq --root "$TOOLS/dlq" || die "dlq 
 
 if [ "$(id -u)" = 0 ]; then BIN=/usr/local/bin; else BIN=$HOME/.local/bin; fi
 mkdir -p "$BIN"
-step "Linking sam, cargo-lambda, cfn-lint and dlq into $BIN"
+step "Linking sam, cargo-lambda (and zig), cfn-lint and dlq into $BIN"
 ln -sf "$TOOLS/sam-venv/bin/sam" "$BIN/sam"
 ln -sf "$TOOLS/lambda-venv/bin/cargo-lambda" "$BIN/cargo-lambda"
-ln -sf "$TOOLS/lambda-venv/bin/python-zig" "$BIN/python-zig" # the cross linker cargo-lambda finds
+# zig, the cross linker cargo-lambda runs: the binary the ziglang wheel ships (its lib/ beside it).
+ZIG=$(ls "$TOOLS"/lambda-venv/lib/python3*/site-packages/ziglang/zig 2>/dev/null | head -n 1)
+[ -x "$ZIG" ] || die "zig is missing from .tools/lambda-venv (the ziglang wheel)"
+ln -sf "$ZIG" "$BIN/zig"
 ln -sf "$TOOLS/lint-venv/bin/cfn-lint" "$BIN/cfn-lint"
 ln -sf "$TOOLS/dlq/bin/dlq" "$BIN/dlq"
 case ":$PATH:" in *":$BIN:"*) ;; *) note "$BIN is not on your PATH: add it (export PATH=\"$BIN:\$PATH\")" ;; esac

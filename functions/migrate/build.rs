@@ -170,7 +170,10 @@ fn consumer(manifest: &Path, relative: &str) -> Option<Found> {
     let payload = |k: &str| {
         meta.get(k).map(|v| {
             if !v.is_table() {
-                fail(manifest, &format!("{}: not a table (the payload, as TOML)", key(k)));
+                fail(
+                    manifest,
+                    &format!("{}: not a table (the payload, as TOML)", key(k)),
+                );
             }
             serde_json::to_string(v).expect("a TOML table is JSON")
         })

@@ -93,9 +93,11 @@ pub async fn prepare(
 
 async fn sqs_client() -> Result<aws_sdk_sqs::Client, String> {
     if std::env::var_os("AWS_ENDPOINT_URL_SQS").is_none() {
-        return Err("AWS_ENDPOINT_URL_SQS is not set: run this through bash scripts/dev.sh, which \
+        return Err(
+            "AWS_ENDPOINT_URL_SQS is not set: run this through bash scripts/dev.sh, which \
                     starts the local SQS API"
-            .into());
+                .into(),
+        );
     }
     Ok(aws_sdk_sqs::Client::new(&aws_config::load_from_env().await))
 }
@@ -289,8 +291,10 @@ fn body(
         match (payload.clone(), value) {
             (Some(p), _) => Ok(p),
             // "{job_id}" in the configured payload becomes this job's id (a unique code).
-            (None, Some(json)) => serde_json::from_str(&json.replace("{job_id}", &job_id.to_string()))
-                .map_err(|e| format!("{key} of {}: {e}", consumer.name)),
+            (None, Some(json)) => {
+                serde_json::from_str(&json.replace("{job_id}", &job_id.to_string()))
+                    .map_err(|e| format!("{key} of {}: {e}", consumer.name))
+            }
             (None, None) => Err(format!(
                 "{} has no {key} in its [package.metadata.job-consumer]: add one, or give \
                  --payload '<json>'",

@@ -38,13 +38,18 @@ impl Drop for Watch {
 
 #[tokio::test]
 async fn the_guides_dev_loop_runs_as_written_fence_effect_and_letters() {
-    let database = format!("dev_loop_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let database = format!(
+        "dev_loop_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    );
     let port = e2e::throwaway_pg::free_port();
     let log = std::env::temp_dir().join(format!("{database}.log"));
     let watch = Watch(
         dev_sh(&["award-points"], &database, port)
             .stdout(std::fs::File::create(&log).unwrap())
-            .stderr(Stdio::from(std::fs::File::options().append(true).open(&log).unwrap()))
+            .stderr(Stdio::from(
+                std::fs::File::options().append(true).open(&log).unwrap(),
+            ))
             .process_group(0)
             .spawn()
             .expect("bash scripts/dev.sh award-points"),
@@ -52,10 +57,7 @@ async fn the_guides_dev_loop_runs_as_written_fence_effect_and_letters() {
     let started = Instant::now();
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         let text = std::fs::read_to_string(&log).unwrap_or_default();
-        assert!(
-            !text.contains("FAILED"),
-            "dev.sh stopped: {text}"
-        );
+        assert!(!text.contains("FAILED"), "dev.sh stopped: {text}");
         assert!(
             started.elapsed() < Duration::from_secs(600),
             "cargo lambda watch did not listen on {port}: {text}"
@@ -92,14 +94,22 @@ async fn the_guides_dev_loop_runs_as_written_fence_effect_and_letters() {
     let pool = sqlx::PgPool::connect(&url).await.unwrap();
     let count = |sql: &'static str| {
         let pool = pool.clone();
-        async move { sqlx::query_scalar::<_, i64>(sql).fetch_one(&pool).await.unwrap() }
+        async move {
+            sqlx::query_scalar::<_, i64>(sql)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
     };
     assert_eq!(
         count("SELECT count(*) FROM core.processed_jobs WHERE consumer = 'award-points'").await,
         2,
         "the valid job and the duplicated one, each fenced once"
     );
-    assert_eq!(count("SELECT count(*) FROM reference.point_awards").await, 2);
+    assert_eq!(
+        count("SELECT count(*) FROM reference.point_awards").await,
+        2
+    );
     assert_eq!(
         count("SELECT count(*) FROM core.dead_letters WHERE error_kind = 'poison'").await,
         2

@@ -262,7 +262,11 @@ async fn a_dry_run_changes_nothing_and_a_bulk_replay_applies_each_job_of_the_gro
     assert!(refused.stdout.is_empty(), "no plan: {}", refused.stdout);
     let dry = run(&s, &s.reader.token, &["replay", "--group", &g, "--dry-run"]).await;
     assert_eq!(dry.status, 0, "{}", dry.stderr);
-    assert!(dry.stderr.contains("the real run would stop here"), "{}", dry.stderr);
+    assert!(
+        dry.stderr.contains("the real run would stop here"),
+        "{}",
+        dry.stderr
+    );
     assert_eq!(e2e::api_client::fingerprint(&s.pool).await, before);
     // A real run needs a reason, and a non-terminal needs --yes: both refused before anything.
     assert_eq!(
@@ -539,6 +543,39 @@ async fn a_letters_escape_sequences_are_shown_to_the_operator_never_sent_to_the_
             );
         }
     }
+    // The letter by the first digits of its id, as git takes a commit's; too few, or none
+    // matching, said plainly.
+    let whole = id.to_string();
+    let short = run(&s, &s.reader.token, &["--json", "show", &whole[..8]]).await;
+    assert_eq!(short.status, 0, "{}", short.stderr);
+    assert_eq!(short.last_json()["letter"]["id"], whole.as_str());
+    let too_short = run(&s, &s.reader.token, &["show", &whole[..3]]).await;
+    assert_eq!(too_short.status, 2, "{}", too_short.stderr);
+    assert!(
+        too_short.stderr.contains("at least its first 4 hex digits"),
+        "{}",
+        too_short.stderr
+    );
+    let other = if whole.starts_with('0') {
+        "1111"
+    } else {
+        "0000"
+    };
+    let none = run(&s, &s.reader.token, &["show", other]).await;
+    assert_ne!(none.status, 0);
+    assert!(
+        none.stderr.contains("no letter's id starts with"),
+        "{}",
+        none.stderr
+    );
+    // The API's refusal names the flag the operator typed, not the API's parameter.
+    let bad = run(&s, &s.reader.token, &["list", "--kind", "boom"]).await;
+    assert_ne!(bad.status, 0);
+    assert!(
+        bad.stderr.contains("--kind must be one of") && !bad.stderr.contains("error_kind"),
+        "{}",
+        bad.stderr
+    );
 }
 
 #[sqlx::test(migrations = false)]

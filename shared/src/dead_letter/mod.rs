@@ -44,8 +44,8 @@ pub(crate) use record::{CONFLICT_ERROR, record_without_settling};
 pub use record::{Recorded, Settled, record_dead_letter, record_unless_processed};
 pub use review::{
     LetterSummary, ListFilter, LockedLetter, Position, Verdict, fence_is_another_job,
-    is_lock_timeout, letter_fence_exists, list_letters, lock_letter, queued_replays,
-    record_replay_sent,
+    id_prefix_range, is_lock_timeout, letter_fence_exists, list_letters, lock_letter,
+    queued_replays, record_replay_sent,
 };
 
 /// The most bytes an identifier keeps in a letter's indexed columns.

@@ -44,6 +44,24 @@ pub struct ListFilter {
     pub message_id: Option<String>,
     /// The failure group.
     pub group_id: Option<GroupId>,
+    /// Letter ids from the first to the last of a range, both included: the letters whose id
+    /// starts with a prefix ([`id_prefix_range`]), found on the primary key.
+    pub id_range: Option<(Uuid, Uuid)>,
+}
+
+/// The range of UUIDs that start with the hex digits `prefix` (dashes ignored, 1 to 32 digits):
+/// the prefix padded with `0`s, then with `f`s. `None` for anything else.
+pub fn id_prefix_range(prefix: &str) -> Option<(Uuid, Uuid)> {
+    let digits: String = prefix.chars().filter(|c| *c != '-').collect();
+    if digits.is_empty() || digits.len() > 32 || !digits.chars().all(|c| c.is_ascii_hexdigit()) {
+        return None;
+    }
+    let pad = |with: char| {
+        let mut full = digits.to_ascii_lowercase();
+        full.extend(std::iter::repeat_n(with, 32 - digits.len()));
+        Uuid::try_parse(&full).ok()
+    };
+    Some((pad('0')?, pad('f')?))
 }
 
 /// A place in the newest-first order: the page continues with letters strictly after it.
@@ -124,7 +142,9 @@ pub async fn list_letters(
         .test("correlation_id =", filter.correlation_id.clone())
         .test("tenant_id =", filter.tenant_id.map(|t| t.0))
         .test("message_id =", filter.message_id.clone())
-        .test("group_id =", filter.group_id.map(|g| g.0));
+        .test("group_id =", filter.group_id.map(|g| g.0))
+        .test("id >=", filter.id_range.map(|(first, _)| first))
+        .test("id <=", filter.id_range.map(|(_, last)| last));
     let after = after.map(|a| (a.created_at, a.id));
     let mut q = list.page("created_at", after, limit);
     q.build_query_as().fetch_all(db).await
@@ -322,4 +342,24 @@ pub fn is_lock_timeout(error: &sqlx::Error) -> bool {
         .as_database_error()
         .and_then(|e| e.code())
         .is_some_and(|code| code == "55P03")
+}
+
+#[cfg(test)]
+mod id_prefix_tests {
+    use super::*;
+
+    #[test]
+    fn a_prefix_is_the_range_of_ids_that_start_with_it() {
+        let (first, last) = id_prefix_range("481E82ee-07").unwrap();
+        assert_eq!(first.to_string(), "481e82ee-0700-0000-0000-000000000000");
+        assert_eq!(last.to_string(), "481e82ee-07ff-ffff-ffff-ffffffffffff");
+        let whole = "481e82ee-0733-4a23-bad4-7a61e82b1778";
+        assert_eq!(
+            id_prefix_range(whole),
+            Some((whole.parse().unwrap(), whole.parse().unwrap()))
+        );
+        for bad in ["", "-", "xyz", "481e82ee-0733-4a23-bad4-7a61e82b17780"] {
+            assert_eq!(id_prefix_range(bad), None, "{bad:?}");
+        }
+    }
 }

@@ -6,7 +6,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 #[derive(Parser)]
-#[command(about = "The consumer dev loop: prepare a dev database and queue, send jobs to the consumer cargo lambda watch serves")]
+#[command(
+    about = "The consumer dev loop: prepare a dev database and queue, send jobs to the consumer cargo lambda watch serves"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -78,7 +80,11 @@ async fn main() -> ExitCode {
     match outcome {
         Ok((text, settled)) => {
             print!("{text}");
-            if settled { ExitCode::SUCCESS } else { ExitCode::from(1) }
+            if settled {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
         }
         Err(e) => {
             eprintln!("dev: {e}");

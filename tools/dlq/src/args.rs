@@ -75,6 +75,31 @@ pub fn parse_group_id(s: &str) -> Result<i64, String> {
     }
 }
 
+/// A letter named on the command line: its whole id, or the first hex digits of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LetterId {
+    /// A whole id.
+    Whole(uuid::Uuid),
+    /// The first 4 to 31 hex digits (dashes allowed).
+    Prefix(String),
+}
+
+/// A letter id, or at least its first 4 hex digits.
+pub fn parse_letter_id(s: &str) -> Result<LetterId, String> {
+    let s = s.trim();
+    if let Ok(id) = uuid::Uuid::try_parse(s) {
+        return Ok(LetterId::Whole(id));
+    }
+    let digits = s.chars().filter(|c| *c != '-').count();
+    if (4..32).contains(&digits) && s.chars().all(|c| c == '-' || c.is_ascii_hexdigit()) {
+        return Ok(LetterId::Prefix(s.to_ascii_lowercase()));
+    }
+    Err(format!(
+        "{s:?} is not a letter id: give the whole id (481e82ee-0733-4a23-bad4-7a61e82b1778) or at \
+         least its first 4 hex digits (481e82ee)"
+    ))
+}
+
 /// `--from` / `--before`: an RFC 3339 time, such as 2026-11-30T08:00:00Z.
 pub fn parse_time(s: &str) -> Result<DateTime<Utc>, String> {
     DateTime::parse_from_rfc3339(s.trim())
@@ -148,8 +173,10 @@ pub enum Command {
     },
     /// Show one letter whole: payload, errors, fence, its group.
     Show {
-        /// The letter's id.
-        id: uuid::Uuid,
+        /// The letter's id, or its first hex digits (at least 4) if no other letter's id starts
+        /// with them, as git takes a commit's: `dlq show 481e82ee`.
+        #[arg(value_parser = parse_letter_id)]
+        id: LetterId,
     },
     /// List failure groups, the latest first.
     Groups {

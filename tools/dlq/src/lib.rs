@@ -85,6 +85,7 @@ async fn run_command(cli: Cli) -> Result<u8, String> {
             Ok(exit::OK)
         }
         Command::Show { id } => {
+            let id = resolve_letter(&client, id).await?;
             let letter = client.letter(id).await.map_err(refused)?;
             if json {
                 println!("{}", terminal::json(&letter, false));
@@ -162,6 +163,29 @@ fn bulk_exit(result: Result<(Ending, bulk::Summary), String>) -> Result<u8, Stri
         Ending::Declined => exit::DECLINED,
         Ending::Interrupted => exit::INTERRUPTED,
     })
+}
+
+/// The letter a command names: a whole id as it is; a prefix, the one letter whose id starts
+/// with it (none, or two, is an error that says which).
+async fn resolve_letter(client: &Client, id: args::LetterId) -> Result<uuid::Uuid, String> {
+    let prefix = match id {
+        args::LetterId::Whole(id) => return Ok(id),
+        args::LetterId::Prefix(prefix) => prefix,
+    };
+    let query = [
+        ("id_prefix".to_owned(), prefix.clone()),
+        ("limit".to_owned(), "2".to_owned()),
+    ];
+    let page = client.letters(&query).await.map_err(|e| e.to_string())?;
+    match page.items.as_slice() {
+        [one] => Ok(one.id),
+        [] => Err(format!("no letter's id starts with {prefix}")),
+        [a, b, ..] => Err(format!(
+            "{prefix} is ambiguous: letters {} and {} (and maybe more) start with it; give more \
+             of the id",
+            a.id, b.id
+        )),
+    }
 }
 
 /// Letters read page by page, up to a limit, and whether more match than were read.
