@@ -123,6 +123,10 @@ pub const MESSAGE_AGE: &str = "MessageAge";
 
 /// The most values one EMF metric may carry in one document; more leave in further lines.
 const EMF_VALUES_PER_METRIC: usize = 100;
+/// The most metrics one EMF directive may define; more leave in further lines.
+const EMF_METRICS_PER_DOCUMENT: usize = 100;
+/// Keys of an EMF line that are not metrics: a metric of that name would overwrite them.
+const RESERVED: [&str; 3] = ["Consumer", "_aws", "level"];
 
 /// The CloudWatch unit of a sampled value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -178,6 +182,13 @@ impl Metrics {
     /// Adds `n` to the consumer's own metric `name` (a CloudWatch metric name: a fixed word
     /// such as `PointsRedeemed`, never a value that varies per job).
     pub fn count(&self, name: &'static str, n: u64) {
+        if RESERVED.contains(&name) || NAMES.contains(&name) {
+            tracing::warn!(
+                name,
+                "a consumer's count named as the harness's own is dropped"
+            );
+            return;
+        }
         *self
             .custom
             .lock()
@@ -189,6 +200,11 @@ impl Metrics {
     /// Adds one sample of `value` in `unit` to the metric `name` (a fixed CloudWatch metric
     /// name; its first sample fixes its unit).
     pub fn observe(&self, name: &'static str, value: f64, unit: Unit) {
+        // EMF takes numbers: NaN and infinities would be written as null.
+        if !value.is_finite() || RESERVED.contains(&name) {
+            tracing::warn!(name, value, "a sample that EMF cannot carry is dropped");
+            return;
+        }
         self.samples
             .lock()
             .expect("metrics lock")
@@ -224,8 +240,9 @@ impl Metrics {
     }
 
     /// Writes the counts and samples since the last flush as EMF JSON lines and resets them:
-    /// one line, and one more for each further 100 samples of a metric. Writes nothing when
-    /// nothing happened.
+    /// one line, and one more for each further 100 samples of a metric or 100 metrics. Writes
+    /// nothing when nothing happened. A sample metric named as a count is left out (one name,
+    /// one value per document).
     pub fn flush_emf(
         &self,
         out: &mut impl Write,
@@ -235,33 +252,38 @@ impl Metrics {
     ) -> std::io::Result<()> {
         let counts: Vec<u64> = self.counters.iter().map(|c| c.swap(0, Relaxed)).collect();
         let custom = std::mem::take(&mut *self.custom.lock().expect("metrics lock"));
-        let samples = std::mem::take(&mut *self.samples.lock().expect("metrics lock"));
+        let mut samples = std::mem::take(&mut *self.samples.lock().expect("metrics lock"));
         if counts.iter().all(|&c| c == 0) && custom.is_empty() && samples.is_empty() {
             return Ok(());
         }
-        let mut first: Vec<(&str, Value, &str)> = NAMES
-            .iter()
-            .zip(counts)
-            .map(|(n, c)| (*n, json!(c), "Count"))
-            .chain(custom.into_iter().map(|(n, c)| (n, json!(c), "Count")))
-            .collect();
-        let mut rest: Vec<Vec<(&str, Value, &str)>> = Vec::new();
+        samples.retain(|name, _| !NAMES.contains(name) && !custom.contains_key(name));
+        // Line k holds the k-th hundred samples of each metric; the first also every count.
+        let mut lines: Vec<Vec<(&str, Value, &str)>> = vec![
+            NAMES
+                .iter()
+                .zip(counts)
+                .map(|(n, c)| (*n, json!(c), "Count"))
+                .chain(custom.into_iter().map(|(n, c)| (n, json!(c), "Count")))
+                .collect(),
+        ];
         for (name, (unit, values)) in &samples {
-            for (i, chunk) in values.chunks(EMF_VALUES_PER_METRIC).enumerate() {
-                let entry = (*name, json!(chunk), unit.as_str());
-                match i {
-                    0 => first.push(entry),
-                    i if rest.len() < i => rest.push(vec![entry]),
-                    i => rest[i - 1].push(entry),
+            for (k, chunk) in values.chunks(EMF_VALUES_PER_METRIC).enumerate() {
+                if lines.len() <= k {
+                    lines.push(Vec::new());
                 }
+                lines[k].push((*name, json!(chunk), unit.as_str()));
             }
         }
-        for values in std::iter::once(first).chain(rest) {
-            writeln!(
-                out,
-                "{}",
-                emf_document(namespace, ("Consumer", consumer), values, at)
-            )?;
+        for line in &lines {
+            for metrics in line.chunks(EMF_METRICS_PER_DOCUMENT) {
+                let document = emf_document(
+                    namespace,
+                    ("Consumer", consumer),
+                    metrics.iter().cloned(),
+                    at,
+                );
+                writeln!(out, "{document}")?;
+            }
         }
         Ok(())
     }
@@ -430,5 +452,54 @@ mod tests {
         assert!(lines[1].get("Processed").is_none(), "counts leave once");
         assert_eq!(lines[2]["Consumer"], "award-points");
         assert!(m.samples(JOB_DURATION).is_empty(), "reset by the flush");
+    }
+
+    #[test]
+    fn a_line_defines_at_most_a_hundred_metrics_and_no_name_twice() {
+        // 120 names of the consumer's own: &'static, as a consumer's are.
+        let names_120: Vec<&'static str> = (0..120)
+            .map(|i| &*Box::leak(format!("m{i:03}").into_boxed_str()))
+            .collect();
+        let m = Metrics::default();
+        for &name in &names_120 {
+            m.count(name, 1);
+        }
+        m.count("Processed", 5); // the harness's own name: dropped
+        m.observe("m000", 1.0, Unit::Milliseconds); // a count's name: left out
+        m.observe("Lag", f64::NAN, Unit::Milliseconds); // not a number: dropped
+        m.observe("Lag", 3.0, Unit::Milliseconds);
+        let mut out = Vec::new();
+        m.flush_emf(&mut out, "JobHarness", "c", DateTime::UNIX_EPOCH)
+            .unwrap();
+        let lines: Vec<Value> = out
+            .split(|b| *b == b'\n')
+            .filter(|l| !l.is_empty())
+            .map(|l| serde_json::from_slice(l).unwrap())
+            .collect();
+        let mut defined = std::collections::BTreeMap::new();
+        for line in &lines {
+            let metrics = line["_aws"]["CloudWatchMetrics"][0]["Metrics"]
+                .as_array()
+                .unwrap();
+            assert!(
+                metrics.len() <= 100,
+                "{} metrics in one line",
+                metrics.len()
+            );
+            for d in metrics {
+                let name = d["Name"].as_str().unwrap().to_owned();
+                *defined.entry(name.clone()).or_insert(0) += 1;
+                assert!(!line[&name].is_null(), "{name} has a value");
+            }
+        }
+        assert!(
+            defined.values().all(|&n| n == 1),
+            "each name once: {defined:?}"
+        );
+        assert_eq!(defined.len(), NAMES.len() + 120 + 1);
+        let value = |name: &str| lines.iter().find_map(|l| l.get(name).cloned()).unwrap();
+        assert_eq!(value("Processed"), 0);
+        assert_eq!(value("m000"), 1);
+        assert_eq!(value("Lag"), json!([3.0]));
     }
 }

@@ -2,8 +2,10 @@
 //! Lambda's advanced logging controls configure a function:
 //!
 //! - **Level:** `AWS_LAMBDA_LOG_LEVEL` (what the function's `LoggingConfig.ApplicationLogLevel`
-//!   sets) wins where it is set; else `RUST_LOG` (any `tracing` filter, for local runs); else
-//!   `info`. This is the order the Rust runtime's own logger reads them in.
+//!   sets) wins where it is set; else `RUST_LOG` (any `tracing` filter); else `info`. This is the
+//!   order the Rust runtime's own logger reads them in. The template sets `RUST_LOG` from its
+//!   `LogLevel` and never `ApplicationLogLevel`: Lambda's own filter counts a line without a
+//!   `level` (the EMF metric lines) as INFO, so at WARN it would drop every metric.
 //! - **Format:** `AWS_LAMBDA_LOG_FORMAT` (`LoggingConfig.LogFormat`): `JSON`, one object a line,
 //!   or `Text`. Unset, JSON: what every function deploys with and what the local tools read.
 //! - A value that is neither stops the function at start, naming the variable.
@@ -13,9 +15,10 @@
 //! `correlation_id`, `tenant_id` and `attempt`; the handler's own lines are inside it too. The span
 //! is declared at `ERROR`, so it is enabled whenever any line is: at `AWS_LAMBDA_LOG_LEVEL=WARN`
 //! the `dead-lettered` line still names its job (an `INFO` span would be filtered out with its
-//! fields). In JSON, `span` is the job's span and `spans` every span the line is in, outermost
-//! first: the runtime's `Lambda runtime invoke` span gives each line the invocation's
-//! `requestId` and `xrayTraceId`.
+//! fields), whatever the filter names (the span's target, `shared::telemetry`, is always let
+//! through at `error`). In JSON, `span` is the job's span and `spans` every span the line is in,
+//! outermost first: at `INFO` and below, the runtime's `Lambda runtime invoke` span (an INFO
+//! span of its own) gives each line the invocation's `requestId` and `xrayTraceId`.
 
 use crate::config::{ConfigError, Env};
 use crate::envelope::PartialIds;
@@ -102,7 +105,10 @@ pub fn init() {
 /// Installs `settings` as the global subscriber; a second call (a test harness that already
 /// installed one) is not an error.
 pub fn install(settings: &LogSettings) {
-    let filter = tracing_subscriber::EnvFilter::new(&settings.filter);
+    // The record span's own target, always enabled: a filter naming only other targets
+    // (`redeem_reward=debug`) would otherwise turn it off, and its lines would lose their ids.
+    let filter =
+        tracing_subscriber::EnvFilter::new(format!("{},{}=error", settings.filter, module_path!()));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -187,6 +193,16 @@ mod tests {
         );
         let s = settings(&[]).unwrap();
         assert_eq!((s.filter.as_str(), s.format), ("info", LogFormat::Json));
+        // The template's LogLevel values, as RUST_LOG.
+        for level in ["TRACE", "DEBUG", "INFO", "WARN", "ERROR"] {
+            let s = settings(&[(RUST_LOG, level)]).unwrap();
+            let filter = tracing_subscriber::EnvFilter::new(&s.filter);
+            assert_eq!(
+                filter.max_level_hint().map(|l| l.to_string()),
+                Some(level.to_lowercase()),
+                "{level}"
+            );
+        }
     }
 
     #[test]

@@ -205,6 +205,12 @@ pub async fn send(
     let mut settled = false;
     while started.elapsed() < timeout {
         let report = source.poll_once().await;
+        if report.received == 0
+            && let Some(error) = &report.invoke_error
+        {
+            let _ = writeln!(out, "could not receive from {}: {error}", jobs.url);
+            break;
+        }
         if report.received > 0 {
             let _ = writeln!(
                 out,

@@ -228,8 +228,8 @@ fn every_function_builds_a_binary_of_this_workspace_with_cargo_lambda() {
     );
     assert_eq!(globals["LoggingConfig"]["LogFormat"], "JSON");
     assert_eq!(
-        globals["LoggingConfig"]["ApplicationLogLevel"]["Ref"], "LogLevel",
-        "every function logs at its environment's LogLevel (AWS_LAMBDA_LOG_LEVEL)"
+        globals["Environment"]["Variables"]["RUST_LOG"]["Ref"], "LogLevel",
+        "every function logs at its environment's LogLevel"
     );
     assert!(
         globals["Environment"]["Variables"]
@@ -508,14 +508,24 @@ fn every_function_has_a_role_and_a_log_group_of_its_own() {
             group["RetentionInDays"]["Ref"], "LogRetentionDays",
             "{name}"
         );
-        // Its own LoggingConfig (a nested consumer's, with its Globals applied) or the stack's.
-        let logging = &f["Properties"]["LoggingConfig"];
-        let level = logging
-            .get("ApplicationLogLevel")
-            .unwrap_or(&t["Globals"]["Function"]["LoggingConfig"]["ApplicationLogLevel"]);
+        // Its own environment (a nested consumer's, with its Globals applied) or the stack's.
+        let level = f["Properties"]["Environment"]["Variables"]
+            .get("RUST_LOG")
+            .unwrap_or(&t["Globals"]["Function"]["Environment"]["Variables"]["RUST_LOG"]);
         assert_eq!(
             level["Ref"], "LogLevel",
             "{name} logs at the environment's LogLevel"
+        );
+        // Never Lambda's own level filter: it counts the EMF lines (no level) as INFO and would
+        // drop every metric at WARN.
+        assert!(
+            f["Properties"]["LoggingConfig"]
+                .get("ApplicationLogLevel")
+                .is_none()
+                && t["Globals"]["Function"]["LoggingConfig"]
+                    .get("ApplicationLogLevel")
+                    .is_none(),
+            "{name}: no ApplicationLogLevel"
         );
         assert!(
             group["LogGroupName"]["Fn::Sub"]

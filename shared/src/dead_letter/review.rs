@@ -52,6 +52,9 @@ pub struct ListFilter {
 /// The range of UUIDs that start with the hex digits `prefix` (dashes ignored, 1 to 32 digits):
 /// the prefix padded with `0`s, then with `f`s. `None` for anything else.
 pub fn id_prefix_range(prefix: &str) -> Option<(Uuid, Uuid)> {
+    if prefix.len() > 36 {
+        return None; // longer than a whole id, dashes included
+    }
     let digits: String = prefix.chars().filter(|c| *c != '-').collect();
     if digits.is_empty() || digits.len() > 32 || !digits.chars().all(|c| c.is_ascii_hexdigit()) {
         return None;

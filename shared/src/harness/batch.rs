@@ -20,6 +20,7 @@ use crate::ids::JobId;
 use crate::metrics::Metric;
 use futures_util::StreamExt;
 use std::collections::HashMap;
+use tracing::Instrument;
 
 /// One record, by its index in the SQS batch, with its parsed body.
 pub(super) type Record<P> = (usize, Parsed<P>);
@@ -215,8 +216,15 @@ impl<C: Consumer> Harness<C> {
     ) {
         for (i, ids, digest) in conflicting {
             if may_start() {
-                let outcome = self.conflict(&msgs[i], &ids, &digest).await;
+                // In its record's span, with its line, as every record the harness settles.
+                let span = self.span(&msgs[i], &ids);
+                let outcome = self
+                    .conflict(&msgs[i], &ids, &digest)
+                    .instrument(span.clone())
+                    .await;
                 self.metrics.increment(outcome.metric());
+                let _in_its_span = span.entered();
+                super::log_outcome(&outcome);
                 outcomes[i] = Some(outcome);
             }
         }

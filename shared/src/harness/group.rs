@@ -108,7 +108,7 @@ impl<C: Consumer> Harness<C> {
                 self.metrics.increment(Metric::BatchFellBack);
                 let reason = why_not_committed(&unfinished);
                 tracing::warn!(jobs, reason = %reason,
-                    "the batch did not commit; its jobs run one by one");
+                    "the batch did not commit; its jobs run one by one, each logged in its own span");
                 Default::default()
             }
         }

@@ -390,8 +390,6 @@ enum Stop {
     Reason,
 }
 
-/// Changes one letter; counts what happened and returns a line saying it, and whether to stop
-/// (a refusal every other letter would meet too).
 /// Whether the token may `action` at all, asked before anything is read or planned: the same
 /// request on the nil letter id, which no letter has. API Gateway's authorizer answers 401 or
 /// 403 before the function runs; a token that may gets the function's 404 and nothing changes.
@@ -416,6 +414,8 @@ async fn may_apply(client: &Client, action: Action) -> Result<(), String> {
     }
 }
 
+/// Changes one letter; counts what happened and returns a line saying it, and whether to stop
+/// (a refusal every other letter would meet too).
 async fn apply(
     client: &Client,
     action: Action,

@@ -165,7 +165,11 @@ impl Client {
             .await
         {
             Ok(answer) => Ok(Some(answer.body["processed_job"].clone())),
-            Err(ApiError::Refused { status: 404, .. }) => Ok(None),
+            // The function's own 404 (`not_found`); API Gateway's for a route it does not
+            // have (an older stack) is an error.
+            Err(ApiError::Refused {
+                status: 404, code, ..
+            }) if code == "not_found" => Ok(None),
             Err(e) => Err(e),
         }
     }
@@ -345,7 +349,6 @@ pub fn as_flags(message: &str) -> String {
             m.replace(&format!("`{parameter}`"), flag)
         })
 }
-
 
 fn decode<T: serde::de::DeserializeOwned>(answer: Answer) -> Result<T, ApiError> {
     serde_json::from_value(answer.body).map_err(|e| {
