@@ -38,6 +38,7 @@ async fn route_request(
     id: Uuid,
     scopes: Option<&[Scope]>,
 ) -> ApiRequest {
+    let letter = id;
     let id = if template.starts_with("/v1/core/dead-letter-groups") {
         shared::dead_letter::group_of_letter(pool, shared::ids::DeadLetterId(id))
             .await
@@ -45,16 +46,30 @@ async fn route_request(
             .expect("every letter has its group")
             .id
             .to_string()
+    } else if template.starts_with("/v1/core/processed-jobs") {
+        letter_job(pool, id).await.0.to_string()
     } else {
         id.to_string()
     };
     let path = template.replace("{id}", &id);
-    let r = request(method, &path, scopes.map(|s| caller("ops-1", s)));
+    let mut r = request(method, &path, scopes.map(|s| caller("ops-1", s)));
+    if template.starts_with("/v1/core/processed-jobs") {
+        r.query = vec![("consumer".into(), letter_job(pool, letter).await.1)];
+    }
     if path.ends_with("/discard") {
         with_body(r, r#"{"reason": "auth matrix"}"#)
     } else {
         r
     }
+}
+
+/// The letter's job and consumer.
+async fn letter_job(pool: &PgPool, letter: Uuid) -> (Uuid, String) {
+    sqlx::query_as("SELECT job_id, consumer FROM core.dead_letters WHERE id = $1")
+        .bind(letter)
+        .fetch_one(pool)
+        .await
+        .unwrap()
 }
 
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
@@ -65,6 +80,19 @@ async fn every_route_needs_a_token_and_its_own_scope(
     let (pool, stack) = setup(pool_opts, connect).await;
     for route in ROUTES {
         let (id, _) = seed_letter(&pool, &stack.jobs.name, ErrorKind::Exhausted).await;
+        if route.path.starts_with("/v1/core/processed-jobs") {
+            // A job that committed later (its fence), so the read finds it.
+            let (job, consumer) = letter_job(&pool, id.0).await;
+            sqlx::query(
+                "INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, processed_at, expires_at)
+                 VALUES ($1, $2, gen_random_uuid(), now(), now() + interval '14 days')",
+            )
+            .bind(job)
+            .bind(consumer)
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
         let before = fingerprint(&pool).await;
         let others: Vec<Scope> = ALL.into_iter().filter(|s| *s != route.scope).collect();
         let cases: [(Option<&[Scope]>, u16); 2] = [(None, 401), (Some(&others), 403)];
