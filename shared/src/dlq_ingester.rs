@@ -58,9 +58,12 @@ impl DlqIngester {
         let mut failed = Vec::new();
         for record in &records {
             let msg = incoming(record);
-            // Its lines carry the ids its body has, as the consumer's do.
-            let ids = crate::envelope::read_ids(&msg.body);
-            let span = crate::telemetry::record_span(self.consumer.as_str(), &msg.message_id, &ids);
+            // Its lines carry the ids its body has, as the consumer's do (filled once parsed).
+            let span = crate::telemetry::record_span(
+                self.consumer.as_str(),
+                &msg.message_id,
+                &Default::default(),
+            );
             let ingested = self
                 .ingest_one(&msg, sent_at(record))
                 .instrument(span.clone());
@@ -91,7 +94,13 @@ impl DlqIngester {
         );
         let now = self.clock.now();
         let age = sent_at.and_then(|sent| (now - sent).to_std().ok());
-        let (ids, kind, attempts, error) = match Envelope::<serde_json::Value>::parse(&msg.body) {
+        let parsed = Envelope::<serde_json::Value>::parse(&msg.body);
+        let carried = match &parsed {
+            Ok(envelope) => envelope.ids(),
+            Err(poison) => poison.ids.clone(),
+        };
+        crate::telemetry::record_ids(&tracing::Span::current(), &carried);
+        let (ids, kind, attempts, error) = match parsed {
             // Poison is never attempted: its letter says 1, however often crashes of its
             // batch redelivered it.
             Err(poison) => (

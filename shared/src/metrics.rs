@@ -411,6 +411,14 @@ mod tests {
         assert_eq!(m.custom("PointsRedeemed"), 0, "reset by the flush");
     }
 
+    /// The EMF documents `flush_emf` wrote, one per line.
+    fn emf_lines(out: &[u8]) -> Vec<Value> {
+        out.split(|b| *b == b'\n')
+            .filter(|l| !l.is_empty())
+            .map(|l| serde_json::from_slice(l).unwrap())
+            .collect()
+    }
+
     #[test]
     fn samples_leave_with_their_unit_a_hundred_values_a_line() {
         let m = Metrics::default();
@@ -422,11 +430,7 @@ mod tests {
         let mut out = Vec::new();
         m.flush_emf(&mut out, "JobHarness", "award-points", DateTime::UNIX_EPOCH)
             .unwrap();
-        let lines: Vec<Value> = out
-            .split(|b| *b == b'\n')
-            .filter(|l| !l.is_empty())
-            .map(|l| serde_json::from_slice(l).unwrap())
-            .collect();
+        let lines = emf_lines(&out);
         assert_eq!(lines.len(), 3, "100 + 100 + 50 samples");
         let unit_of = |line: &Value, name: &str| {
             line["_aws"]["CloudWatchMetrics"][0]["Metrics"]
@@ -471,11 +475,7 @@ mod tests {
         let mut out = Vec::new();
         m.flush_emf(&mut out, "JobHarness", "c", DateTime::UNIX_EPOCH)
             .unwrap();
-        let lines: Vec<Value> = out
-            .split(|b| *b == b'\n')
-            .filter(|l| !l.is_empty())
-            .map(|l| serde_json::from_slice(l).unwrap())
-            .collect();
+        let lines = emf_lines(&out);
         let mut defined = std::collections::BTreeMap::new();
         for line in &lines {
             let metrics = line["_aws"]["CloudWatchMetrics"][0]["Metrics"]

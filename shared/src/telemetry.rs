@@ -149,6 +149,12 @@ pub fn record_span(consumer: &str, message_id: &str, ids: &PartialIds) -> tracin
         tenant_id = tracing::field::Empty,
         attempt = tracing::field::Empty,
     );
+    record_ids(&span, ids);
+    span
+}
+
+/// Fills a [`record_span`] with the ids a body turned out to carry, once it is parsed.
+pub fn record_ids(span: &tracing::Span, ids: &PartialIds) {
     if let Some(job_id) = ids.job_id {
         span.record("job_id", tracing::field::display(job_id));
     }
@@ -160,7 +166,6 @@ pub fn record_span(consumer: &str, message_id: &str, ids: &PartialIds) -> tracin
         let bounded = crate::ids::bounded_correlation_id(correlation_id);
         span.record("correlation_id", &*bounded);
     }
-    span
 }
 
 #[cfg(test)]

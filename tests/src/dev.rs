@@ -53,6 +53,21 @@ fn attempts(consumer: &ConsumerCrate) -> u32 {
         .unwrap_or(shared::retry::RetryPolicy::default().max_attempts())
 }
 
+/// The consumer's dev queue and its DLQ (created, or found as they are): a visibility timeout
+/// longer than a rebuild, the redrive at its attempts + 2.
+async fn dev_queues(
+    sqs: &aws_sdk_sqs::Client,
+    consumer: &ConsumerCrate,
+) -> (crate::event_source::Queue, crate::event_source::Queue) {
+    create_queue_pair(
+        sqs,
+        &queue_name(consumer),
+        Duration::from_secs(30),
+        attempts(consumer) + 2,
+    )
+    .await
+}
+
 /// Migrates `database_url` and creates the consumer's dev queues; returns the environment its
 /// function runs with under `cargo lambda watch`, as `KEY=value` pairs.
 pub async fn prepare(
@@ -62,13 +77,7 @@ pub async fn prepare(
     crate::demo::migrate(database_url).await?;
     let sqs = sqs_client().await?;
     let redrive = attempts(consumer) + 2;
-    let (jobs, _dlq) = create_queue_pair(
-        &sqs,
-        &queue_name(consumer),
-        Duration::from_secs(30),
-        redrive,
-    )
-    .await;
+    let (jobs, _dlq) = dev_queues(&sqs, consumer).await;
     let mut env: Vec<(String, String)> = [
         ("DATABASE_URL", database_url.to_owned()),
         ("CONSUMER_NAME", consumer.name.to_owned()),
@@ -152,13 +161,7 @@ pub async fn send(
         .await
         .map_err(|e| format!("cannot connect to DATABASE_URL: {e}"))?;
     let sqs = sqs_client().await?;
-    let (jobs, dlq) = create_queue_pair(
-        &sqs,
-        &queue_name(consumer),
-        Duration::from_secs(30),
-        attempts(consumer) + 2,
-    )
-    .await;
+    let (jobs, dlq) = dev_queues(&sqs, consumer).await;
     let before = table_rows(&pool, consumer.schema).await?;
     let kinds = match kind {
         Kind::All => vec![Kind::Valid, Kind::Duplicate, Kind::Poison, Kind::Failing],
@@ -315,9 +318,14 @@ fn body(
         Kind::Poison => json!("dev loop: not a payload"),
         Kind::All => unreachable!("split before"),
     };
-    let tenant = TenantId(Uuid::from_u128(1));
     let correlation = format!("dev-{}", format!("{kind:?}").to_lowercase());
-    Ok(json!({"job_id": job_id, "tenant_id": tenant, "correlation_id": correlation, "payload": payload}).to_string())
+    let tenant = TenantId(Uuid::from_u128(1));
+    Ok(shared_testkit::envelope(
+        job_id,
+        tenant,
+        &correlation,
+        payload,
+    ))
 }
 
 async fn all_settled(

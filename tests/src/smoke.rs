@@ -115,10 +115,10 @@ async fn read(api: &Client) -> Result<String, String> {
     Ok(format!("{} failure group(s) listed", groups.items.len()))
 }
 
-async fn send(spec: &SmokeSpec, sqs: &aws_sdk_sqs::Client, body: &Value) -> Result<String, String> {
+async fn send(spec: &SmokeSpec, sqs: &aws_sdk_sqs::Client, body: &str) -> Result<String, String> {
     sqs.send_message()
         .queue_url(&spec.queue_url)
-        .message_body(body.to_string())
+        .message_body(body)
         .send()
         .await
         .map_err(|e| {
@@ -131,10 +131,10 @@ async fn send(spec: &SmokeSpec, sqs: &aws_sdk_sqs::Client, body: &Value) -> Resu
         .map(|out| out.message_id.unwrap_or_default())
 }
 
-fn envelope(job_id: Uuid, correlation_id: String, payload: Value) -> Value {
-    // The tenant a smoke job is charged to: all ones, no real tenant's.
-    let tenant = Uuid::from_u128(u128::MAX);
-    json!({"job_id": job_id, "tenant_id": tenant, "correlation_id": correlation_id, "payload": payload})
+/// A smoke job's envelope, charged to the all-ones tenant (no real tenant's).
+fn envelope(job_id: Uuid, correlation_id: String, payload: Value) -> String {
+    let tenant = shared::ids::TenantId(Uuid::from_u128(u128::MAX));
+    shared_testkit::envelope(shared::ids::JobId(job_id), tenant, &correlation_id, payload)
 }
 
 async fn canary(

@@ -55,13 +55,7 @@ pub(super) async fn run(
 }
 
 fn parse_job_id(id: Option<&str>) -> Result<JobId, ApiError> {
-    let id = id.unwrap_or_default();
-    uuid::Uuid::try_parse(id).map(JobId).map_err(|_| {
-        ApiError::invalid_parameter(format!(
-            "the job id in the path must be a UUID such as 0b7e5f6e-2c4d-4f7a-9d1e-3a5b7c9d1e2f, got {}",
-            shown(id)
-        ))
-    })
+    uuid_in_path("job", id).map(JobId)
 }
 
 /// `?consumer=<name>`, once, and nothing else.
@@ -109,10 +103,15 @@ fn ok(body: Value) -> Result<ApiResponse, ApiError> {
 }
 
 fn parse_id(id: Option<&str>) -> Result<DeadLetterId, ApiError> {
+    uuid_in_path("letter", id).map(DeadLetterId)
+}
+
+/// The `what` id in the path, a UUID.
+fn uuid_in_path(what: &str, id: Option<&str>) -> Result<uuid::Uuid, ApiError> {
     let id = id.unwrap_or_default();
-    uuid::Uuid::try_parse(id).map(DeadLetterId).map_err(|_| {
+    uuid::Uuid::try_parse(id).map_err(|_| {
         ApiError::invalid_parameter(format!(
-            "the letter id in the path must be a UUID such as 0b7e5f6e-2c4d-4f7a-9d1e-3a5b7c9d1e2f, got {}",
+            "the {what} id in the path must be a UUID such as 0b7e5f6e-2c4d-4f7a-9d1e-3a5b7c9d1e2f, got {}",
             shown(id)
         ))
     })
