@@ -69,6 +69,7 @@ struct Invocation {
     id: String,
     body: Bytes,
     deadline_ms: u128,
+    trace_header: String,
 }
 
 type Reply = Result<Bytes, String>;
@@ -102,6 +103,8 @@ pub struct LambdaHost {
     starts: Mutex<u32>,
     /// The running process's pid (0: none), readable while an invocation holds the sandbox.
     pid: std::sync::atomic::AtomicU32,
+    /// The X-Ray trace header of every invocation so far.
+    trace_headers: Mutex<Vec<String>>,
 }
 
 impl LambdaHost {
@@ -113,7 +116,15 @@ impl LambdaHost {
             metrics: Default::default(),
             starts: Mutex::new(0),
             pid: Default::default(),
+            trace_headers: Default::default(),
         }
+    }
+
+    /// The `Lambda-Runtime-Trace-Id` each invocation was given, in order: a sampled trace of its
+    /// own (`Root=1-<time>-<id>;Parent=<the function's segment>;Sampled=1`), as Lambda gives an
+    /// actively traced function.
+    pub fn trace_headers(&self) -> Vec<String> {
+        self.trace_headers.lock().unwrap().clone()
     }
 
     /// The sum of every EMF metric the function's processes printed so far.
@@ -182,12 +193,27 @@ impl LambdaHost {
                 .as_millis()
         };
         let body = Bytes::from(serde_json::to_vec(event).expect("event serializes"));
+        let trace = uuid::Uuid::new_v4().simple().to_string();
+        let trace_header = format!(
+            "Root=1-{:08x}-{};Parent={};Sampled=1",
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap()
+                .as_secs(),
+            &trace[..24],
+            &uuid::Uuid::new_v4().simple().to_string()[..16],
+        );
+        self.trace_headers
+            .lock()
+            .unwrap()
+            .push(trace_header.clone());
         let _ = sandbox
             .invocations
             .send(Invocation {
                 id,
                 body,
                 deadline_ms,
+                trace_header,
             })
             .await;
         tokio::select! {
@@ -342,10 +368,7 @@ async fn route(
                     "lambda-runtime-invoked-function-arn",
                     state.function_arn.as_str(),
                 )
-                .header(
-                    "lambda-runtime-trace-id",
-                    "Root=1-00000000-000000000000000000000000",
-                )
+                .header("lambda-runtime-trace-id", inv.trace_header)
                 .body(Full::new(inv.body))
                 .expect("response")
         }

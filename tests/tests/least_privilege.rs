@@ -3,7 +3,8 @@
 //! (`tests/sam/translate.py`, in the SAM CLI's venv), flattened into one (`stacks`), and every
 //! IAM statement of the result checked: no managed policy at all; no SQS, Secrets Manager, KMS,
 //! CloudWatch or Logs action on `*` (only the VPC network interfaces, which EC2 cannot scope,
-//! and only in a VPC); each function limited to its own queues, its own log group and the
+//! and only in a VPC, and X-Ray's two write actions, which take no resource, and only where the
+//! stack is traced); each function limited to its own queues, its own log group and the
 //! secrets it uses (the BetterStack token only where something pages), the grants a consumer's
 //! nested stack attaches to the replay and scheduled roles (`AWS::IAM::Policy`) counted as
 //! theirs; and every alarm reaching the alarm topic. Mutations of the templates (a wildcard, a
@@ -277,6 +278,9 @@ const VPC_ACTIONS: [&str; 5] = [
     "ec2:UnassignPrivateIpAddresses",
 ];
 
+/// X-Ray's write actions, which take no resource: on `*`, and only under `Traced`.
+const XRAY_ACTIONS: [&str; 2] = ["xray:PutTraceSegments", "xray:PutTelemetryRecords"];
+
 /// Every way the translated template `t` breaks least privilege or leaves an alarm silent,
 /// judged against what `source` says each function is.
 fn violations(source: &Value, t: &Value) -> Vec<String> {
@@ -313,7 +317,9 @@ fn violations(source: &Value, t: &Value) -> Vec<String> {
                 if grant.resources.iter().any(|res| res == "*") {
                     let vpc = VPC_ACTIONS.contains(&action.as_str())
                         && grant.condition.as_deref() == Some("InVpc");
-                    if !vpc {
+                    let xray = XRAY_ACTIONS.contains(&action.as_str())
+                        && grant.condition.as_deref() == Some("Traced");
+                    if !vpc && !xray {
                         found.push(format!("{name}: {action} on *"));
                     }
                 }
@@ -342,6 +348,7 @@ fn violations(source: &Value, t: &Value) -> Vec<String> {
                                     == res.trim_start_matches("GetAtt:")
                         }
                         "ec2" => VPC_ACTIONS.contains(&action.as_str()),
+                        "xray" => XRAY_ACTIONS.contains(&action.as_str()),
                         _ => false,
                     };
                     if !allowed {
@@ -446,7 +453,7 @@ fn the_translated_template_grants_each_function_exactly_what_it_needs() {
 #[test]
 fn a_wildcard_a_managed_policy_a_silent_alarm_or_an_unneeded_token_is_caught() {
     type Mutation = (&'static str, fn(&mut Sources), &'static str);
-    let mutations: [Mutation; 8] = [
+    let mutations: [Mutation; 9] = [
         (
             "a wildcard resource on the replay role",
             |s| {
@@ -457,6 +464,17 @@ fn a_wildcard_a_managed_policy_a_silent_alarm_or_an_unneeded_token_is_caught() {
                     .push(serde_json::json!({"Effect": "Allow", "Action": "sqs:SendMessage", "Resource": "*"}));
             },
             "sqs:SendMessage on *",
+        ),
+        (
+            "X-Ray's actions on the read role whether or not the stack is traced",
+            |s| {
+                s.root["Resources"]["DeadLettersReadRole"]["Properties"]["Policies"][0]["PolicyDocument"]
+                    ["Statement"]
+                    .as_array_mut()
+                    .unwrap()
+                    .push(serde_json::json!({"Effect": "Allow", "Action": "xray:PutTraceSegments", "Resource": "*"}));
+            },
+            "xray:PutTraceSegments on *",
         ),
         (
             "an alarm of the consumers without actions",

@@ -16,6 +16,8 @@ use serde_json::{Map, Value};
 use shared::config::{
     ApiConfig, ConsumerConfig, DatabaseConfig, DlqIngesterConfig, Env, ScheduledConfig,
 };
+use shared::telemetry::LogSettings;
+use shared::telemetry::xray::Tracing;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
@@ -264,6 +266,49 @@ fn each_functions_environment_passes_its_own_configuration() {
             _ => ConsumerConfig::from_env(&lookup).map(drop),
         };
         checked.unwrap_or_else(|e| panic!("{name} would not start: {e}"));
+        LogSettings::from_env(&lookup).unwrap_or_else(|e| panic!("{name} would not start: {e}"));
+        assert_eq!(
+            Tracing::from_env(&lookup),
+            Ok(Tracing::Disabled),
+            "{name}: not traced by default"
+        );
+    }
+}
+
+#[test]
+fn tracing_is_one_parameter_off_by_default_that_every_function_and_role_follows() {
+    let root = stacks::root_source();
+    assert_eq!(root["Parameters"]["Tracing"]["Default"], "Disabled");
+    assert_eq!(
+        root["Metadata"]["ConsumerParameters"]["Tracing"]["Ref"], "Tracing",
+        "each consumer's nested stack is traced as its stack is"
+    );
+    let sources = std::iter::once(("template.yaml".to_owned(), root.clone()))
+        .chain(stacks::nested_sources(&root));
+    for (file, source) in sources {
+        assert_eq!(
+            source["Conditions"]["Traced"],
+            serde_json::json!({"Fn::Equals": [{"Ref": "Tracing"}, "Active"]}),
+            "{file}"
+        );
+        let globals = &source["Globals"]["Function"];
+        assert_eq!(
+            globals["Tracing"],
+            serde_json::json!({"Fn::If": ["Traced", "Active", "PassThrough"]}),
+            "{file}: Lambda traces the function when the stack is traced"
+        );
+        assert_eq!(
+            globals["Environment"]["Variables"]["TRACING"]["Ref"], "Tracing",
+            "{file}: and the function sends its job and statement subsegments"
+        );
+    }
+    for (name, f) in functions(&template()) {
+        assert!(
+            f["Properties"].get("Tracing").is_none()
+                || f["Properties"]["Tracing"]
+                    == serde_json::json!({"Fn::If": ["Traced", "Active", "PassThrough"]}),
+            "{name} follows the stack's Tracing"
+        );
     }
 }
 
@@ -836,6 +881,10 @@ fn samconfig_holds_a_staging_and_a_production_environment_each_whole() {
         );
         let overrides = deploy["parameter_overrides"].as_str().unwrap();
         assert!(overrides.contains("LogLevel="), "{env} says its log level");
+        assert!(
+            overrides.contains("Tracing="),
+            "{env} says whether it is traced"
+        );
         for name in &required {
             assert!(
                 overrides.contains(&format!("{name}=")),

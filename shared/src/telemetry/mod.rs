@@ -19,9 +19,21 @@
 //! through at `error`). In JSON, `span` is the job's span and `spans` every span the line is in,
 //! outermost first: at `INFO` and below, the runtime's `Lambda runtime invoke` span (an INFO
 //! span of its own) gives each line the invocation's `requestId` and `xrayTraceId`.
+//!
+//! **Tracing** (X-Ray, off by default) is [`xray`]'s: a subsegment for each job and each
+//! database statement, from the same spans.
+
+pub mod xray;
 
 use crate::config::{ConfigError, Env};
 use crate::envelope::PartialIds;
+use tracing_subscriber::Layer;
+use tracing_subscriber::filter::{EnvFilter, Targets};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+
+/// The target of every [`record_span`]: always enabled (see the module).
+pub const RECORD_SPAN_TARGET: &str = module_path!();
 
 /// `AWS_LAMBDA_LOG_LEVEL`: the function's log level, set by Lambda from `LoggingConfig`.
 pub const AWS_LAMBDA_LOG_LEVEL: &str = "AWS_LAMBDA_LOG_LEVEL";
@@ -92,37 +104,52 @@ impl LogSettings {
     }
 }
 
-/// Installs the global subscriber from the process environment, or stops the process naming the
-/// variable at fault. Call once, first thing in `main`.
+/// Installs the global subscriber from the process environment (the logs, and the X-Ray
+/// segments where [`xray::TRACING`] is `Active`), or stops the process naming the variable at
+/// fault. Call once, first thing in `main`.
 pub fn init() {
-    let settings = crate::config::or_exit(LogSettings::from_env(&Env::process()));
-    install(&settings);
-    if settings.level_from == Some(AWS_LAMBDA_LOG_LEVEL) && Env::process().get(RUST_LOG).is_some() {
+    let env = Env::process();
+    let settings = crate::config::or_exit(LogSettings::from_env(&env));
+    let tracing = crate::config::or_exit(xray::Tracing::from_env(&env));
+    install(&settings, tracing);
+    if settings.level_from == Some(AWS_LAMBDA_LOG_LEVEL) && env.get(RUST_LOG).is_some() {
         tracing::debug!("RUST_LOG is ignored: the function's AWS_LAMBDA_LOG_LEVEL is set");
     }
 }
 
-/// Installs `settings` as the global subscriber; a second call (a test harness that already
-/// installed one) is not an error.
-pub fn install(settings: &LogSettings) {
+/// Installs `settings` (and `tracing`) as the global subscriber; a second call (a test harness
+/// that already installed one) is not an error. Each layer has its own filter: the log level
+/// never turns a segment off, and the statements X-Ray sees (`sqlx::query` at `DEBUG`) are not
+/// logged unless the level asks for them.
+pub fn install(settings: &LogSettings, tracing: xray::Tracing) {
     // The record span's own target, always enabled: a filter naming only other targets
     // (`redeem_reward=debug`) would otherwise turn it off, and its lines would lose their ids.
-    let filter =
-        tracing_subscriber::EnvFilter::new(format!("{},{}=error", settings.filter, module_path!()));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let filter = EnvFilter::new(format!("{},{RECORD_SPAN_TARGET}=error", settings.filter));
+    let lines = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(false);
-    let _ = match settings.format {
-        LogFormat::Json => builder
+    let lines = match settings.format {
+        LogFormat::Json => lines
             .json()
             .with_current_span(true)
             // The runtime's invoke span (`requestId`, `xrayTraceId`) and the job's, outermost
             // first: every line names its invocation and its X-Ray trace.
             .with_span_list(true)
-            .try_init(),
-        LogFormat::Text => builder.try_init(),
+            .boxed(),
+        LogFormat::Text => lines.boxed(),
     };
+    let segments = tracing.layer().map(|layer| {
+        layer.with_filter(
+            Targets::new()
+                .with_target("lambda_runtime", tracing::Level::INFO)
+                .with_target(RECORD_SPAN_TARGET, tracing::Level::ERROR)
+                .with_target("sqlx::query", tracing::Level::DEBUG),
+        )
+    });
+    let _ = tracing_subscriber::registry()
+        .with(lines.with_filter(filter))
+        .with(segments)
+        .try_init();
 }
 
 /// The `tracing` level for Lambda's `AWS_LAMBDA_LOG_LEVEL` (`TRACE` … `FATAL`, any case).
