@@ -108,8 +108,9 @@ impl Replayer {
         }
     }
 
-    /// Sends `letter`'s stored envelope to `letter.queue`; a refusal says whether it was the
-    /// queue's or the message's.
+    /// Sends `letter`'s replay body ([`letter_body`]: the edited envelope of an edited replay,
+    /// else the stored one) to `letter.queue`; a refusal says whether it was the queue's or the
+    /// message's.
     pub async fn send(&self, letter: &DeadLetter) -> Result<Sent, Refusal> {
         let queue_url = self.queue_url(&letter.queue).await?;
         let attribute = MessageAttributeValue::builder()
@@ -155,12 +156,14 @@ impl Replayer {
     }
 }
 
-/// The message body a letter was written from, exactly as received; for a letter older than
-/// the stored body, rebuilt from its payload ([`original_body`]).
+/// The message body a letter's replay sends: the edited envelope of an edited replay, else the
+/// body the letter was written from, exactly as received (for a letter older than the stored
+/// body, rebuilt from its payload: [`original_body`]).
 pub fn letter_body(letter: &DeadLetter) -> String {
-    match &letter.body {
-        Some(body) => body.clone(),
-        None => original_body(&letter.payload),
+    match (&letter.replay_body, &letter.body) {
+        (Some(edited), _) => edited.clone(),
+        (None, Some(body)) => body.clone(),
+        (None, None) => original_body(&letter.payload),
     }
 }
 

@@ -279,6 +279,7 @@ async fn queued_replay(pool: &PgPool, job_id: shared::ids::JobId) -> shared::ids
         .unwrap()
         .unwrap();
     let verdict = Verdict::Replayed {
+        body: None,
         outcome: ReplayOutcome::Queued,
         reason: Some("the ledger is back".into()),
     };

@@ -48,7 +48,7 @@ impl DevToken {
         (
             Self::new(
                 "dev-operator",
-                &[Scope::Read, Scope::Replay, Scope::Discard],
+                &[Scope::Read, Scope::Replay, Scope::Discard, Scope::Edit],
             ),
             Self::new("dev-reader", &[Scope::Read]),
         )

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use uuid::Uuid;
 
-const ALL: &[Scope] = &[Scope::Read, Scope::Replay, Scope::Discard];
+const ALL: &[Scope] = &[Scope::Read, Scope::Replay, Scope::Discard, Scope::Edit];
 const LETTERS: &str = "/v1/core/dead-letters";
 
 struct Apis {

@@ -17,7 +17,7 @@ use std::time::Duration;
 use uuid::Uuid;
 
 const SETTLE: Duration = Duration::from_secs(60);
-const ALL: [Scope; 3] = [Scope::Read, Scope::Replay, Scope::Discard];
+const ALL: [Scope; 4] = [Scope::Read, Scope::Replay, Scope::Discard, Scope::Edit];
 
 async fn setup(pool_opts: PgPoolOptions, connect: PgConnectOptions) -> (PgPool, Stack) {
     e2e::stack::start_for_test(e2e::test_binaries!(), pool_opts, connect, |_| {}).await
@@ -58,9 +58,23 @@ async fn route_request(
     }
     if path.ends_with("/discard") {
         with_body(r, r#"{"reason": "auth matrix"}"#)
+    } else if path.ends_with("/edit") {
+        let mut body: Value = serde_json::from_str(&letter_body(pool, letter).await).unwrap();
+        body["payload"]["points"] = json!(4);
+        let edit = json!({"body": body, "reason": "auth matrix"});
+        with_body(r, &edit.to_string())
     } else {
         r
     }
+}
+
+/// The body the letter received.
+async fn letter_body(pool: &PgPool, letter: Uuid) -> String {
+    sqlx::query_scalar("SELECT body FROM core.dead_letters WHERE id = $1")
+        .bind(letter)
+        .fetch_one(pool)
+        .await
+        .unwrap()
 }
 
 /// The letter's job and consumer.
@@ -139,7 +153,7 @@ async fn every_route_needs_a_token_and_its_own_scope(
     .unwrap();
     assert_eq!(
         reviewers,
-        ["ops-1", "ops-1"],
+        ["ops-1", "ops-1", "ops-1"],
         "the `sub` claim is the reviewer"
     );
 }

@@ -68,7 +68,7 @@ fn the_document_is_openapi_3_1_with_exactly_the_routes_and_scopes_of_the_code() 
     assert_eq!(documented, in_code);
     let granted =
         keys(&doc["components"]["securitySchemes"]["jwt"]["flows"]["clientCredentials"]["scopes"]);
-    let scopes: BTreeSet<_> = [Scope::Read, Scope::Replay, Scope::Discard]
+    let scopes: BTreeSet<_> = [Scope::Read, Scope::Replay, Scope::Discard, Scope::Edit]
         .iter()
         .map(|s| s.as_str().to_owned())
         .collect();
@@ -170,6 +170,7 @@ fn the_letter_schemas_have_exactly_the_fields_the_api_sends() {
         replay_message_id: None,
         replay_sent_at: None,
         replay_reason: None,
+        replay_body: None,
     };
     let sent = serde_json::to_value(&letter).unwrap();
     assert_eq!(keys(&schemas["DeadLetter"]["properties"]), keys(&sent));

@@ -103,8 +103,20 @@ pub struct DeadLetter {
     pub replay_message_id: Option<String>,
     /// When the queue accepted it.
     pub replay_sent_at: Option<DateTime<Utc>>,
-    /// Why it was replayed, if the operator said.
+    /// Why it was replayed, if the operator said (an edited replay always says).
     pub replay_reason: Option<String>,
+    /// The edited envelope an edited replay sent instead of [`body`](Self::body) (shown as JSON;
+    /// none for a replay of the body as received). Written with the review, never changed.
+    #[serde(serialize_with = "as_json")]
+    pub replay_body: Option<String>,
+}
+
+/// A stored body, shown as the JSON it is.
+fn as_json<S: serde::Serializer>(body: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
+    let json = body
+        .as_deref()
+        .map(|b| serde_json::from_str::<Value>(b).unwrap_or_else(|_| Value::String(b.to_owned())));
+    serde::Serialize::serialize(&json, s)
 }
 
 impl std::ops::Deref for DeadLetter {
@@ -150,6 +162,38 @@ pub async fn letter(db: impl PgExecutor<'_>, id: DeadLetterId) -> sqlx::Result<O
         .bind(id.0)
         .fetch_optional(db)
         .await
+}
+
+/// An edited replay of a job: the body its letter received, the body the operator sent
+/// instead, and the digest the job's fence keeps (none: no fence, or one without a digest).
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct EditedReplay {
+    /// The body as received (none for a letter older than the stored body: see `payload`).
+    pub body: Option<String>,
+    /// The body as JSON.
+    pub payload: Value,
+    /// The edited envelope the replay sent.
+    pub replay_body: String,
+    /// The committed fence's payload digest.
+    pub fence_digest: Option<Vec<u8>>,
+}
+
+/// The edited replays of one job for one consumer, with its fence's digest.
+pub async fn edited_replays(
+    db: impl PgExecutor<'_>,
+    job_id: JobId,
+    consumer: &ConsumerName,
+) -> sqlx::Result<Vec<EditedReplay>> {
+    sqlx::query_as(
+        "SELECT d.body, d.payload, d.replay_body, p.payload_digest AS fence_digest
+         FROM core.dead_letters d
+         LEFT JOIN core.processed_jobs p ON p.job_id = d.job_id AND p.consumer = d.consumer
+         WHERE d.job_id = $1 AND d.consumer = $2 AND d.replay_body IS NOT NULL",
+    )
+    .bind(job_id.0)
+    .bind(consumer.as_str())
+    .fetch_all(db)
+    .await
 }
 
 /// The letters written when replays of `id` failed again, oldest first.

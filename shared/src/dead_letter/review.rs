@@ -193,8 +193,10 @@ pub enum Verdict {
     Replayed {
         /// What the replay does.
         outcome: ReplayOutcome,
-        /// Why, if the operator said (a bulk replay always does).
+        /// Why, if the operator said (a bulk replay always does; an edit must).
         reason: Option<String>,
+        /// The edited envelope to send instead of the body received (an edited replay).
+        body: Option<String>,
     },
     /// Closed, with the reason the schema requires.
     Discarded {
@@ -272,21 +274,30 @@ async fn mark_reviewed(
     actor: &str,
     now: DateTime<Utc>,
 ) -> sqlx::Result<DeadLetter> {
-    let (status, discard_reason, outcome, replay_reason) = match verdict {
-        Verdict::Replayed { outcome, reason } => (
+    let (status, discard_reason, outcome, replay_reason, replay_body) = match verdict {
+        Verdict::Replayed {
+            outcome,
+            reason,
+            body,
+        } => (
             ReviewStatus::Replayed,
             None,
             Some(outcome.as_str()),
             reason.as_deref(),
+            body.as_deref(),
         ),
-        Verdict::Discarded { reason } => {
-            (ReviewStatus::Discarded, Some(reason.as_str()), None, None)
-        }
+        Verdict::Discarded { reason } => (
+            ReviewStatus::Discarded,
+            Some(reason.as_str()),
+            None,
+            None,
+            None,
+        ),
     };
     sqlx::query_as(
         "UPDATE core.dead_letters
          SET status = $2, discard_reason = $3, reviewed_by = $4, reviewed_at = $5,
-             replay_outcome = $6, replay_reason = $7
+             replay_outcome = $6, replay_reason = $7, replay_body = $8
          WHERE id = $1
          RETURNING *",
     )
@@ -297,6 +308,7 @@ async fn mark_reviewed(
     .bind(now)
     .bind(outcome)
     .bind(replay_reason)
+    .bind(replay_body)
     .fetch_one(conn)
     .await
 }

@@ -4,11 +4,12 @@
 use super::{ALERTS_PER_ROUND, Harness, IncomingMessage, RecordOutcome};
 use crate::consumer::Consumer;
 use crate::dead_letter::{
-    CONFLICT_ERROR, ErrorKind, NewDeadLetter, Recorded, Settled, record_unless_processed,
-    record_without_settling,
+    CONFLICT_ERROR, ErrorKind, NewDeadLetter, Recorded, Settled, edited_replays,
+    record_unless_processed, record_without_settling,
 };
 use crate::envelope::{JobDigest, PartialIds};
 use crate::fence::FenceError;
+use crate::ids::JobId;
 
 /// Whether a letter is settled through the fence before it is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,17 +22,53 @@ pub(super) enum Settle {
 
 impl<C: Consumer> Harness<C> {
     /// A copy of a processed job whose payload differs: another job under its id. Its letter
-    /// is written without settling (the fence says the id committed, for the other job).
+    /// is written without settling (the fence says the id committed, for the other job). Unless
+    /// it is the body an operator edited away from, the edit having committed: then it is the
+    /// job's duplicate.
     pub(super) async fn conflict(
         &self,
         msg: &IncomingMessage,
         ids: &PartialIds,
         digest: &JobDigest,
     ) -> RecordOutcome {
+        if let Some(job_id) = ids.job_id
+            && self.edited_away(job_id, digest).await
+        {
+            return RecordOutcome::Duplicate;
+        }
         let error = CONFLICT_ERROR.to_owned();
         let kind = ErrorKind::Conflict;
         self.dead_letter(msg, ids, Some(digest), 1, kind, error, Settle::Not)
             .await
+    }
+
+    /// Whether a copy of `job_id` with `digest` is the body one of its letters received before an
+    /// operator edited it, and the fence keeps the edited body's digest: the edit ran, and this
+    /// is a late copy of the same job. Digests are the consumer's own ([`JobDigest::of`] over
+    /// its job fields), so only the harness can tell. Unknown (the read failed): not a duplicate,
+    /// and the conflict letter is written, a true record either way.
+    async fn edited_away(&self, job_id: JobId, digest: &JobDigest) -> bool {
+        let fields = self.consumer.job_fields();
+        let digest_of = |body: &str| {
+            serde_json::from_str::<serde_json::Value>(body)
+                .ok()
+                .map(|v| JobDigest::of(&v, fields))
+        };
+        match edited_replays(&self.pool, job_id, self.consumer.name()).await {
+            Ok(edits) => edits.iter().any(|edit| {
+                let original = match &edit.body {
+                    Some(body) => digest_of(body),
+                    None => digest_of(&crate::replay::original_body(&edit.payload)),
+                };
+                let edited = digest_of(&edit.replay_body);
+                original.as_ref() == Some(digest)
+                    && edited.is_some_and(|e| edit.fence_digest.as_deref() == Some(&e.0[..]))
+            }),
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the job's edited replays failed; writing its conflict letter");
+                false
+            }
+        }
     }
 
     /// The job's letter, once the fence has settled that it did not commit (or, for a

@@ -16,6 +16,9 @@ pub enum Scope {
     Replay,
     /// `core.dead_letters.discard`: close a letter with a reason.
     Discard,
+    /// `core.dead_letters.edit`: replay a letter with an edited body (more than a replay: the
+    /// operator decides what runs).
+    Edit,
 }
 
 impl Scope {
@@ -25,6 +28,7 @@ impl Scope {
             Self::Read => "core.dead_letters.read",
             Self::Replay => "core.dead_letters.replay",
             Self::Discard => "core.dead_letters.discard",
+            Self::Edit => "core.dead_letters.edit",
         }
     }
 }

@@ -5,6 +5,7 @@
 //! a message is never out while the letter says otherwise; a refused send leaves the replay
 //! `queued` for the scheduled run.
 
+use super::edit::Edit;
 use super::error::ApiError;
 use super::list_query::{
     a_group_id, encode_cursor, encode_group_cursor, parse_group_query, parse_list_query, shown,
@@ -34,7 +35,13 @@ pub(super) async fn run(
         Operation::Replay => {
             let id = parse_id(id)?;
             let reason = parse_replay_reason(bounded(&request.body)?)?;
-            replay(api, route, id, actor, reason).await
+            replay(api, route, id, actor, reason, None).await
+        }
+        Operation::Edit => {
+            let id = parse_id(id)?;
+            let edit = super::edit::parse_edit(&request.body)?;
+            let reason = Some(edit.reason.clone());
+            replay(api, route, id, actor, reason, Some(&edit)).await
         }
         Operation::Discard => {
             let id = parse_id(id)?;
@@ -188,12 +195,15 @@ async fn get(api: &Api, route: &Route, id: DeadLetterId) -> Result<ApiResponse, 
     ok(json!({"letter": letter, "fence_exists": fence_exists, "failed_replays": failed_replays}))
 }
 
+/// Replays the letter, as received or with `edit`'s body (checked against the letter under its
+/// lock); an edit's dry run answers with the plan and changes nothing.
 async fn replay(
     api: &Api,
     route: &Route,
     id: DeadLetterId,
     actor: &str,
     reason: Option<String>,
+    edit: Option<&Edit>,
 ) -> Result<ApiResponse, ApiError> {
     let db = |e: sqlx::Error| ApiError::database(route.path, &e);
     let Some(replayer) = api.replayer.as_ref() else {
@@ -228,16 +238,42 @@ async fn replay(
              under a new job_id, then discard this letter with a reason",
         ));
     }
+    let body = edit
+        .map(|edit| edit.checked_against(&locked.letter))
+        .transpose()?;
     // The fence of a job with a pending letter is never swept, so this answer holds at any age.
     let fence_exists = locked.fence_exists().await.map_err(db)?.unwrap_or(false);
+    if edit.is_some_and(|e| e.dry_run) {
+        // Nothing is marked: dropping the lock rolls its transaction back.
+        return ok(json!({
+            "dry_run": true,
+            "letter": locked.letter,
+            "replay": {
+                "job_id": job_id,
+                "queue": locked.letter.queue,
+                "fence_exists": fence_exists,
+                "body": body.as_deref().map(serde_json::from_str::<Value>).transpose().ok().flatten(),
+                "effect": if fence_exists {
+                    "none: the job's effect has committed (its fence exists), so nothing would be sent"
+                } else {
+                    "would send the edited body under the same job_id: the consumer runs it at most once"
+                },
+            }
+        }));
+    }
     let outcome = if fence_exists {
         ReplayOutcome::AlreadyProcessed
     } else {
         ReplayOutcome::Queued
     };
+    let edited = body.is_some();
     locked
         .mark(
-            &Verdict::Replayed { outcome, reason },
+            &Verdict::Replayed {
+                outcome,
+                reason,
+                body,
+            },
             actor,
             api.clock.now(),
         )
@@ -289,7 +325,7 @@ async fn replay(
     };
     // `message_id` is the replay's SQS message; absent while the replay is queued.
     tracing::info!(letter = %id, job_id = %job_id, actor, message_id = sent.as_deref(),
-        queued = sent.is_none(), fence_exists, "dead letter replayed");
+        queued = sent.is_none(), fence_exists, edited, "dead letter replayed");
     Ok(ApiResponse {
         status,
         body: json!({
@@ -300,6 +336,7 @@ async fn replay(
                 "message_id": sent,
                 "sent": sent.is_some(),
                 "fence_exists": fence_exists,
+                "edited": edited,
                 "effect": effect,
             }
         }),
@@ -460,7 +497,7 @@ fn checked_reason(body: &[u8], shape: &str) -> Result<String, ApiError> {
 /// The reason as kept: trimmed; plain text (no NUL, no control character but tab and line
 /// breaks, so nothing in it can drive the terminal of whoever reads it with `dlq show`); with
 /// something visible in it; at most [`MAX_REASON_CHARS`] characters. The error says which.
-fn reason_text(reason: &str) -> Result<String, String> {
+pub(super) fn reason_text(reason: &str) -> Result<String, String> {
     let reason = reason.trim();
     if reason.contains('\0') {
         return Err("`reason` contains a NUL character; write it as plain text".into());

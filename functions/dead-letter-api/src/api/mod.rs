@@ -11,6 +11,7 @@
 //! database, so a 4xx never changes anything. Errors are `{"error": {"code", "message"}}`.
 
 pub mod auth;
+mod edit;
 mod error;
 mod handlers;
 pub mod lambda;
@@ -37,6 +38,8 @@ pub enum Operation {
     Replay,
     /// `POST /v1/core/dead-letters/{id}/discard`.
     Discard,
+    /// `POST /v1/core/dead-letters/{id}/edit`: replay an edited body under the same job.
+    Edit,
     /// `GET /v1/core/dead-letter-groups`.
     ListGroups,
     /// `GET /v1/core/dead-letter-groups/{id}`.
@@ -61,8 +64,8 @@ pub struct Route {
     pub function: &'static str,
 }
 
-/// Every route of the API. `template.yaml` and `openapi/dead-letters.yaml` are tested against it.
-pub const ROUTES: [Route; 7] = [
+/// Every route of the API. `template.yaml` and `openapi.yaml` are tested against it.
+pub const ROUTES: [Route; 8] = [
     Route {
         method: "GET",
         path: "/v1/core/dead-letters",
@@ -82,6 +85,16 @@ pub const ROUTES: [Route; 7] = [
         path: "/v1/core/dead-letters/{id}/replay",
         operation: Operation::Replay,
         scope: Scope::Replay,
+        function: "dead-letters-replay",
+    },
+    // On the replay function: an edited replay sends as a replay does, so it needs exactly the
+    // replay role's grants; its own scope is what sets it apart (checked by the gateway and
+    // again by the handler).
+    Route {
+        method: "POST",
+        path: "/v1/core/dead-letters/{id}/edit",
+        operation: Operation::Edit,
+        scope: Scope::Edit,
         function: "dead-letters-replay",
     },
     Route {
@@ -319,6 +332,7 @@ mod tests {
                 | Operation::GetProcessedJob => Scope::Read,
                 Operation::Replay => Scope::Replay,
                 Operation::Discard => Scope::Discard,
+                Operation::Edit => Scope::Edit,
             };
             assert_eq!(route.scope, scope, "{route:?}");
         }
