@@ -473,6 +473,135 @@ async fn an_interrupted_bulk_replay_resumed_finishes_the_rest_without_touching_t
     each_applied_once(&s, &jobs).await;
 }
 
+/// `dlq edit` (issue 25), as on-call uses it: a poison letter (a producer wrote the points as
+/// words) corrected in `$EDITOR` (a script here, as for git), its diff and the API's plan shown
+/// by a dry run that changes nothing, then replayed under the same job: one effect, the letter
+/// keeping what it received and the edit beside it. A token without the edit scope is refused
+/// before the editor opens; a second edit is refused.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn dlq_edit_shows_the_diff_and_the_plan_then_replays_the_corrected_body_under_the_same_job(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let s = setup(pool_opts, connect).await;
+    let job = JobId(Uuid::new_v4());
+    let received = json!({"job_id": job, "tenant_id": TenantId(Uuid::new_v4()), "correlation_id": "edit",
+        "payload": {"account_id": "acct-edit", "points": "seven"}});
+    s.stack.send(&received.to_string()).await;
+    let pool = &s.pool;
+    s.stack
+        .run_until(SETTLE, || async move {
+            let letters: i64 = sqlx::query_scalar("SELECT count(*) FROM core.dead_letters")
+                .fetch_one(pool)
+                .await
+                .unwrap();
+            letters == 1
+        })
+        .await;
+    let id: Uuid = sqlx::query_scalar("SELECT id FROM core.dead_letters")
+        .fetch_one(&s.pool)
+        .await
+        .unwrap();
+    let (whole, prefix) = (id.to_string(), id.simple().to_string()[..8].to_owned());
+    let edit = |token: &str, editor: &str, args: &[&str]| {
+        let mut cmd = dlq(&s, token, args);
+        cmd.env("EDITOR", editor).env_remove("VISUAL");
+        cmd
+    };
+    let output = |out: std::process::Output| Run {
+        status: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
+    let before = e2e::api_client::fingerprint(&s.pool).await;
+    // `false` as the editor: had it opened, the run would fail on it, not on the scope.
+    let refused = output(
+        edit(
+            &s.reader.token,
+            "false",
+            &["edit", &whole, "--reason", "x", "--yes"],
+        )
+        .output()
+        .await
+        .unwrap(),
+    );
+    assert_eq!(refused.status, 2, "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("may not edit")
+            && refused.stderr.contains("core.dead_letters.edit"),
+        "{}",
+        refused.stderr
+    );
+    let fix = r#"sed -i 's/"seven"/7/'"#;
+    let token = s.operator.token.clone();
+    let dry = output(
+        edit(&token, fix, &["edit", &prefix, "--dry-run"])
+            .output()
+            .await
+            .unwrap(),
+    );
+    assert_eq!(dry.status, 0, "{}\n{}", dry.stdout, dry.stderr);
+    for line in [
+        "-    \"points\": \"seven\"",
+        "+    \"points\": 7",
+        "Plan: replay letter",
+        "would send the edited body",
+        "Dry run: nothing was recorded or sent.",
+    ] {
+        assert!(dry.stdout.contains(line), "{line:?} in:\n{}", dry.stdout);
+    }
+    println!("{}", dry.stdout);
+    // Without a terminal, a run without --yes asks no one and sends nothing.
+    let unasked = output(
+        edit(
+            &token,
+            fix,
+            &["edit", &whole, "--reason", "points as words"],
+        )
+        .output()
+        .await
+        .unwrap(),
+    );
+    assert_eq!(unasked.status, 2, "{}", unasked.stderr);
+    assert_eq!(
+        e2e::api_client::fingerprint(&s.pool).await,
+        before,
+        "nothing changed yet"
+    );
+    let reason = "producer 4.2 wrote points as words";
+    let done = output(
+        edit(&token, fix, &["edit", &whole, "--reason", reason, "--yes"])
+            .output()
+            .await
+            .unwrap(),
+    );
+    assert_eq!(done.status, 0, "{}\n{}", done.stdout, done.stderr);
+    assert!(done.stdout.contains("sent"), "{}", done.stdout);
+    each_applied_once(&s, &[job]).await;
+    let shown = run(&s, &token, &["--json", "show", &whole])
+        .await
+        .last_json();
+    let mut edited = received.clone();
+    edited["payload"]["points"] = json!(7);
+    assert_eq!(
+        (
+            &shown["letter"]["payload"],
+            &shown["letter"]["replay_body"],
+            &shown["letter"]["replay_reason"]
+        ),
+        (&received, &edited, &json!(reason)),
+        "the letter keeps what it received, the edit beside it"
+    );
+    let again = output(
+        edit(&token, fix, &["edit", &whole, "--reason", reason, "--yes"])
+            .output()
+            .await
+            .unwrap(),
+    );
+    assert_eq!(again.status, 2, "{}", again.stderr);
+    assert!(again.stderr.contains("replayed"), "{}", again.stderr);
+}
+
 /// `bash scripts/stack.sh up`'s process: it migrates, serves the API over HTTP with its
 /// development tokens (written to stack.env), feeds the consumers, and stops on SIGTERM.
 /// Text a producer wrote reaches the operator's terminal inert: a poison message whose

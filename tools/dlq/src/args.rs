@@ -211,6 +211,27 @@ pub enum Command {
         #[arg(long, value_parser = parse_reason)]
         reason: Option<String>,
     },
+    /// Correct one letter's body in $EDITOR and replay it under the same job (as `kubectl
+    /// edit`): the diff and the API's plan first, then a confirmation. Needs the scope
+    /// core.dead_letters.edit.
+    Edit {
+        /// The letter's id, or its first hex digits (at least 4).
+        #[arg(value_parser = parse_letter_id)]
+        id: LetterId,
+        /// What was wrong and why the edit fixes it (kept with the replay; at most 1000
+        /// characters). Required unless --dry-run.
+        #[arg(long, value_parser = parse_reason)]
+        reason: Option<String>,
+        /// Read the edited envelope from this file instead of opening $VISUAL / $EDITOR.
+        #[arg(long)]
+        file: Option<std::path::PathBuf>,
+        /// Show the diff and the plan (the API checks the edit), change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Do not ask before replaying.
+        #[arg(short = 'y', long)]
+        yes: bool,
+    },
     /// Discard letters pending review, with a reason.
     Discard {
         /// Which letters.

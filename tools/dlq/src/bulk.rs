@@ -15,7 +15,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 use serde_json::json;
 use std::collections::BTreeMap;
-use std::io::{BufRead, IsTerminal, Write};
+use std::io::IsTerminal;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -494,21 +494,10 @@ fn progress_bar(progress: Progress, len: usize) -> ProgressBar {
 
 /// Asks on the terminal; refuses to guess when there is none.
 fn confirm(action: Action, letters: usize) -> Result<bool, String> {
-    if !std::io::stdin().is_terminal() {
-        return Err(
-            "not asking for confirmation without a terminal: run with --dry-run first, then \
-             --yes"
-                .into(),
-        );
-    }
-    print!("{} {letters} letter(s)? [y/N] ", capitalized(action.verb()));
-    std::io::stdout().flush().map_err(|e| e.to_string())?;
-    let mut answer = String::new();
-    std::io::stdin()
-        .lock()
-        .read_line(&mut answer)
-        .map_err(|e| e.to_string())?;
-    Ok(matches!(answer.trim(), "y" | "Y" | "yes" | "YES" | "Yes"))
+    crate::terminal::confirmed(
+        &format!("{} {letters} letter(s)?", capitalized(action.verb())),
+        "run with --dry-run first, then --yes",
+    )
 }
 
 fn capitalized(s: &str) -> String {

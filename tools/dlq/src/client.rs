@@ -214,6 +214,20 @@ impl Client {
         self.post(&path, &json!({ "reason": reason })).await
     }
 
+    /// Replays a letter with an edited envelope, saying why; with `dry_run`, only the API's
+    /// check and plan.
+    pub async fn edit(
+        &self,
+        id: uuid::Uuid,
+        body: &Value,
+        reason: &str,
+        dry_run: bool,
+    ) -> Result<Answer, ApiError> {
+        let path = format!("/v1/core/dead-letters/{id}/edit");
+        let request = json!({ "body": body, "reason": reason, "dry_run": dry_run });
+        self.post(&path, &request).await
+    }
+
     /// Discards a letter, saying why.
     pub async fn discard(&self, id: uuid::Uuid, reason: &str) -> Result<Answer, ApiError> {
         let path = format!("/v1/core/dead-letters/{id}/discard");

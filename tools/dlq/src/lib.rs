@@ -3,15 +3,16 @@
 //! or discard a whole group (or any filter) in bulk: a dry run first, a pinned set, a rate, a
 //! progress bar, a summary and an exit status a script can use.
 //!
-//! Invariant: nothing is changed but through the API's one-letter replay and discard routes, so
-//! every guarantee of a single replay (same job id, the fence, a 409 for a letter already
-//! reviewed) holds for every letter of a bulk run.
+//! Invariant: nothing is changed but through the API's one-letter replay, edit and discard
+//! routes, so every guarantee of a single replay (same job id, the fence, a 409 for a letter
+//! already reviewed) holds for every letter of a bulk run and for an edit.
 
 #![warn(missing_docs)]
 
 pub mod args;
 pub mod bulk;
 pub mod client;
+pub mod edit;
 pub mod table;
 pub mod terminal;
 
@@ -149,6 +150,22 @@ async fn run_command(cli: Cli) -> Result<u8, String> {
         }
         Command::Replay { bulk, reason } => {
             bulk_exit(bulk::run(&client, Action::Replay, &bulk, reason.as_deref(), json).await)
+        }
+        Command::Edit {
+            id,
+            reason,
+            file,
+            dry_run,
+            yes,
+        } => {
+            let id = resolve_letter(&client, id).await?;
+            let how = edit::How {
+                reason,
+                file,
+                dry_run,
+                yes,
+            };
+            edit::run(&client, id, &how, json).await
         }
         Command::Discard { bulk, reason } => {
             bulk_exit(bulk::run(&client, Action::Discard, &bulk, reason.as_deref(), json).await)

@@ -6,6 +6,7 @@
 
 use serde_json::Value;
 use std::fmt::Write;
+use std::io::{BufRead, IsTerminal, Write as _};
 
 /// `s` with every character a terminal would act on written as `\u{…}`: C0 controls (ESC,
 /// BEL, backspace, carriage return, … and newline unless `newlines` is kept), DEL, C1 controls
@@ -65,6 +66,24 @@ fn acts_on_terminal(c: char) -> bool {
         || matches!(c,
             '\u{061c}' | '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}'
             | '\u{2060}'..='\u{2069}' | '\u{feff}')
+}
+
+/// Asks `question` (`[y/N]`) on the terminal; without one, refuses, naming `instead` (what to
+/// run to go on without a prompt).
+pub fn confirmed(question: &str, instead: &str) -> Result<bool, String> {
+    if !std::io::stdin().is_terminal() {
+        return Err(format!(
+            "not asking for confirmation without a terminal: {instead}"
+        ));
+    }
+    print!("{question} [y/N] ");
+    std::io::stdout().flush().map_err(|e| e.to_string())?;
+    let mut answer = String::new();
+    std::io::stdin()
+        .lock()
+        .read_line(&mut answer)
+        .map_err(|e| e.to_string())?;
+    Ok(matches!(answer.trim(), "y" | "Y" | "yes" | "YES" | "Yes"))
 }
 
 #[cfg(test)]
