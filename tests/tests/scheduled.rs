@@ -417,6 +417,62 @@ async fn a_replay_that_cannot_be_sent_backs_off_and_does_not_block_the_others(po
     );
 }
 
+/// Issue 25: an edited replay the queue refused at first is sent by the scheduled run with its
+/// edited body, never the body its letter received.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn a_queued_edited_replay_is_sent_with_its_edited_body(pool: PgPool) {
+    let sqs = e2e::event_source::sqs_client().await;
+    let live = e2e::event_source::create_queue(&sqs, &unique("edited"), &[]).await;
+    let receiver = AlertReceiver::start().await;
+    let clock = Arc::new(ManualClock::new(t0()));
+    let job = JobId(Uuid::new_v4());
+    let received = json!({"job_id": job, "tenant_id": Uuid::new_v4(),
+        "payload": {"account_id": "acct-1", "points": "one"}});
+    let edited = json!({"job_id": job, "tenant_id": received["tenant_id"],
+        "payload": {"account_id": "acct-1", "points": 1}});
+    let letter = TestLetter {
+        kind: ErrorKind::Poison,
+        ..TestLetter::new(
+            Some(job),
+            &e2e::consumer_name(),
+            &live.name,
+            &received.to_string(),
+        )
+    };
+    let id = record_letter(&pool, &letter, t0() - Span::hours(1)).await;
+    let mut locked = lock_letter(&pool, id, Duration::from_secs(2))
+        .await
+        .unwrap()
+        .unwrap();
+    let verdict = Verdict::Replayed {
+        outcome: shared::dead_letter::ReplayOutcome::Queued,
+        reason: Some("points as words".into()),
+        body: Some(edited.to_string()),
+    };
+    locked
+        .mark(&verdict, "ops-1", t0() - Span::minutes(10))
+        .await
+        .unwrap();
+    locked.commit().await.unwrap();
+    let mut run = scheduled(&pool, &receiver, clock);
+    run.replayer = Some(Replayer::new(sqs.clone()));
+    let replays = run.run(None).await.replays.unwrap();
+    assert_eq!((replays.sent, replays.failed), (1, 0), "{replays:?}");
+    let got = sqs
+        .receive_message()
+        .queue_url(&live.url)
+        .wait_time_seconds(2)
+        .send()
+        .await
+        .unwrap();
+    let bodies: Vec<serde_json::Value> = got
+        .messages()
+        .iter()
+        .map(|m| serde_json::from_str(m.body().unwrap()).unwrap())
+        .collect();
+    assert_eq!(bodies, [edited], "the edit is what is sent");
+}
+
 /// SQS's former message size limit, which queues created before it rose to 1 MiB keep (moto
 /// enforces a queue's `MaximumMessageSize`).
 const OLD_SIZE_LIMIT: i32 = 262_144;
