@@ -88,10 +88,12 @@ database_url_for() {
   printf '%s' "$url"
 }
 
-# The local SQS API: moto's server from PyPI, in a venv of the project's own (.tools/), on
+# The local SQS API: moto's server from PyPI (with SQS's FIFO group rule: scripts/moto_server.py),
+# in a venv of the project's own (.tools/), on
 # 127.0.0.1:$SQS_PORT. Started here and stopped when the calling script exits, unless one was
 # already answering there. Exports the AWS SDK variables that point the functions at it.
 MOTO_VERSION=5.2.5
+MOTO_LAUNCHER=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/moto_server.py
 SQS_PORT=${SQS_PORT:-9324}
 TOOLS=$PWD/.tools
 
@@ -130,10 +132,10 @@ ensure_sqs_api() {
   fi
   step "Starting the local SQS API (moto) on 127.0.0.1:$SQS_PORT (log: .tools/moto.log)"
   if [ "${1:-}" = detached ]; then
-    setsid nohup "$TOOLS/venv/bin/moto_server" -H 127.0.0.1 -p "$SQS_PORT" >"$TOOLS/moto.log" 2>&1 < /dev/null &
+    setsid nohup "$TOOLS/venv/bin/python" "$MOTO_LAUNCHER" -H 127.0.0.1 -p "$SQS_PORT" >"$TOOLS/moto.log" 2>&1 < /dev/null &
     echo $! > "$TOOLS/moto.pid"
   else
-    "$TOOLS/venv/bin/moto_server" -H 127.0.0.1 -p "$SQS_PORT" >"$TOOLS/moto.log" 2>&1 &
+    "$TOOLS/venv/bin/python" "$MOTO_LAUNCHER" -H 127.0.0.1 -p "$SQS_PORT" >"$TOOLS/moto.log" 2>&1 &
     MOTO_PID=$!
     on_exit 'kill "$MOTO_PID" 2>/dev/null'
   fi

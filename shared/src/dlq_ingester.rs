@@ -144,6 +144,7 @@ impl DlqIngester {
             last_error: &error,
             correlation_id: ids.correlation_id.as_deref(),
             replay_of: msg.replay_of,
+            message_group: msg.message_group.as_deref(),
         };
         let settled = if kind == ErrorKind::Unsettled {
             // A fence still there says the job committed; its absence says nothing any more.

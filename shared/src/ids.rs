@@ -153,6 +153,19 @@ pub(crate) fn bounded_id<'s>(id: &'s str, if_blank: &'static str) -> std::borrow
     format!("{}~sha256:{hex}", storable(id, MAX_ID_BYTES - 48)).into()
 }
 
+/// The longest `MessageGroupId` SQS takes.
+pub const MAX_MESSAGE_GROUP_BYTES: usize = 128;
+
+/// A FIFO message group as a letter keeps it, for its replay to send: only one SQS would take
+/// (1 to 128 characters, ASCII letters, digits and punctuation). Anything else is not kept
+/// (the replay then groups by the job's id), so no group can make a letter unwritable.
+pub fn message_group(group: &str) -> Option<&str> {
+    let fits = !group.is_empty()
+        && group.len() <= MAX_MESSAGE_GROUP_BYTES
+        && group.bytes().all(|b| b.is_ascii_graphic());
+    fits.then_some(group)
+}
+
 /// A correlation id as a letter (and every log line of its job) keeps it: its first
 /// [`MAX_ID_BYTES`] at a character boundary, NUL replaced. The body keeps it whole.
 pub(crate) fn bounded_correlation_id(id: &str) -> std::borrow::Cow<'_, str> {
@@ -218,6 +231,15 @@ mod tests {
             a.len() <= MAX_ID_BYTES && a != b,
             "two long ids stay two ids"
         );
+    }
+
+    #[test]
+    fn a_message_group_is_kept_only_as_sqs_would_take_it_back() {
+        assert_eq!(message_group("member-42"), Some("member-42"));
+        assert_eq!(message_group(&"g".repeat(128)).map(str::len), Some(128));
+        for refused in ["", " ", "a b", "é", "\0", "\u{1b}[2J", &"g".repeat(129)] {
+            assert_eq!(message_group(refused), None, "{refused:?}");
+        }
     }
 
     #[test]

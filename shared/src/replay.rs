@@ -118,12 +118,15 @@ impl Replayer {
             .string_value(letter.id.to_string())
             .build()
             .map_err(|e| Refusal::Message(format!("the {REPLAY_OF_ATTRIBUTE} attribute: {e}")))?;
+        let (group, deduplication) = fifo_ids(letter).unzip();
         let sent = self
             .client
             .send_message()
             .queue_url(&queue_url)
             .message_body(letter_body(letter))
             .message_attributes(REPLAY_OF_ATTRIBUTE, attribute)
+            .set_message_group_id(group)
+            .set_message_deduplication_id(deduplication)
             .send()
             .await
             .map_err(|e| Refusal::of_send(&queue_url, e))?;
@@ -154,6 +157,25 @@ impl Replayer {
         self.urls.lock().await.insert(queue.to_owned(), url.clone());
         Ok(url)
     }
+}
+
+/// For a letter of a FIFO queue (its name ends in `.fifo`, as SQS requires), what its replay is
+/// sent with: the group of the message it was written from (so it waits behind what its group
+/// holds; a letter that kept none groups by its job, else by itself), and a deduplication id of
+/// its own, the letter's id. Never the original send's: SQS would drop the replay as a copy of
+/// it within its 5-minute deduplication interval. A resend of the same replay (the scheduled
+/// run's) carries the same id, so SQS drops it if the first send got through; past those 5
+/// minutes the job's fence answers for it, as for any copy.
+pub fn fifo_ids(letter: &DeadLetter) -> Option<(String, String)> {
+    if !letter.queue.ends_with(".fifo") {
+        return None;
+    }
+    let group = match (&letter.message_group, letter.job_id) {
+        (Some(group), _) => group.clone(),
+        (None, Some(job)) => job.to_string(),
+        (None, None) => letter.id.to_string(),
+    };
+    Some((group, letter.id.to_string()))
 }
 
 /// The message body a letter's replay sends: the edited envelope of an edited replay, else the

@@ -131,6 +131,7 @@ fn delivery(record: SqsMessage) -> (IncomingMessage, Option<Receipt>) {
         body: record.body.unwrap_or_default(),
         receive_count,
         replay_of,
+        message_group: record.attributes.get("MessageGroupId").cloned(),
     };
     let receipt = queue
         .zip(record.receipt_handle)

@@ -293,6 +293,7 @@ async fn hole3_a_replay_of_naming_no_letter_still_gets_its_letter(pool: PgPool) 
     let (job_id, body) = job(json!({"account_id": "a", "points": -1}));
     let msg = IncomingMessage {
         replay_of: Some(DeadLetterId(Uuid::new_v4())),
+        message_group: None,
         ..message(&body, 1)
     };
     let outcome = harness.process(&msg).await;

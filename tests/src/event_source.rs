@@ -65,29 +65,47 @@ pub async fn create_queue(
     }
 }
 
-/// A job queue and its backstop DLQ, wired with a redrive policy.
+/// A job queue and its backstop DLQ, wired with a redrive policy. A `name` ending in `.fifo`
+/// makes both FIFO queues (SQS requires a FIFO queue's DLQ to be one), with content-based
+/// deduplication as `templates/consumer.yaml` declares them.
 pub async fn create_queue_pair(
     sqs: &Client,
     name: &str,
     visibility: Duration,
     max_receive_count: u32,
 ) -> (Queue, Queue) {
-    let dlq = create_queue(sqs, &format!("{name}-dlq"), &[]).await;
+    let fifo = name.strip_suffix(".fifo");
+    let fifo_attributes: Vec<(QueueAttributeName, String)> = match fifo {
+        Some(_) => vec![
+            (QueueAttributeName::FifoQueue, "true".into()),
+            (QueueAttributeName::ContentBasedDeduplication, "true".into()),
+        ],
+        None => Vec::new(),
+    };
+    let dlq_name = match fifo {
+        Some(stem) => format!("{stem}-dlq.fifo"),
+        None => format!("{name}-dlq"),
+    };
+    let dlq = create_queue(sqs, &dlq_name, &fifo_attributes).await;
     let redrive =
         json!({"deadLetterTargetArn": dlq.arn, "maxReceiveCount": max_receive_count.to_string()});
-    let jobs = create_queue(
-        sqs,
-        name,
-        &[
-            (
-                QueueAttributeName::VisibilityTimeout,
-                visibility.as_secs().to_string(),
-            ),
-            (QueueAttributeName::RedrivePolicy, redrive.to_string()),
-        ],
-    )
-    .await;
+    let mut attributes = vec![
+        (
+            QueueAttributeName::VisibilityTimeout,
+            visibility.as_secs().to_string(),
+        ),
+        (QueueAttributeName::RedrivePolicy, redrive.to_string()),
+    ];
+    attributes.extend(fifo_attributes);
+    let jobs = create_queue(sqs, name, &attributes).await;
     (jobs, dlq)
+}
+
+impl Queue {
+    /// Whether it is a FIFO queue (its name ends in `.fifo`, as SQS requires).
+    pub fn is_fifo(&self) -> bool {
+        self.name.ends_with(".fifo")
+    }
 }
 
 /// Messages visible plus in flight.

@@ -359,16 +359,27 @@ impl Stack {
         self.scheduled.invoke(&event).await
     }
 
-    /// Sends `body` to the job queue; returns the message id.
+    /// Sends `body` to the job queue; returns the message id. On a FIFO queue, in the group
+    /// `default` (see [`Stack::send_in_group`]).
     pub async fn send(&self, body: &str) -> String {
-        let out = self
+        self.send_in_group(body, "default").await
+    }
+
+    /// Sends `body` to the job queue, in the message group `group` if it is a FIFO queue (with
+    /// a deduplication id of its own, so two sends of one body are two messages, as two
+    /// deliveries of a job are); returns the message id.
+    pub async fn send_in_group(&self, body: &str, group: &str) -> String {
+        let mut send = self
             .sqs
             .send_message()
             .queue_url(&self.jobs.url)
-            .message_body(body)
-            .send()
-            .await
-            .expect("SendMessage");
+            .message_body(body);
+        if self.jobs.is_fifo() {
+            send = send
+                .message_group_id(group)
+                .message_deduplication_id(uuid::Uuid::new_v4().to_string());
+        }
+        let out = send.send().await.expect("SendMessage");
         out.message_id.expect("message id")
     }
 

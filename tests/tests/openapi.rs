@@ -171,6 +171,7 @@ fn the_letter_schemas_have_exactly_the_fields_the_api_sends() {
         replay_sent_at: None,
         replay_reason: None,
         replay_body: None,
+        message_group: None,
     };
     let sent = serde_json::to_value(&letter).unwrap();
     assert_eq!(keys(&schemas["DeadLetter"]["properties"]), keys(&sent));

@@ -229,6 +229,7 @@ async fn any_message_body_is_processed_once_or_dead_lettered_never_lost(pool: Pg
             body: body.clone(),
             receive_count: 1,
             replay_of: None,
+            message_group: None,
         };
         let outcome = harness.process(&msg).await;
         let letter = letter_for_message(&pool, &e2e::consumer_name(), &message_id)

@@ -38,6 +38,9 @@ pub struct NewDeadLetter<'a> {
     pub correlation_id: Option<&'a str>,
     /// The letter whose replay produced this message, if any.
     pub replay_of: Option<DeadLetterId>,
+    /// The message's FIFO group (SQS `MessageGroupId`), which a replay to a FIFO queue carries.
+    /// Kept only if SQS could take it back ([`crate::ids::message_group`]).
+    pub message_group: Option<&'a str>,
 }
 
 /// What a stored letter and its list item ([`super::LetterSummary`]) both show: the letter
@@ -109,6 +112,9 @@ pub struct DeadLetter {
     /// none for a replay of the body as received). Written with the review, never changed.
     #[serde(serialize_with = "as_json")]
     pub replay_body: Option<String>,
+    /// The FIFO group of the message it was written from, which its replay carries (none from
+    /// a standard queue).
+    pub message_group: Option<String>,
 }
 
 /// A stored body, shown as the JSON it is.

@@ -23,8 +23,9 @@ pub(super) enum Jobs<'a, P> {
     /// One job, with the message id of its delivery (per-job mode, and every job of a commit
     /// group that did not commit).
     One(&'a Job<P>, &'a str),
-    /// A commit group: batch mode's new jobs of one SQS batch, in job id order (their fences are
-    /// claimed so, and the consumer's work sees them so). They come back in that order.
+    /// A commit group: batch mode's new jobs of one SQS batch, in the order the consumer's work
+    /// sees them (job id order, or a FIFO batch's delivery order); their fences are claimed in
+    /// job id order whatever it is. They come back in the order given.
     Group(&'a mut [Job<P>]),
 }
 
@@ -63,9 +64,14 @@ impl<C: Consumer> Harness<C> {
             .take(&self.pool)
             .await
             .map_err(|e| Unfinished::Failed(e.into()))?;
+        let order: Vec<JobId> = match &jobs {
+            Jobs::Group(group) => group.iter().map(|job| job.envelope.job_id).collect(),
+            Jobs::One(..) => Vec::new(),
+        };
         let ended = self.claim_and_work(&mut jobs, &mut lane).await;
         if let Jobs::Group(group) = jobs {
-            group.sort_by_key(|job| job.envelope.job_id);
+            // A group's job ids are distinct (one record per job).
+            group.sort_by_key(|job| order.iter().position(|id| *id == job.envelope.job_id));
         }
         ended
     }
@@ -89,7 +95,7 @@ impl<C: Consumer> Harness<C> {
         let worked = match jobs {
             Jobs::One(job, _) => self.work_one(job, lane.conn()).await,
             Jobs::Group(group) => {
-                // The jobs it claimed first, still in job id order; `transact` restores the order.
+                // The jobs it claimed first, still in their order; `transact` restores the rest.
                 group.sort_by_key(|job| !claimed.contains(&job.envelope.job_id));
                 self.work_group(&group[..claimed.len()], lane.conn()).await
             }

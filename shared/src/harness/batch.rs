@@ -10,6 +10,7 @@
 //! - repeat deliveries (retries, survivors of a crash) never join a commit group: they run one at
 //!   a time, fewest executions first, so a crash is charged to the job that was running.
 
+use super::group::WorkOrder;
 use super::life::Parsed;
 use super::{CommitMode, Harness, IncomingMessage, RecordOutcome};
 use crate::consumer::Consumer;
@@ -26,17 +27,17 @@ use tracing::Instrument;
 pub(super) type Record<P> = (usize, Parsed<P>);
 
 /// An SQS batch sorted by what each of its records needs.
-struct Plan<P> {
+pub(super) struct Plan<P> {
     /// The job id each record's body names, as the lookup of committed fences reads it.
-    keys: Vec<Option<JobId>>,
+    pub(super) keys: Vec<Option<JobId>>,
     /// New jobs on their first delivery: a commit group in batch mode, else concurrently.
-    fresh: Vec<Record<P>>,
+    pub(super) fresh: Vec<Record<P>>,
     /// Repeat deliveries, and records of a job met earlier in the batch with another body.
-    repeats: Vec<Record<P>>,
+    pub(super) repeats: Vec<Record<P>>,
     /// Copies of a processed job under its id but with another digest: conflict letters.
-    conflicting: Vec<(usize, PartialIds, JobDigest)>,
+    pub(super) conflicting: Vec<(usize, PartialIds, JobDigest)>,
     /// Later records of a job with the same body, each with the record that runs the job.
-    copies: Vec<(usize, usize)>,
+    pub(super) copies: Vec<(usize, usize)>,
 }
 
 impl<P> Plan<P> {
@@ -72,16 +73,20 @@ impl<C: Consumer> Harness<C> {
         may_start: &(dyn Fn() -> bool + Sync),
         concurrency: usize,
     ) -> Vec<Option<RecordOutcome>> {
+        if msgs.iter().any(|m| m.message_group.is_some()) {
+            return self.process_fifo_batch(msgs, may_start, concurrency).await;
+        }
         let mut outcomes: Vec<Option<RecordOutcome>> = vec![None; msgs.len()];
         let mut plan = self.plan(msgs, &mut outcomes).await;
         if self.settings.commit == CommitMode::Batch && plan.fresh.len() > 1 && may_start() {
             let fresh = std::mem::take(&mut plan.fresh);
-            plan.fresh = self.commit_group(fresh, &mut outcomes).await;
+            plan.fresh = self
+                .commit_group(fresh, WorkOrder::JobId, &mut outcomes)
+                .await;
         }
         let start = |(i, parsed): Record<C::Payload>| async move {
             if !may_start() {
-                let _in_its_span = self.span(&msgs[i], &super::life::ids_of(&parsed)).entered();
-                tracing::warn!("deadline near: handing the record back unstarted");
+                self.unstarted(&msgs[i], &super::life::ids_of(&parsed));
                 return (i, None);
             }
             (i, Some(self.process_parsed(&msgs[i], parsed).await))
@@ -105,6 +110,12 @@ impl<C: Consumer> Harness<C> {
         outcomes
     }
 
+    /// Says, in the record's span, that `msg` is handed back unstarted: the deadline is near.
+    pub(super) fn unstarted(&self, msg: &IncomingMessage, ids: &PartialIds) {
+        let _in_its_span = self.span(msg, ids).entered();
+        tracing::warn!("deadline near: handing the record back unstarted");
+    }
+
     /// The committed fences among `jobs`, each with its digest: one statement, on a lane (no
     /// round trip of the pool's own when it is done).
     async fn lookup(&self, jobs: &[JobId]) -> sqlx::Result<HashMap<JobId, Option<JobDigest>>> {
@@ -117,7 +128,7 @@ impl<C: Consumer> Harness<C> {
 
     /// Looks the batch's jobs up in one statement (if it fails, every record finds out on its
     /// own) and sorts the records; a duplicate of a processed job is answered at once.
-    async fn plan(
+    pub(super) async fn plan(
         &self,
         msgs: &[IncomingMessage],
         outcomes: &mut [Option<RecordOutcome>],
@@ -216,18 +227,29 @@ impl<C: Consumer> Harness<C> {
     ) {
         for (i, ids, digest) in conflicting {
             if may_start() {
-                // In its record's span, with its line, as every record the harness settles.
-                let span = self.span(&msgs[i], &ids);
-                let outcome = self
-                    .conflict(&msgs[i], &ids, &digest)
-                    .instrument(span.clone())
-                    .await;
-                self.metrics.increment(outcome.metric());
-                let _in_its_span = span.entered();
-                super::log_outcome(&outcome);
-                outcomes[i] = Some(outcome);
+                outcomes[i] = Some(self.conflict_letter(&msgs[i], &ids, &digest).await);
             }
         }
+    }
+
+    /// The conflict letter of `msg`, a copy of a processed job under its id with another
+    /// `digest`: in its record's span, with its metric and line, as every record the harness
+    /// settles.
+    pub(super) async fn conflict_letter(
+        &self,
+        msg: &IncomingMessage,
+        ids: &PartialIds,
+        digest: &JobDigest,
+    ) -> RecordOutcome {
+        let span = self.span(msg, ids);
+        let outcome = self
+            .conflict(msg, ids, digest)
+            .instrument(span.clone())
+            .await;
+        self.metrics.increment(outcome.metric());
+        let _in_its_span = span.entered();
+        super::log_outcome(&outcome);
+        outcome
     }
 
     /// Each copy of a job in the batch takes its outcome from the record that ran the job.

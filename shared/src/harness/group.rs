@@ -50,6 +50,7 @@ impl<C: Consumer> Harness<C> {
     pub(super) async fn commit_group(
         &self,
         fresh: Vec<Record<C::Payload>>,
+        order: WorkOrder,
         outcomes: &mut [Option<RecordOutcome>],
     ) -> Vec<Record<C::Payload>> {
         let (mut alone, runners) = split_poison(fresh);
@@ -57,7 +58,7 @@ impl<C: Consumer> Harness<C> {
             alone.extend(runners.into_iter().map(|(i, job)| (i, Ok(job))));
             return alone;
         }
-        let (members, mut group) = self.group_of(runners);
+        let (members, mut group) = self.group_of(runners, order);
         let started = self.clock.now();
         let committed = self.transact(Jobs::Group(&mut group)).await;
         let committed = self.count_group(committed, members.len());
@@ -73,11 +74,16 @@ impl<C: Consumer> Harness<C> {
         alone
     }
 
-    /// The jobs of a group, in job id order (the fences are claimed so, `core.claim_job_fences`
-    /// orders them too, and the consumer's work sees them so, which keeps its own row locks in
-    /// one order), and the index of each one's record.
-    fn group_of(&self, mut runners: Vec<Runner<C::Payload>>) -> (Vec<usize>, Vec<Job<C::Payload>>) {
-        runners.sort_by_key(|(_, (envelope, _))| envelope.job_id);
+    /// The jobs of a group in `order`, and the index of each one's record.
+    fn group_of(
+        &self,
+        mut runners: Vec<Runner<C::Payload>>,
+        order: WorkOrder,
+    ) -> (Vec<usize>, Vec<Job<C::Payload>>) {
+        match order {
+            WorkOrder::JobId => runners.sort_by_key(|(_, (envelope, _))| envelope.job_id),
+            WorkOrder::Delivery => runners.sort_by_key(|(i, _)| *i),
+        }
         let started_at = self.clock.now();
         let job = |(envelope, digest)| Job {
             envelope,
@@ -113,6 +119,17 @@ impl<C: Consumer> Harness<C> {
             }
         }
     }
+}
+
+/// The order in which a commit group's work sees its jobs (its fences are claimed in job id
+/// order either way: `core.claim_job_fences` orders them, so overlapping groups never deadlock
+/// on them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum WorkOrder {
+    /// Job id order: the consumer's own row locks are taken in one order too.
+    JobId,
+    /// The order the SQS batch delivered them in: a FIFO batch's, which is its groups' order.
+    Delivery,
 }
 
 /// A record whose body is a job, which can join a group.

@@ -97,6 +97,7 @@ impl<C: Consumer> Harness<C> {
             last_error: &error,
             correlation_id: ids.correlation_id.as_deref(),
             replay_of: msg.replay_of,
+            message_group: msg.message_group.as_deref(),
         };
         let settled = self.record(&letter, digest, settle).await;
         match settled {

@@ -28,6 +28,7 @@ use tracing::Instrument;
 
 mod attempt;
 mod batch;
+mod fifo;
 mod group;
 mod lanes;
 mod letter;
@@ -177,6 +178,9 @@ fn log_outcome(outcome: &RecordOutcome) {
     match outcome {
         RecordOutcome::Processed | RecordOutcome::Duplicate | RecordOutcome::Contended { .. } => {
             tracing::debug!(?outcome, "record done")
+        }
+        RecordOutcome::HeldBack => {
+            tracing::info!("held back behind an earlier message of its group that is not done")
         }
         RecordOutcome::Retry {
             attempt,

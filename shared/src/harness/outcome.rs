@@ -20,6 +20,9 @@ pub struct IncomingMessage {
     pub receive_count: u32,
     /// The dead letter whose replay produced this message, if any.
     pub replay_of: Option<DeadLetterId>,
+    /// The message's group on a FIFO queue (SQS `MessageGroupId`); `None` on a standard queue.
+    /// A batch with groups keeps their order ([`crate::harness`]'s FIFO path).
+    pub message_group: Option<String>,
 }
 
 /// What became of one message; the transport turns it into an ack or a delayed redelivery.
@@ -60,6 +63,11 @@ pub enum RecordOutcome {
         /// Why.
         error: String,
     },
+    /// Not run: an earlier message of its FIFO group in the same batch was not done (it failed,
+    /// was handed back or not started), and SQS requires the rest of the group back unprocessed,
+    /// uncharged. Made visible again at once: the earlier message, still hidden, holds the
+    /// group back until it returns, and then the group comes back in order behind it.
+    HeldBack,
     /// The dead letter could not be written: do not ack; the message comes back after
     /// `retry_after` and, past the attempt budget, is dead-lettered as `crashed`.
     DeadLetterFailed {
@@ -94,6 +102,7 @@ impl RecordOutcome {
             | Self::HandedBack { retry_after, .. }
             | Self::DeadLetterFailed { retry_after, .. } => Some(*retry_after),
             Self::Retry { after, .. } => Some(*after),
+            Self::HeldBack => Some(Duration::ZERO),
             Self::Processed | Self::Duplicate | Self::DeadLettered { .. } => None,
         }
     }
@@ -119,7 +128,7 @@ impl RecordOutcome {
             Self::Retry { .. } => Metric::Retried,
             Self::DeadLettered { kind, .. } => Metric::DeadLettered(*kind),
             Self::DeadLetterFailed { .. } => Metric::DeadLetterWriteFailed,
-            Self::HandedBack { .. } => Metric::HandedBack,
+            Self::HandedBack { .. } | Self::HeldBack => Metric::HandedBack,
         }
     }
 }

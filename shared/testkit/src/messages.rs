@@ -53,6 +53,7 @@ pub fn message_on(queue: &str, body: &str, receive_count: u32) -> IncomingMessag
         body: body.into(),
         receive_count,
         replay_of: None,
+        message_group: None,
     }
 }
 
@@ -88,6 +89,8 @@ pub struct TestLetter {
     pub correlation_id: Option<String>,
     /// The letter whose replay produced this message.
     pub replay_of: Option<DeadLetterId>,
+    /// The message's FIFO group.
+    pub message_group: Option<String>,
 }
 
 impl TestLetter {
@@ -105,6 +108,7 @@ impl TestLetter {
             last_error: "timeout".to_owned(),
             correlation_id: None,
             replay_of: None,
+            message_group: None,
         }
     }
 
@@ -122,6 +126,7 @@ impl TestLetter {
             last_error: &self.last_error,
             correlation_id: self.correlation_id.as_deref(),
             replay_of: self.replay_of,
+            message_group: self.message_group.as_deref(),
         }
     }
 }

@@ -124,6 +124,7 @@ pub fn message(job_id: uuid::Uuid) -> IncomingMessage {
         .to_string(),
         receive_count: 1,
         replay_of: None,
+        message_group: None,
     }
 }
 

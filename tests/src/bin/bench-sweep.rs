@@ -56,6 +56,7 @@ async fn consumers(pool: &PgPool) -> f64 {
                         body,
                         receive_count: 1,
                         replay_of: None,
+                        message_group: None,
                     };
                     assert_eq!(harness.process(&msg).await, RecordOutcome::Processed);
                 }

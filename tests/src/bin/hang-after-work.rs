@@ -21,6 +21,7 @@ async fn main() {
             body,
             receive_count: 1,
             replay_of: None,
+            message_group: None,
         })
         .collect();
     assert!(!msgs.is_empty(), "usage: hang-after-work <message body>…");

@@ -1,0 +1,253 @@
+//! A batch from a FIFO queue: SQS's order kept within each message group.
+//!
+//! Invariants:
+//! - within a group, records run one at a time in the order SQS delivered them; once one is
+//!   not done (it failed, was handed back, its letter could not be written, or it was not
+//!   started), every later record of its group in the batch is held back unprocessed and
+//!   uncharged ([`RecordOutcome::HeldBack`]), as SQS requires of a FIFO partial batch response.
+//!   No later record of a group commits before an earlier one has;
+//! - a record that becomes a letter (poison, permanent, exhausted, conflict) is done: its group
+//!   goes on behind it, and a duplicate is done without running;
+//! - groups are independent. On a batch of first deliveries they run concurrently; when any
+//!   record was delivered before (a crash may have been its doing), one record at a time, the
+//!   groups whose next job has the fewest executions charged going first, so a crash is charged
+//!   to the job that was running and not to another group's;
+//! - in batch mode each group's leading new jobs join one commit group, its work seeing them in
+//!   delivery order; what it does not commit runs as above, in order.
+
+use super::batch::Record;
+use super::group::WorkOrder;
+use super::life::{Parsed, ids_of};
+use super::{CommitMode, Harness, IncomingMessage, RecordOutcome};
+use crate::consumer::Consumer;
+use crate::envelope::{JobDigest, PartialIds};
+use crate::execution::executions_of;
+use crate::ids::JobId;
+use futures_util::StreamExt;
+
+/// What one record of a FIFO batch still needs.
+enum Step<P> {
+    /// Its life, from its parsed body.
+    Run(Parsed<P>),
+    /// A conflict letter: a copy of a processed job under its id with another digest.
+    Conflict(PartialIds, JobDigest),
+}
+
+/// One message group's records still to settle, in delivery order.
+type Group<P> = Vec<(usize, Step<P>)>;
+
+impl<C: Consumer> Harness<C> {
+    /// [`Harness::process_batch`] for a batch whose records carry message groups: the
+    /// duplicates found in one statement as ever, then each group in order (see the module's
+    /// invariants).
+    pub(super) async fn process_fifo_batch(
+        &self,
+        msgs: &[IncomingMessage],
+        may_start: &(dyn Fn() -> bool + Sync),
+        concurrency: usize,
+    ) -> Vec<Option<RecordOutcome>> {
+        let mut outcomes: Vec<Option<RecordOutcome>> = vec![None; msgs.len()];
+        let plan = self.plan(msgs, &mut outcomes).await;
+        let mut steps: Vec<Option<Step<C::Payload>>> = msgs.iter().map(|_| None).collect();
+        for (i, parsed) in plan.fresh.into_iter().chain(plan.repeats) {
+            steps[i] = Some(Step::Run(parsed));
+        }
+        for (i, ids, digest) in plan.conflicting {
+            steps[i] = Some(Step::Conflict(ids, digest));
+        }
+        // A later record of a job with the same body runs in its place in its own group: by
+        // then an earlier record of its group has settled the job, and the fence answers it.
+        for (i, _) in plan.copies {
+            steps[i] = Some(Step::Run(self.parse(&msgs[i])));
+        }
+        let order = groups(msgs);
+        if self.settings.commit == CommitMode::Batch && may_start() {
+            self.commit_leading(&order, &mut steps, &mut outcomes, msgs)
+                .await;
+        }
+        let groups: Vec<Group<C::Payload>> = order
+            .iter()
+            .map(|members| {
+                members
+                    .iter()
+                    .filter_map(|&i| steps[i].take().map(|step| (i, step)))
+                    .collect()
+            })
+            .filter(|group: &Group<C::Payload>| !group.is_empty())
+            .collect();
+        let settled: Vec<Vec<(usize, Option<RecordOutcome>)>> =
+            if msgs.iter().all(|m| m.receive_count == 1) {
+                futures_util::stream::iter(groups)
+                    .map(|group| self.settle_group(msgs, group, may_start))
+                    .buffer_unordered(concurrency.max(1))
+                    .collect()
+                    .await
+            } else {
+                let mut settled = Vec::new();
+                for group in self.least_run_groups_first(msgs, &plan.keys, groups).await {
+                    settled.push(self.settle_group(msgs, group, may_start).await);
+                }
+                settled
+            };
+        for (i, outcome) in settled.into_iter().flatten() {
+            outcomes[i] = outcome;
+        }
+        outcomes
+    }
+
+    /// Batch mode: the leading first deliveries of each group (new jobs, before anything else
+    /// of their group that is still to settle) as one commit group, in delivery order. What it
+    /// does not commit goes back to its place.
+    async fn commit_leading(
+        &self,
+        order: &[Vec<usize>],
+        steps: &mut [Option<Step<C::Payload>>],
+        outcomes: &mut [Option<RecordOutcome>],
+        msgs: &[IncomingMessage],
+    ) {
+        let mut leading: Vec<Record<C::Payload>> = Vec::new();
+        for members in order {
+            let pending: Vec<usize> = members
+                .iter()
+                .copied()
+                .filter(|&i| steps[i].is_some())
+                .collect();
+            for i in pending {
+                let new_job =
+                    msgs[i].receive_count == 1 && matches!(steps[i], Some(Step::Run(Ok(_))));
+                if !new_job {
+                    break;
+                }
+                if let Some(Step::Run(parsed)) = steps[i].take() {
+                    leading.push((i, parsed));
+                }
+            }
+        }
+        leading.sort_by_key(|(i, _)| *i);
+        for (i, parsed) in self
+            .commit_group(leading, WorkOrder::Delivery, outcomes)
+            .await
+        {
+            steps[i] = Some(Step::Run(parsed));
+        }
+    }
+
+    /// Settles one group's records in order, until one is not done; the rest are held back.
+    async fn settle_group(
+        &self,
+        msgs: &[IncomingMessage],
+        group: Group<C::Payload>,
+        may_start: &(dyn Fn() -> bool + Sync),
+    ) -> Vec<(usize, Option<RecordOutcome>)> {
+        let mut settled = Vec::with_capacity(group.len());
+        let mut blocked = false;
+        for (i, step) in group {
+            let msg = &msgs[i];
+            let outcome = if blocked {
+                Some(self.held_back(msg, &step))
+            } else if !may_start() {
+                self.unstarted(msg, &ids(&step));
+                None
+            } else {
+                Some(match step {
+                    Step::Run(parsed) => self.process_parsed(msg, parsed).await,
+                    Step::Conflict(ids, digest) => self.conflict_letter(msg, &ids, &digest).await,
+                })
+            };
+            blocked = blocked || !outcome.as_ref().is_some_and(RecordOutcome::is_ack);
+            settled.push((i, outcome));
+        }
+        settled
+    }
+
+    /// A record held back behind its group's earlier record that is not done: counted and
+    /// logged in its own span, never run.
+    fn held_back(&self, msg: &IncomingMessage, step: &Step<C::Payload>) -> RecordOutcome {
+        let outcome = RecordOutcome::HeldBack;
+        self.metrics.increment(outcome.metric());
+        let _in_its_span = self.span(msg, &ids(step)).entered();
+        super::log_outcome(&outcome);
+        outcome
+    }
+
+    /// Groups ordered so that those whose next job has fewer executions charged go first (a job
+    /// that crashed its batch has been charged for it; the other groups, which never ran, then
+    /// commit before it runs again). Ties keep the order of fewer receives, then delivery. If
+    /// the ledger cannot be read, receives alone order them.
+    async fn least_run_groups_first(
+        &self,
+        msgs: &[IncomingMessage],
+        keys: &[Option<JobId>],
+        mut groups: Vec<Group<C::Payload>>,
+    ) -> Vec<Group<C::Payload>> {
+        let head = |group: &Group<C::Payload>| group[0].0;
+        let known: Vec<JobId> = groups.iter().filter_map(|g| keys[head(g)]).collect();
+        let executions = executions_of(&self.pool, self.consumer.name(), &known)
+            .await
+            .unwrap_or_default();
+        groups.sort_by_key(|group| {
+            let i = head(group);
+            let ran = keys[i]
+                .and_then(|j| executions.get(&j).copied())
+                .unwrap_or(0);
+            (ran, msgs[i].receive_count, i)
+        });
+        groups
+    }
+}
+
+/// The ids a record's step carries.
+fn ids<P>(step: &Step<P>) -> PartialIds {
+    match step {
+        Step::Run(parsed) => ids_of(parsed),
+        Step::Conflict(ids, _) => ids.clone(),
+    }
+}
+
+/// The batch's records by message group, groups in the order they first appear, each group's
+/// records in delivery order. A record without a group (SQS gives every FIFO message one) is a
+/// group of its own, in no order with the rest.
+fn groups(msgs: &[IncomingMessage]) -> Vec<Vec<usize>> {
+    let mut groups: Vec<(Option<&str>, Vec<usize>)> = Vec::new();
+    for (i, msg) in msgs.iter().enumerate() {
+        let key = msg.message_group.as_deref();
+        match groups.iter_mut().find(|(k, _)| key.is_some() && *k == key) {
+            Some((_, members)) => members.push(i),
+            None => groups.push((key, vec![i])),
+        }
+    }
+    groups.into_iter().map(|(_, members)| members).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(group: Option<&str>) -> IncomingMessage {
+        IncomingMessage {
+            message_id: uuid::Uuid::new_v4().to_string(),
+            queue: "q.fifo".into(),
+            body: "{}".into(),
+            receive_count: 1,
+            replay_of: None,
+            message_group: group.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn records_group_by_message_group_in_delivery_order() {
+        let msgs = [
+            msg(Some("a")),
+            msg(Some("b")),
+            msg(Some("a")),
+            msg(None),
+            msg(Some("b")),
+            msg(None),
+            msg(Some("a")),
+        ];
+        assert_eq!(
+            groups(&msgs),
+            vec![vec![0, 2, 6], vec![1, 4], vec![3], vec![5]]
+        );
+    }
+}
