@@ -365,9 +365,9 @@ impl Stack {
         self.send_in_group(body, "default").await
     }
 
-    /// Sends `body` to the job queue, in the message group `group` if it is a FIFO queue (with
-    /// a deduplication id of its own, so two sends of one body are two messages, as two
-    /// deliveries of a job are); returns the message id.
+    /// Sends `body` to the job queue, in the message group `group` if it is a FIFO queue (whose
+    /// content-based deduplication, as `templates/consumer.yaml` declares it, drops a second
+    /// send of the same body within 5 minutes); returns the message id.
     pub async fn send_in_group(&self, body: &str, group: &str) -> String {
         let mut send = self
             .sqs
@@ -375,9 +375,7 @@ impl Stack {
             .queue_url(&self.jobs.url)
             .message_body(body);
         if self.jobs.is_fifo() {
-            send = send
-                .message_group_id(group)
-                .message_deduplication_id(uuid::Uuid::new_v4().to_string());
+            send = send.message_group_id(group);
         }
         let out = send.send().await.expect("SendMessage");
         out.message_id.expect("message id")

@@ -12,7 +12,7 @@
 mod stacks;
 
 use dead_letter_api::api::ROUTES;
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
 use shared::config::{
     ApiConfig, ConsumerConfig, DatabaseConfig, DlqIngesterConfig, Env, ScheduledConfig,
 };
@@ -317,12 +317,16 @@ fn every_queue_is_named_after_the_stack() {
     let t = template();
     for (name, r) in t["Resources"].as_object().unwrap() {
         if r["Type"] == "AWS::SQS::Queue" {
-            let queue_name = r["Properties"]["QueueName"]["Fn::Sub"]
+            let sub = &r["Properties"]["QueueName"]["Fn::Sub"];
+            // A consumer's queues: `[name, {Suffix: .fifo or nothing}]` (its Fifo parameter).
+            let queue_name = sub
                 .as_str()
+                .or_else(|| sub[0].as_str())
                 .unwrap_or_else(|| panic!("{name}: QueueName is Fn::Sub on the stack name"));
+            let stem = queue_name.strip_suffix("${Suffix}").unwrap_or(queue_name);
             assert!(
-                queue_name.starts_with("${AWS::StackName}-")
-                    && (queue_name.ends_with("-jobs") || queue_name.ends_with("-dlq")),
+                stem.starts_with("${AWS::StackName}-")
+                    && (stem.ends_with("-jobs") || stem.ends_with("-dlq")),
                 "{name}: {queue_name}"
             );
         }
@@ -893,4 +897,52 @@ fn samconfig_holds_a_staging_and_a_production_environment_each_whole() {
         }
     }
     assert_eq!(stacks.len(), 2, "one stack per environment");
+}
+
+/// Issue 25: a stanza declares its job queue FIFO with one line (`Fifo: "true"`), and then its
+/// job queue and its DLQ are both FIFO queues (SQS requires it), named `….fifo`, with
+/// content-based deduplication on the job queue; without it, both stay standard queues.
+#[test]
+fn a_stanza_declares_its_queues_fifo_with_one_line() {
+    let mut root = stacks::root_source();
+    root["Resources"]["RedeemReward"]["Properties"]["Parameters"]["Fifo"] = json!("true");
+    let nested = stacks::nested_sources(&root);
+    let t = stacks::flatten(&root, &nested);
+    let fifo_condition = |app: &str| {
+        let props = &resource(&t, &format!("{app}JobQueue"))["Properties"];
+        let condition = props["FifoQueue"]["Fn::If"][0].as_str().unwrap().to_owned();
+        let dlq = &resource(&t, &format!("{app}DeadLetterQueue"))["Properties"];
+        for p in [props, dlq] {
+            assert_eq!(p["FifoQueue"]["Fn::If"][0], condition.as_str(), "{app}");
+            assert_eq!(
+                p["QueueName"]["Fn::Sub"][1]["Suffix"]["Fn::If"][0],
+                condition.as_str()
+            );
+            assert_eq!(p["QueueName"]["Fn::Sub"][1]["Suffix"]["Fn::If"][1], ".fifo");
+        }
+        assert_eq!(
+            props["ContentBasedDeduplication"]["Fn::If"][0],
+            condition.as_str()
+        );
+        t["Conditions"][&condition]["Fn::Equals"].clone()
+    };
+    // The stanza's one line holds the condition true; the other consumer's is false.
+    assert_eq!(fifo_condition("RedeemReward"), json!(["true", "true"]));
+    assert_eq!(fifo_condition("AwardPoints"), json!(["false", "true"]));
+    // The FIFO consumer's event source takes batches of at most 10 (SQS FIFO's limit) and
+    // reports batch item failures, which the harness answers per message group.
+    let events =
+        &resource(&t, "RedeemRewardFunction")["Properties"]["Events"]["Jobs"]["Properties"];
+    assert_eq!(
+        events["FunctionResponseTypes"],
+        json!(["ReportBatchItemFailures"])
+    );
+    assert!(events.get("MaximumBatchingWindowInSeconds").is_none());
+    let max_batch = t["Parameters"]["ConsumerBatchSize"]["MaxValue"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        max_batch <= 10,
+        "a FIFO event source takes at most 10 records a batch"
+    );
 }

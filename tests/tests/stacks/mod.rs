@@ -276,11 +276,19 @@ impl<'a> Nested<'a> {
                         json!({"Fn::GetAtt": [self.renamed(&target), attribute]})
                     }
                     "Fn::Sub" => match inner {
-                        Value::String(s) => json!({"Fn::Sub": self.substitute(s)}),
-                        Value::Array(a) => json!({"Fn::Sub": [
-                            self.substitute(a[0].as_str().unwrap()),
-                            self.rewrite(&a[1])
-                        ]}),
+                        Value::String(s) => json!({"Fn::Sub": self.substitute(s, &[])}),
+                        Value::Array(a) => {
+                            let locals: Vec<&str> = a[1]
+                                .as_object()
+                                .into_iter()
+                                .flatten()
+                                .map(|(k, _)| k.as_str())
+                                .collect();
+                            json!({"Fn::Sub": [
+                                self.substitute(a[0].as_str().unwrap(), &locals),
+                                self.rewrite(&a[1])
+                            ]})
+                        }
                         other => panic!("{}: Fn::Sub {other}", self.app),
                     },
                     "Fn::If" => {
@@ -305,8 +313,9 @@ impl<'a> Nested<'a> {
     }
 
     /// An `Fn::Sub` string in the root's terms: `${Parameter}` becomes what the application
-    /// passes (a literal, or `${RootName}`), `${Resource}` its renamed copy.
-    fn substitute(&self, s: &str) -> String {
+    /// passes (a literal, or `${RootName}`), `${Resource}` its renamed copy; the `Fn::Sub`'s own
+    /// variables (`locals`) stay.
+    fn substitute(&self, s: &str, locals: &[&str]) -> String {
         let mut out = String::new();
         let mut rest = s;
         while let Some(start) = rest.find("${") {
@@ -317,7 +326,9 @@ impl<'a> Nested<'a> {
                 Some((t, a)) => (t, Some(a)),
                 None => (name, None),
             };
-            let replaced = if let Some(value) = self.values.get(target) {
+            let replaced = if locals.contains(&name) {
+                format!("${{{name}}}")
+            } else if let Some(value) = self.values.get(target) {
                 match value {
                     Value::String(literal) => literal.clone(),
                     Value::Object(o) if o.contains_key("Ref") => {
