@@ -1,18 +1,36 @@
-"""moto's server (the local SQS API) with SQS's FIFO rule on message groups.
+"""moto's server (the local SQS API) with SQS's FIFO rules on message groups.
 
 SQS delivers nothing more of a FIFO message group while a message of it is in flight: received
-and still hidden. moto counts a message in flight until a receive call happens to pass it after
-its visibility ran out, so when several messages of a group come back at once (a batch handed
-back whole, a crash) it can deliver the group's last message alone, before the ones ahead of it
-(seen: m2, then m0 and m1). The harness's order within a group is tested through this server,
-so the group counts as in flight only while one of its messages is hidden, as in SQS.
+and still hidden. moto departs from that in two ways, each of which can deliver a group's later
+message before an earlier one, and the harness's order within a group is tested through this
+server, so here they follow SQS:
+
+- moto counts a message in flight until a receive call happens to pass it after its visibility
+  ran out, so when several messages of a group come back at once (a batch handed back whole, a
+  crash) it can deliver the group's last message alone, before the ones ahead of it (seen: m2,
+  then m0 and m1). Here a group is in flight only while one of its messages is hidden.
+- moto decides which groups are in flight once per receive call, before its long poll waits,
+  and again halfway through a pass over the queue when it meets a message whose visibility ran
+  out, and it serves concurrent calls at once. So a call can deliver a group's later messages
+  after passing over its earlier ones (hidden when the pass began, visible by the time it reached
+  the later ones), or while another call has just received an earlier one. Here a FIFO receive
+  is one pass at a time, the groups in flight decided once as it begins, repeated until messages
+  come or the wait is over.
+- moto changes the visibility of a message that is no longer in flight (its visibility ran out,
+  or another consumer received it since), hiding it without holding its group, so the messages
+  behind it are delivered first. SQS refuses that (MessageNotInflight), and a receipt handle
+  older than the message's last receive changes nothing. Here, on FIFO queues, the same.
+
 Everything else is moto's own; scripts/lib.sh starts the server through this file.
 """
 
 import sys
+import threading
+import time
 
 from moto.server import main
-from moto.sqs.models import Queue
+from moto.sqs.exceptions import SQSException
+from moto.sqs.models import Queue, SQSBackend
 
 
 def _groups_in_flight(queue):
@@ -23,7 +41,55 @@ def _groups_in_flight(queue):
     }
 
 
-Queue.pending_message_groups = property(_groups_in_flight)
+def _groups_held(queue):
+    frozen = getattr(queue, "_groups_held_this_pass", None)
+    return _groups_in_flight(queue) if frozen is None else frozen
+
+
+Queue.pending_message_groups = property(_groups_held)
+
+_change_message_visibility = SQSBackend.change_message_visibility
+
+
+def change_message_visibility(self, queue_name, receipt_handle, visibility_timeout):
+    queue = self.get_queue(queue_name)
+    if queue.fifo_queue:
+        for message in queue._messages:
+            if message.had_receipt_handle(receipt_handle):
+                if message in queue.pending_messages and not message.visible:
+                    if message.receipt_handle != receipt_handle:
+                        return  # an older receive's handle: SQS leaves the message be
+                    break
+                raise SQSException(
+                    "MessageNotInflight", "The message referred to is not in flight."
+                )
+    return _change_message_visibility(self, queue_name, receipt_handle, visibility_timeout)
+
+
+SQSBackend.change_message_visibility = change_message_visibility
+
+_receive_message = SQSBackend.receive_message
+_fifo_receive = threading.Lock()
+
+
+def receive_message(self, queue_name, count, wait_seconds_timeout, visibility_timeout, *rest):
+    if not self.get_queue(queue_name).fifo_queue:
+        return _receive_message(self, queue_name, count, wait_seconds_timeout, visibility_timeout, *rest)
+    deadline = time.monotonic() + (wait_seconds_timeout or 0)
+    while True:
+        with _fifo_receive:
+            queue = self.get_queue(queue_name)
+            queue._groups_held_this_pass = _groups_in_flight(queue)
+            try:
+                result = _receive_message(self, queue_name, count, 0, visibility_timeout, *rest)
+            finally:
+                queue._groups_held_this_pass = None
+        if result or time.monotonic() >= deadline:
+            return result
+        time.sleep(0.05)
+
+
+SQSBackend.receive_message = receive_message
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The chaos soak's long form: `bash scripts/soak.sh [jobs] [seed] [per-job|batch|both]` (default
-# 10,000 jobs, both commit modes one after the other) through
+# The chaos soak's long form: `bash scripts/soak.sh [jobs] [seed] [MODE]` (default 10,000 jobs,
+# MODE `all`: per-job, batch, fifo-per-job and fifo-batch one after the other; `both`: the first
+# two; or one of them; `fifo-…` on a FIFO queue whose per-group order is checked too) through
 # the local SQS API and the real consumer binaries, with SIGKILLs, a restart of a throwaway
 # PostgreSQL cluster of its own (initdb in a temporary directory; never the machine's) and lost
 # SQS deletes; then the invariant checker. Exits non-zero if the promise broke. (The test
@@ -12,8 +13,9 @@ ensure_pg_server_binaries
 ensure_sqs_api
 step "Building the soak and the functions (cargo build --profile perf -p e2e)"
 cargo build --quiet --profile perf -p e2e --bin soak --bin local-consumer --bin local-dlq-ingester || die "the build failed"
-modes=${3:-both}
+modes=${3:-all}
 [ "$modes" = both ] && modes="per-job batch"
+[ "$modes" = all ] && modes="per-job batch fifo-per-job fifo-batch"
 for mode in $modes; do
   step "Soaking, $mode commits (function logs in \$TMPDIR/job-harness-soak/)"
   target/perf/soak "${1:-10000}" "${2:-1}" "$mode" || die "the soak ($mode) found a broken invariant (see above)"

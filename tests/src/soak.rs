@@ -58,6 +58,11 @@ pub struct SoakSpec {
     pub restart: Restart,
     /// Give up (and report what is unaccounted) after this long.
     pub timeout: Duration,
+    /// On a FIFO queue (the stack's queue name ends in `.fifo`): the jobs spread over this many
+    /// message groups, job `i` in group `i % groups`, each job's effect (whatever its kind) on
+    /// its group's account with its place in the group as its points, so the checker can tell
+    /// the order effects committed in. `None` on a standard queue.
+    pub fifo_groups: Option<usize>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -75,6 +80,8 @@ struct Planned {
     body: String,
     kind: Kind,
     copies: usize,
+    /// Its FIFO message group, on a FIFO run.
+    group: Option<String>,
 }
 
 fn plan(spec: &SoakSpec) -> Vec<Planned> {
@@ -91,7 +98,8 @@ fn plan(spec: &SoakSpec) -> Vec<Planned> {
                 _ => Kind::Normal,
             };
             let job_id = Uuid::from_u128(rng.random());
-            let payload = match kind {
+            let group = spec.fifo_groups.map(|groups| i % groups);
+            let mut payload = match kind {
                 Kind::Normal => json!({"account_id": format!("acct-{}", i % 97), "points": 1 + i % 50}),
                 Kind::Transient => json!({"account_id": "acct-t", "points": 1,
                     "demo_fault": {"transient_until_attempt": rng.random_range(2..=3)}}),
@@ -100,6 +108,13 @@ fn plan(spec: &SoakSpec) -> Vec<Planned> {
                 Kind::PoisonSchema => json!({"account_id": "acct-s", "points": "lots"}),
                 Kind::PoisonNotJson => Value::Null,
             };
+            if let (Some(group), Some(groups), Some(fields)) =
+                (group, spec.fifo_groups, payload.as_object_mut())
+                && kind != Kind::PoisonSchema
+            {
+                fields.insert("account_id".into(), json!(format!("fifo-{group}")));
+                fields.insert("points".into(), json!(1 + i / groups));
+            }
             let body = if kind == Kind::PoisonNotJson {
                 format!("not an envelope #{i}")
             } else {
@@ -112,6 +127,7 @@ fn plan(spec: &SoakSpec) -> Vec<Planned> {
                 body,
                 kind,
                 copies: if rng.random_bool(0.25) { 2 } else { 1 },
+                group: group.map(|g| format!("g{g}")),
             }
         })
         .collect()
@@ -158,6 +174,9 @@ pub struct SoakReport {
     pub closed_by_commit: u64,
     /// Jobs whose outcome cannot follow from their kind (a poison job with an effect, …).
     pub unexpected: Vec<String>,
+    /// On a FIFO run: effects that committed before an effect sent ahead of them in their
+    /// message group (each group's points must grow in commit order).
+    pub out_of_order: u64,
     /// How long the run took until everything was accounted for.
     pub seconds: f64,
 }
@@ -171,6 +190,7 @@ impl SoakReport {
             && self.poison_retried == 0
             && self.false_letters == 0
             && self.unexpected.is_empty()
+            && self.out_of_order == 0
     }
 }
 
@@ -214,6 +234,11 @@ impl fmt::Display for SoakReport {
             f,
             "closed by a commit  {:>7}  letters of a copy, closed when another copy committed",
             self.closed_by_commit
+        )?;
+        writeln!(
+            f,
+            "out of order        {:>7}  effects committed before one sent ahead in their FIFO group",
+            self.out_of_order
         )?;
         writeln!(
             f,
@@ -303,18 +328,22 @@ pub async fn run(spec: &SoakSpec, stack_spec: StackSpec, admin: &PgPool) -> Soak
 
     // The producer: every planned message, second copies right after the first.
     let mut published = 0u64;
-    let bodies: Vec<&str> = planned
+    // On a FIFO queue each send has its group and a deduplication id of its own: a second copy
+    // is a second message (as a producer's retry past SQS's 5 minutes is), for the fence to answer.
+    let sends: Vec<&Planned> = planned
         .iter()
-        .flat_map(|p| std::iter::repeat_n(p.body.as_str(), p.copies))
+        .flat_map(|p| std::iter::repeat_n(p, p.copies))
         .collect();
-    for chunk in bodies.chunks(10) {
+    for (n, chunk) in sends.chunks(10).enumerate() {
         let entries: Vec<_> = chunk
             .iter()
             .enumerate()
-            .map(|(i, body)| {
+            .map(|(i, p)| {
                 SendMessageBatchRequestEntry::builder()
                     .id(i.to_string())
-                    .message_body(*body)
+                    .message_body(&p.body)
+                    .set_message_group_id(p.group.clone())
+                    .set_message_deduplication_id(p.group.as_ref().map(|_| format!("{n}-{i}")))
                     .build()
                     .unwrap()
             })
@@ -369,6 +398,9 @@ pub async fn run(spec: &SoakSpec, stack_spec: StackSpec, admin: &PgPool) -> Soak
     while pollers.join_next().await.is_some() {}
 
     let mut report = check(admin, &planned).await;
+    if spec.fifo_groups.is_some() {
+        report.out_of_order = out_of_order(admin, &planned).await;
+    }
     report.published = published;
     report.jobs = total;
     report.duplicates_sent = published - total;
@@ -470,6 +502,31 @@ pub async fn check_invariants(admin: &PgPool) -> (u64, u64, u64, u64) {
     )
     .await;
     (doubled, unpaired, poison_retried, false_letters)
+}
+
+/// Effects of a FIFO run that committed after an effect sent behind them in their group: in
+/// each group's account, the awards' points (their place in the group) taken in commit order
+/// (the effect table's ids: a later job of a group begins only after an earlier one has
+/// committed or become a letter) must grow.
+async fn out_of_order(admin: &PgPool, planned: &[Planned]) -> u64 {
+    let found: Vec<(String, i64, i64, i64, Uuid)> = sqlx::query_as(
+        "SELECT account_id, id, points, before, job_id FROM (
+             SELECT account_id, id, points, job_id,
+                    lag(points) OVER (PARTITION BY account_id ORDER BY id) AS before
+             FROM reference.point_awards WHERE account_id LIKE 'fifo-%') AS a
+         WHERE points <= before",
+    )
+    .fetch_all(admin)
+    .await
+    .expect("checker query");
+    for (account, id, points, before, job) in &found {
+        let p = planned.iter().find(|p| p.job_id == Some(*job));
+        let (kind, copies) = p.map_or((None, 0), |p| (Some(p.kind), p.copies));
+        eprintln!(
+            "out of order: {account} effect {id} (job {job}, {kind:?}, {copies} copies) has points {points} after {before}"
+        );
+    }
+    found.len() as u64
 }
 
 async fn check(admin: &PgPool, planned: &[Planned]) -> SoakReport {

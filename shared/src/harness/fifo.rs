@@ -29,6 +29,9 @@ use futures_util::StreamExt;
 enum Step<P> {
     /// Its life, from its parsed body.
     Run(Parsed<P>),
+    /// Its life, from its parsed body, alone: a later record of a job met earlier in the batch
+    /// with the same body (never in a commit group beside it).
+    Copy(Parsed<P>),
     /// A conflict letter: a copy of a processed job under its id with another digest.
     Conflict(PartialIds, JobDigest),
 }
@@ -58,7 +61,7 @@ impl<C: Consumer> Harness<C> {
         // A later record of a job with the same body runs in its place in its own group: by
         // then an earlier record of its group has settled the job, and the fence answers it.
         for (i, _) in plan.copies {
-            steps[i] = Some(Step::Run(self.parse(&msgs[i])));
+            steps[i] = Some(Step::Copy(self.parse(&msgs[i])));
         }
         let order = groups(msgs);
         if self.settings.commit == CommitMode::Batch && may_start() {
@@ -150,7 +153,9 @@ impl<C: Consumer> Harness<C> {
                 None
             } else {
                 Some(match step {
-                    Step::Run(parsed) => self.process_parsed(msg, parsed).await,
+                    Step::Run(parsed) | Step::Copy(parsed) => {
+                        self.process_parsed(msg, parsed).await
+                    }
                     Step::Conflict(ids, digest) => self.conflict_letter(msg, &ids, &digest).await,
                 })
             };
@@ -199,7 +204,7 @@ impl<C: Consumer> Harness<C> {
 /// The ids a record's step carries.
 fn ids<P>(step: &Step<P>) -> PartialIds {
     match step {
-        Step::Run(parsed) => ids_of(parsed),
+        Step::Run(parsed) | Step::Copy(parsed) => ids_of(parsed),
         Step::Conflict(ids, _) => ids.clone(),
     }
 }

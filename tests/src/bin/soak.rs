@@ -1,6 +1,8 @@
-//! `soak [jobs] [seed] [per-job|batch]`: the chaos soak's long form (default 10,000 jobs,
-//! per-job commits) on a throwaway PostgreSQL cluster of its own (restarted halfway, removed at
-//! the end) and the local SQS API. Prints the counts and exits non-zero if any invariant broke.
+//! `soak [jobs] [seed] [per-job|batch|fifo-per-job|fifo-batch]`: the chaos soak's long form
+//! (default 10,000 jobs, per-job commits) on a throwaway PostgreSQL cluster of its own
+//! (restarted halfway, removed at the end) and the local SQS API; `fifo-…` on a FIFO queue, the
+//! jobs in 50 message groups, whose order the checker verifies too. Prints the counts and exits
+//! non-zero if any invariant broke.
 
 use e2e::soak::{Restart, SoakSpec, run};
 use e2e::stack::{Binaries, StackSpec};
@@ -16,11 +18,10 @@ async fn main() {
     let seed = args
         .next()
         .map_or(1, |a| a.parse().expect("seed: a number"));
-    let mode = args
-        .next()
-        .map_or(shared::harness::CommitMode::PerJob, |a| {
-            shared::harness::CommitMode::parse(&a).expect("mode: per-job or batch")
-        });
+    let mode_arg = args.next().unwrap_or_else(|| "per-job".into());
+    let fifo = mode_arg.starts_with("fifo-");
+    let mode = shared::harness::CommitMode::parse(mode_arg.trim_start_matches("fifo-"))
+        .expect("mode: per-job, batch, fifo-per-job or fifo-batch");
     let cluster = ThrowawayCluster::start();
     let url = cluster.url();
     let admin = sqlx::PgPool::connect(&url).await.expect("connect");
@@ -31,7 +32,11 @@ async fn main() {
     let mut stack = StackSpec::time_scaled(
         Binaries::beside_current_exe(),
         &url,
-        &format!("soak-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]),
+        &format!(
+            "soak-{}{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..12],
+            if fifo { ".fifo" } else { "" }
+        ),
     );
     stack
         .consumer_env
@@ -46,10 +51,12 @@ async fn main() {
         delete_loss: 0.03,
         restart: Restart::Command(cluster.restart_command()),
         timeout: Duration::from_secs(1800),
+        fifo_groups: fifo.then_some(50),
     };
     println!(
-        "soak ({} commits): {jobs} jobs, seed {seed}, {} consumer sandboxes, a SIGKILL every ~{:?}, {:.0}% of deletes lost, PostgreSQL: {:?}",
+        "soak ({} commits{}): {jobs} jobs, seed {seed}, {} consumer sandboxes, a SIGKILL every ~{:?}, {:.0}% of deletes lost, PostgreSQL: {:?}",
         mode.as_str(),
+        if fifo { ", FIFO queue, 50 groups" } else { "" },
         spec.consumers,
         spec.kill_every,
         spec.delete_loss * 100.0,

@@ -303,6 +303,7 @@ fn print_letter(body: &Value) {
         ("tenant", "tenant_id"),
         ("correlation", "correlation_id"),
         ("message", "message_id"),
+        ("fifo group", "message_group"),
         ("created", "created_at"),
         ("replay of", "replay_of"),
         ("reviewed by", "reviewed_by"),
