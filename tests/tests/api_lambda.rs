@@ -293,6 +293,24 @@ async fn a_replay_that_fails_again_is_a_new_letter_linked_to_the_first(
         .await;
     assert_eq!(got.body["failed_replays"], json!([letters[1].id]));
     assert_eq!(count_awards(&pool, job_id).await.unwrap(), 0);
+
+    // Issue 26: the replay emptied the first letter's group (resolved), so the letter of the
+    // replay that failed again opened a new group; the group the operator replayed leads to it.
+    let (old, new) = (letters[0].group_id.unwrap(), letters[1].group_id.unwrap());
+    assert_ne!(old, new, "a resolved group takes no new letter");
+    let group = stack
+        .api
+        .call(&request(
+            "GET",
+            &format!("/v1/core/dead-letter-groups/{}", old.0),
+            Some(caller("ops-1", &[Scope::Read])),
+        ))
+        .await;
+    assert_eq!(group.status, 200, "{:#}", group.body);
+    assert_eq!(
+        group.body["failed_replays"],
+        json!([{"group_id": new.0, "letters": 1}])
+    );
 }
 
 /// Issue 22, item 7: the event as API Gateway passes it, byte for byte: a raw query string the

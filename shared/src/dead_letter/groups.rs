@@ -213,6 +213,27 @@ pub async fn group(db: impl PgExecutor<'_>, id: GroupId) -> sqlx::Result<Option<
     Ok(row.map(Group::from))
 }
 
+/// Where the replays of `id`'s letters that failed again went: each other group holding such a
+/// letter, with how many, oldest group first. A replay that fails again joins its letter's group
+/// while the group has letters pending, and opens a new group once it is resolved; this is how
+/// the operator who replayed a group finds the new one.
+pub async fn groups_of_failed_replays(
+    db: impl PgExecutor<'_>,
+    id: GroupId,
+) -> sqlx::Result<Vec<(GroupId, i64)>> {
+    let rows: Vec<(i64, i64)> = sqlx::query_as(
+        "SELECT again.group_id, count(*)
+         FROM core.dead_letters replayed
+         JOIN core.dead_letters again ON again.replay_of = replayed.id
+         WHERE replayed.group_id = $1 AND again.group_id IS NOT NULL AND again.group_id <> $1
+         GROUP BY again.group_id ORDER BY again.group_id",
+    )
+    .bind(id.0)
+    .fetch_all(db)
+    .await?;
+    Ok(rows.into_iter().map(|(g, n)| (GroupId(g), n)).collect())
+}
+
 /// The group a letter belongs to (none for a letter written before groups existed).
 pub async fn group_of_letter(
     db: impl PgExecutor<'_>,

@@ -27,7 +27,7 @@ mod review;
 
 pub use groups::{
     DeliveryBacklog, Group, GroupFilter, GroupPosition, Incident, group, group_of_letter,
-    list_groups, pending_review,
+    groups_of_failed_replays, list_groups, pending_review,
 };
 pub(crate) use groups::{
     IncidentStep, claim_due, claim_incident_checks, delivery_backlog, previous_incident,

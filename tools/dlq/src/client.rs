@@ -65,6 +65,18 @@ pub struct Group {
     pub incident: Option<Value>,
     /// The first letter's error.
     pub sample_error: String,
+    /// The other groups its failed replays went to, with how many letters (`dlq group` only).
+    #[serde(default)]
+    pub failed_replays: Vec<FailedReplays>,
+}
+
+/// Letters written when replays of a group's letters failed again, in another group.
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
+pub struct FailedReplays {
+    /// The group they are in.
+    pub group_id: i64,
+    /// How many.
+    pub letters: i64,
 }
 
 /// One page of a list.
@@ -202,9 +214,16 @@ impl Client {
         let answer = self
             .get(&format!("/v1/core/dead-letter-groups/{id}"), &[])
             .await?;
+        let mut group = answer.body["group"].clone();
+        if let (Some(fields), Some(again)) = (
+            group.as_object_mut(),
+            answer.body["failed_replays"].as_array(),
+        ) {
+            fields.insert("failed_replays".into(), Value::Array(again.clone()));
+        }
         decode(Answer {
             status: answer.status,
-            body: answer.body["group"].clone(),
+            body: group,
         })
     }
 

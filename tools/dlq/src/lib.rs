@@ -342,7 +342,8 @@ fn group_json(g: &client::Group) -> Value {
     serde_json::json!({"id": g.id, "status": g.status, "consumer": g.consumer, "queue": g.queue,
         "error_kind": g.error_kind, "pattern": g.pattern, "sample_error": g.sample_error,
         "letter_count": g.letter_count, "pending_count": g.pending_count,
-        "first_letter_at": g.first_letter_at, "last_letter_at": g.last_letter_at, "incident": g.incident})
+        "first_letter_at": g.first_letter_at, "last_letter_at": g.last_letter_at, "incident": g.incident,
+        "failed_replays": g.failed_replays})
 }
 
 fn print_groups(groups: &[client::Group]) {
@@ -397,6 +398,13 @@ fn print_group(g: &client::Group, pending: &[Value]) {
             } else {
                 ", resolved"
             }
+        );
+    }
+    for again in &g.failed_replays {
+        println!(
+            "replayed, failed again: {} letter(s) in group {id}: dlq group {id}",
+            again.letters,
+            id = again.group_id
         );
     }
     if !pending.is_empty() {

@@ -175,11 +175,18 @@ async fn list_groups(
 }
 
 async fn get_group(api: &Api, route: &Route, id: GroupId) -> Result<ApiResponse, ApiError> {
+    let db = |e: sqlx::Error| ApiError::database(route.path, &e);
     let group = dead_letter::group(&api.pool, id)
         .await
-        .map_err(|e| ApiError::database(route.path, &e))?
+        .map_err(db)?
         .ok_or_else(|| ApiError::not_found(format!("there is no failure group {id}")))?;
-    ok(json!({"group": group}))
+    let failed_replays: Vec<Value> = dead_letter::groups_of_failed_replays(&api.pool, id)
+        .await
+        .map_err(db)?
+        .into_iter()
+        .map(|(group_id, letters)| json!({"group_id": group_id, "letters": letters}))
+        .collect();
+    ok(json!({"group": group, "failed_replays": failed_replays}))
 }
 
 async fn get(api: &Api, route: &Route, id: DeadLetterId) -> Result<ApiResponse, ApiError> {
