@@ -25,23 +25,6 @@ fn award_points() -> AwardPoints {
     AwardPoints::new(reference_name())
 }
 
-/// A trigger on the reference consumer's effect table refusing account `boom`: a statement that
-/// fails (transiently, as any SQL error) for one job of a batch.
-async fn refuse_account_boom(pool: &PgPool) {
-    sqlx::raw_sql(
-        "CREATE FUNCTION reference.refuse_boom() RETURNS trigger LANGUAGE plpgsql AS $$
-         BEGIN
-             IF NEW.account_id = 'boom' THEN RAISE EXCEPTION 'ledger refused account boom'; END IF;
-             RETURN NEW;
-         END $$;
-         CREATE TRIGGER refuse_boom BEFORE INSERT ON reference.point_awards
-             FOR EACH ROW EXECUTE FUNCTION reference.refuse_boom();",
-    )
-    .execute(pool)
-    .await
-    .unwrap();
-}
-
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn a_batch_commits_its_new_jobs_in_one_transaction(pool: PgPool) {
     let harness = harness_in(&pool, award_points(), CommitMode::Batch);

@@ -9,27 +9,10 @@ use serde_json::json;
 use shared::dead_letter::ErrorKind;
 use shared::harness::{CommitMode, IncomingMessage, RecordOutcome};
 use shared::ids::JobId;
-use shared_testkit::reference::reference_name;
+use shared_testkit::reference::{awards_in_order, reference_name, refuse_account_boom};
 use shared_testkit::*;
 use sqlx::PgPool;
 use std::sync::atomic::{AtomicUsize, Ordering};
-
-/// A trigger on the reference consumer's effect table refusing account `boom`: a statement that
-/// fails (transiently, as any SQL error) for one job.
-async fn refuse_account_boom(pool: &PgPool) {
-    sqlx::raw_sql(
-        "CREATE FUNCTION reference.refuse_boom() RETURNS trigger LANGUAGE plpgsql AS $$
-         BEGIN
-             IF NEW.account_id = 'boom' THEN RAISE EXCEPTION 'ledger refused account boom'; END IF;
-             RETURN NEW;
-         END $$;
-         CREATE TRIGGER refuse_boom BEFORE INSERT ON reference.point_awards
-             FOR EACH ROW EXECUTE FUNCTION reference.refuse_boom();",
-    )
-    .execute(pool)
-    .await
-    .unwrap();
-}
 
 /// A first delivery of `body` in the FIFO group `group`.
 fn in_group(group: &str, body: &str) -> IncomingMessage {
@@ -43,17 +26,6 @@ fn in_group(group: &str, body: &str) -> IncomingMessage {
 fn award_in(group: &str, account: &str, points: i64) -> (JobId, IncomingMessage) {
     let (job_id, body) = job(json!({"account_id": account, "points": points}));
     (job_id, in_group(group, &body))
-}
-
-/// The points of `account`'s awards in the order they were written (the effect table's ids).
-async fn awards_in_order(pool: &PgPool, account: &str) -> Vec<i64> {
-    sqlx::query_scalar(
-        "SELECT points FROM reference.point_awards WHERE account_id = $1 ORDER BY id",
-    )
-    .bind(account)
-    .fetch_all(pool)
-    .await
-    .unwrap()
 }
 
 async fn a_failure_holds_back_the_rest_of_its_group_only(pool: PgPool, mode: CommitMode) {

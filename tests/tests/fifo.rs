@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 use shared::dead_letter::{DeadLetter, ErrorKind, letters_for_job};
 use shared::harness::CommitMode;
 use shared::ids::{JobId, TenantId};
+use shared_testkit::reference::awards_in_order;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use std::time::Duration;
@@ -49,17 +50,6 @@ fn award(account: &str, points: i64, fault: Option<Value>) -> (JobId, String) {
     let envelope = json!({"job_id": job_id, "tenant_id": TenantId(Uuid::new_v4()),
         "correlation_id": "fifo-e2e", "payload": payload});
     (job_id, envelope.to_string())
-}
-
-/// The points of `account`'s awards in the order they committed (the effect table's ids).
-async fn awards_in_order(pool: &PgPool, account: &str) -> Vec<i64> {
-    sqlx::query_scalar(
-        "SELECT points FROM reference.point_awards WHERE account_id = $1 ORDER BY id",
-    )
-    .bind(account)
-    .fetch_all(pool)
-    .await
-    .unwrap()
 }
 
 async fn letters(pool: &PgPool, job_id: JobId) -> Vec<DeadLetter> {

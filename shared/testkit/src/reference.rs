@@ -7,6 +7,7 @@ use serde_json::{Value, json};
 use shared::consumer::Consumer;
 use shared::harness::{CommitMode, Harness, IncomingMessage, RecordOutcome};
 use shared::ids::ConsumerName;
+use sqlx::PgPool;
 
 /// The name the reference consumer fences under.
 pub const REFERENCE: &str = "award-points";
@@ -35,4 +36,33 @@ pub async fn deliver<C: Consumer>(harness: &Harness<C>, msg: &IncomingMessage) -
             outcomes.swap_remove(0)
         }
     }
+}
+
+/// A trigger on the reference consumer's effect table refusing account `boom`: a statement that
+/// fails (transiently, as any SQL error) for the job that awards it, and for a batch holding it.
+pub async fn refuse_account_boom(pool: &PgPool) {
+    sqlx::raw_sql(
+        "CREATE FUNCTION reference.refuse_boom() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF NEW.account_id = 'boom' THEN RAISE EXCEPTION 'ledger refused account boom'; END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER refuse_boom BEFORE INSERT ON reference.point_awards
+             FOR EACH ROW EXECUTE FUNCTION reference.refuse_boom();",
+    )
+    .execute(pool)
+    .await
+    .expect("the refuse_boom trigger");
+}
+
+/// The points of `account`'s awards in the order they were written (the effect table's ids): for
+/// checking the order jobs committed in.
+pub async fn awards_in_order(pool: &PgPool, account: &str) -> Vec<i64> {
+    sqlx::query_scalar(
+        "SELECT points FROM reference.point_awards WHERE account_id = $1 ORDER BY id",
+    )
+    .bind(account)
+    .fetch_all(pool)
+    .await
+    .expect("reading the awards")
 }
