@@ -126,6 +126,23 @@ impl StackSpec {
 }
 
 impl StackSpec {
+    /// The consumer's database is unreachable (the other functions still reach theirs): it
+    /// never sees a record finish, so its records are redriven to the DLQ after
+    /// `max_receive_count` receives. An outage hands records back after the policy's backoff,
+    /// capped at 2 s here so those receives take seconds.
+    pub fn consumer_cannot_reach_its_database(&mut self) {
+        for (key, value) in [
+            (
+                "DATABASE_URL",
+                "postgres://postgres@127.0.0.1:1/unreachable",
+            ),
+            ("DATABASE_ACQUIRE_TIMEOUT_MS", "300"),
+            ("RETRY_CAP_SECONDS", "2"),
+        ] {
+            self.consumer_env.push((key.into(), value.into()));
+        }
+    }
+
     /// The same stack for `consumer` (any consumer the workspace declares), its own `binary`
     /// on its own queue `queue_name`: the platform's time-scaled policy with the consumer's
     /// `local-env` on top (its own retry policy, …), and a redrive of its attempts + 2. A

@@ -206,14 +206,7 @@ async fn fifo_the_ingester_writes_a_fifo_dlqs_message_as_a_letter_with_its_group
 ) {
     let (pool, stack) = e2e::stack_for_test!(pool_opts, connect, |spec| {
         spec.queue_name = format!("{}.fifo", spec.queue_name);
-        spec.consumer_env.push((
-            "DATABASE_URL".into(),
-            "postgres://postgres@127.0.0.1:1/unreachable".into(),
-        ));
-        spec.consumer_env
-            .push(("DATABASE_ACQUIRE_TIMEOUT_MS".into(), "300".into()));
-        spec.consumer_env
-            .push(("RETRY_CAP_SECONDS".into(), "2".into()));
+        spec.consumer_cannot_reach_its_database();
     })
     .await;
     let (job_id, body) = award("m", 1, None);

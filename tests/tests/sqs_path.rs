@@ -246,16 +246,7 @@ async fn a_message_redriven_to_the_dlq_becomes_one_crashed_dead_letter(
     connect: PgConnectOptions,
 ) {
     let (pool, stack) = e2e::stack_for_test!(pool_opts, connect, |spec| {
-        spec.consumer_env.push((
-            "DATABASE_URL".into(),
-            "postgres://postgres@127.0.0.1:1/unreachable".into(),
-        ));
-        spec.consumer_env
-            .push(("DATABASE_ACQUIRE_TIMEOUT_MS".into(), "300".into()));
-        // An outage hands records back after the policy's backoff; capped at 2 s here so the
-        // seven receives before the redrive take seconds.
-        spec.consumer_env
-            .push(("RETRY_CAP_SECONDS".into(), "2".into()));
+        spec.consumer_cannot_reach_its_database();
     })
     .await;
     let (job_id, body) = job(json!({"account_id": "a", "points": 5}));
