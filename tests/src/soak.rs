@@ -175,8 +175,8 @@ pub struct SoakReport {
     /// Jobs whose outcome cannot follow from their kind (a poison job with an effect, …).
     pub unexpected: Vec<String>,
     /// On a FIFO run: effects that committed before an effect sent ahead of them in their
-    /// message group (each group's points must grow in commit order).
-    pub out_of_order: u64,
+    /// message group (each group's points must grow in commit order). `None`: not a FIFO run.
+    pub out_of_order: Option<u64>,
     /// How long the run took until everything was accounted for.
     pub seconds: f64,
 }
@@ -190,7 +190,7 @@ impl SoakReport {
             && self.poison_retried == 0
             && self.false_letters == 0
             && self.unexpected.is_empty()
-            && self.out_of_order == 0
+            && self.out_of_order.unwrap_or(0) == 0
     }
 }
 
@@ -235,11 +235,12 @@ impl fmt::Display for SoakReport {
             "closed by a commit  {:>7}  letters of a copy, closed when another copy committed",
             self.closed_by_commit
         )?;
-        writeln!(
-            f,
-            "out of order        {:>7}  effects committed before one sent ahead in their FIFO group",
-            self.out_of_order
-        )?;
+        if let Some(out_of_order) = self.out_of_order {
+            writeln!(
+                f,
+                "out of order        {out_of_order:>7}  effects committed before one sent ahead in their FIFO group"
+            )?;
+        }
         writeln!(
             f,
             "unexpected          {:>7}  {:?}",
@@ -399,7 +400,7 @@ pub async fn run(spec: &SoakSpec, stack_spec: StackSpec, admin: &PgPool) -> Soak
 
     let mut report = check(admin, &planned).await;
     if spec.fifo_groups.is_some() {
-        report.out_of_order = out_of_order(admin, &planned).await;
+        report.out_of_order = Some(out_of_order(admin, &planned).await);
     }
     report.published = published;
     report.jobs = total;
