@@ -191,10 +191,8 @@ impl<C: Consumer> Harness<C> {
         JobDigest::of(&value, self.consumer.job_fields())
     }
 
-    /// Repeat deliveries ordered so that jobs with fewer executions charged go first: a job that
-    /// crashed its batch has been charged for it, so its batch-mates, which never ran, commit
-    /// before it runs again. Ties keep the order of fewer receives. If the ledger cannot be
-    /// read, receives alone order them (each record then reports its own database failure).
+    /// Repeat deliveries ordered so that jobs with fewer executions charged go first (see
+    /// [`Harness::least_run_key`]).
     async fn least_run_first(
         &self,
         msgs: &[IncomingMessage],
@@ -204,17 +202,33 @@ impl<C: Consumer> Harness<C> {
         if repeats.len() < 2 {
             return repeats;
         }
-        let known: Vec<JobId> = repeats.iter().filter_map(|&(i, _)| keys[i]).collect();
+        let records: Vec<usize> = repeats.iter().map(|&(i, _)| i).collect();
+        let key = self.least_run_key(msgs, keys, &records).await;
+        repeats.sort_by_key(|&(i, _)| key(i));
+        repeats
+    }
+
+    /// The sort key that puts the records at `records` with fewer executions charged first: a
+    /// job that crashed its batch has been charged for it, so its batch-mates, which never ran,
+    /// commit before it runs again. Ties go to fewer receives. One read of the ledger; if it
+    /// cannot be read, receives alone order them (each record then reports its own database
+    /// failure).
+    pub(super) async fn least_run_key<'a>(
+        &self,
+        msgs: &'a [IncomingMessage],
+        keys: &'a [Option<JobId>],
+        records: &[usize],
+    ) -> impl Fn(usize) -> (u32, u32) + 'a {
+        let known: Vec<JobId> = records.iter().filter_map(|&i| keys[i]).collect();
         let executions = executions_of(&self.pool, self.consumer.name(), &known)
             .await
             .unwrap_or_default();
-        repeats.sort_by_key(|&(i, _)| {
+        move |i| {
             let ran = keys[i]
                 .and_then(|j| executions.get(&j).copied())
                 .unwrap_or(0);
             (ran, msgs[i].receive_count)
-        });
-        repeats
+        }
     }
 
     /// The conflict letters of the batch, while the deadline allows.
@@ -246,9 +260,7 @@ impl<C: Consumer> Harness<C> {
             .conflict(msg, ids, digest)
             .instrument(span.clone())
             .await;
-        self.metrics.increment(outcome.metric());
-        let _in_its_span = span.entered();
-        super::log_outcome(&outcome);
+        self.count_and_log(&span, &outcome);
         outcome
     }
 

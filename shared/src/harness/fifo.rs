@@ -21,7 +21,6 @@ use super::life::{Parsed, ids_of};
 use super::{CommitMode, Harness, IncomingMessage, RecordOutcome};
 use crate::consumer::Consumer;
 use crate::envelope::{JobDigest, PartialIds};
-use crate::execution::executions_of;
 use crate::ids::JobId;
 use futures_util::StreamExt;
 
@@ -169,34 +168,24 @@ impl<C: Consumer> Harness<C> {
     /// logged in its own span, never run.
     fn held_back(&self, msg: &IncomingMessage, step: &Step<C::Payload>) -> RecordOutcome {
         let outcome = RecordOutcome::HeldBack;
-        self.metrics.increment(outcome.metric());
-        let _in_its_span = self.span(msg, &ids(step)).entered();
-        super::log_outcome(&outcome);
+        self.count_and_log(&self.span(msg, &ids(step)), &outcome);
         outcome
     }
 
-    /// Groups ordered so that those whose next job has fewer executions charged go first (a job
-    /// that crashed its batch has been charged for it; the other groups, which never ran, then
-    /// commit before it runs again). Ties keep the order of fewer receives, then delivery. If
-    /// the ledger cannot be read, receives alone order them.
+    /// Groups ordered so that those whose next job has fewer executions charged go first
+    /// ([`Harness::least_run_key`] on each group's first record); ties keep delivery order.
     async fn least_run_groups_first(
         &self,
         msgs: &[IncomingMessage],
         keys: &[Option<JobId>],
         mut groups: Vec<Group<C::Payload>>,
     ) -> Vec<Group<C::Payload>> {
-        let head = |group: &Group<C::Payload>| group[0].0;
-        let known: Vec<JobId> = groups.iter().filter_map(|g| keys[head(g)]).collect();
-        let executions = executions_of(&self.pool, self.consumer.name(), &known)
-            .await
-            .unwrap_or_default();
-        groups.sort_by_key(|group| {
-            let i = head(group);
-            let ran = keys[i]
-                .and_then(|j| executions.get(&j).copied())
-                .unwrap_or(0);
-            (ran, msgs[i].receive_count, i)
-        });
+        if groups.len() < 2 {
+            return groups;
+        }
+        let heads: Vec<usize> = groups.iter().map(|group| group[0].0).collect();
+        let key = self.least_run_key(msgs, keys, &heads).await;
+        groups.sort_by_key(|group| key(group[0].0));
         groups
     }
 }

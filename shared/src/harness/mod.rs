@@ -165,11 +165,17 @@ impl<C: Consumer> Harness<C> {
         let span = self.span(msg, &life::ids_of(&parsed));
         let started = self.clock.now();
         let outcome = self.live(msg, parsed).instrument(span.clone()).await;
-        self.metrics.increment(outcome.metric());
         self.observe_duration_since(started);
-        let _entered = span.enter();
-        log_outcome(&outcome);
+        self.count_and_log(&span, &outcome);
         outcome
+    }
+
+    /// How every record the harness settles ends: its outcome counted, and its one line
+    /// written in its span.
+    fn count_and_log(&self, span: &tracing::Span, outcome: &RecordOutcome) {
+        self.metrics.increment(outcome.metric());
+        let _entered = span.enter();
+        log_outcome(outcome);
     }
 }
 
