@@ -145,6 +145,7 @@ impl DlqIngester {
             correlation_id: ids.correlation_id.as_deref(),
             replay_of: msg.replay_of,
             message_group: msg.message_group.as_deref(),
+            digest_fields: &[],
         };
         let settled = if kind == ErrorKind::Unsettled {
             // A fence still there says the job committed; its absence says nothing any more.

@@ -445,6 +445,27 @@ pub async fn fence_exists(
     .await
 }
 
+/// Whether the committed fence of (`job_id`, `consumer`) stands for the job whose digest is
+/// `digest`: the same digest, or one of its family of edits (`core.same_job`). False without
+/// a fence.
+pub async fn fenced_as_the_same_job(
+    db: impl PgExecutor<'_>,
+    job_id: JobId,
+    consumer: &ConsumerName,
+    digest: &JobDigest,
+) -> sqlx::Result<bool> {
+    let same: Option<bool> = sqlx::query_scalar(
+        "SELECT core.same_job($1, $2, $3, payload_digest) FROM core.processed_jobs
+         WHERE job_id = $1 AND consumer = $2",
+    )
+    .bind(job_id.0)
+    .bind(consumer.as_str())
+    .bind(digest.0.as_slice())
+    .fetch_optional(db)
+    .await?;
+    Ok(same == Some(true))
+}
+
 /// A committed fence, as operators see it (the API's `GET /v1/core/processed-jobs/{id}`).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, sqlx::FromRow)]
 pub struct ProcessedJob {

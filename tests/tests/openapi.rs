@@ -167,6 +167,7 @@ fn the_letter_schemas_have_exactly_the_fields_the_api_sends() {
         payload: Value::Null,
         body: None,
         job_digest: None,
+        digest_fields: None,
         replay_message_id: None,
         replay_sent_at: None,
         replay_reason: None,

@@ -41,6 +41,9 @@ pub struct NewDeadLetter<'a> {
     /// The message's FIFO group (SQS `MessageGroupId`), which a replay to a FIFO queue carries.
     /// Kept only if SQS could take it back ([`crate::ids::message_group`]).
     pub message_group: Option<&'a str>,
+    /// The payload fields the job's digest covers, as its consumer names them (empty: the
+    /// whole payload); kept with a letter that has a digest.
+    pub digest_fields: &'a [&'a str],
 }
 
 /// What a stored letter and its list item ([`super::LetterSummary`]) both show: the letter
@@ -102,6 +105,10 @@ pub struct DeadLetter {
     /// The digest of the job it stands for (none where it was not known).
     #[serde(skip)]
     pub job_digest: Option<Vec<u8>>,
+    /// The payload fields [`job_digest`](Self::job_digest) covers (none: the whole payload), so
+    /// that an edit is digested as the harness digests the body it sends.
+    #[serde(skip)]
+    pub digest_fields: Option<Vec<String>>,
     /// The message the queue accepted for the replay.
     pub replay_message_id: Option<String>,
     /// When the queue accepted it.
@@ -170,36 +177,20 @@ pub async fn letter(db: impl PgExecutor<'_>, id: DeadLetterId) -> sqlx::Result<O
         .await
 }
 
-/// An edited replay of a job: the body its letter received, the body the operator sent
-/// instead, and the digest the job's fence keeps (none: no fence, or one without a digest).
-#[derive(Debug, Clone, sqlx::FromRow)]
-pub struct EditedReplay {
-    /// The body as received (none for a letter older than the stored body: see `payload`).
-    pub body: Option<String>,
-    /// The body as JSON.
-    pub payload: Value,
-    /// The edited envelope the replay sent.
-    pub replay_body: String,
-    /// The committed fence's payload digest.
-    pub fence_digest: Option<Vec<u8>>,
-}
-
-/// The edited replays of one job for one consumer, with its fence's digest.
-pub async fn edited_replays(
-    db: impl PgExecutor<'_>,
-    job_id: JobId,
-    consumer: &ConsumerName,
-) -> sqlx::Result<Vec<EditedReplay>> {
-    sqlx::query_as(
-        "SELECT d.body, d.payload, d.replay_body, p.payload_digest AS fence_digest
-         FROM core.dead_letters d
-         LEFT JOIN core.processed_jobs p ON p.job_id = d.job_id AND p.consumer = d.consumer
-         WHERE d.job_id = $1 AND d.consumer = $2 AND d.replay_body IS NOT NULL",
-    )
-    .bind(job_id.0)
-    .bind(consumer.as_str())
-    .fetch_all(db)
-    .await
+impl DeadLetter {
+    /// The digest `body` has as a body of this letter's job: over the payload fields the
+    /// letter's digest covers, as the harness takes it (none for a body that is no envelope).
+    pub fn digest_of_body(&self, body: &str) -> Option<crate::envelope::JobDigest> {
+        let fields: Vec<&str> = self
+            .digest_fields
+            .iter()
+            .flatten()
+            .map(String::as_str)
+            .collect();
+        crate::envelope::Envelope::<serde::de::IgnoredAny>::parse_job(body, &fields)
+            .ok()
+            .map(|(_, digest)| digest)
+    }
 }
 
 /// The letters written when replays of `id` failed again, oldest first.

@@ -37,8 +37,7 @@ pub(crate) use groups::{
 pub(crate) use kinds::text_enum;
 pub use kinds::{ErrorKind, GroupStatus, ReplayOutcome, ReviewStatus};
 pub use letter::{
-    DeadLetter, EditedReplay, LetterHead, NewDeadLetter, edited_replays, letter,
-    letter_for_message, letters_for_job, replays_of,
+    DeadLetter, LetterHead, NewDeadLetter, letter, letter_for_message, letters_for_job, replays_of,
 };
 pub(crate) use letter::{MAX_ERROR_BYTES, storable_error};
 pub(crate) use record::{CONFLICT_ERROR, record_without_settling};

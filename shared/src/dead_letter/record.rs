@@ -65,12 +65,12 @@ async fn record_stored(
     let inserted: Option<uuid::Uuid> = sqlx::query_scalar(
         "INSERT INTO core.dead_letters (job_id, tenant_id, consumer, queue, message_id, payload,
              body, attempts, error_kind, last_error, correlation_id, replay_of, created_at,
-             job_digest, message_group)
+             job_digest, message_group, digest_fields)
          -- replay_of comes from a message attribute any producer can set: it links only to a
          -- letter of the same job, so a stray id can never make the letter unwritable.
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11,
                  (SELECT id FROM core.dead_letters WHERE id = $12 AND job_id IS NOT DISTINCT FROM $1), $13,
-                 $14, $15)
+                 $14, $15, $16)
          ON CONFLICT ON CONSTRAINT dead_letters_one_per_message DO NOTHING
          RETURNING id",
     )
@@ -89,6 +89,7 @@ async fn record_stored(
     .bind(now)
     .bind(digest.map(|d| d.0.as_slice()))
     .bind(letter.message_group.and_then(crate::ids::message_group))
+    .bind((digest.is_some() && !letter.digest_fields.is_empty()).then_some(letter.digest_fields))
     .fetch_optional(&mut *conn)
     .await?;
     if let Some(id) = inserted {

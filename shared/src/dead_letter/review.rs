@@ -168,7 +168,8 @@ pub async fn letter_fence_exists(
 }
 
 /// Whether the fence of `letter`'s job id stands for another job than the letter's: both
-/// digests known, and different (a producer reused the id; the other job committed).
+/// digests known, and neither equal nor of one family of edits (`core.same_job`: a producer
+/// reused the id, and the other job committed).
 pub async fn fence_is_another_job(
     db: impl PgExecutor<'_>,
     letter: &DeadLetter,
@@ -176,14 +177,16 @@ pub async fn fence_is_another_job(
     let (Some(job_id), Some(digest)) = (letter.job_id, letter.job_digest.as_deref()) else {
         return Ok(false);
     };
-    let committed: Option<Option<Vec<u8>>> = sqlx::query_scalar(
-        "SELECT payload_digest FROM core.processed_jobs WHERE job_id = $1 AND consumer = $2",
+    let another: Option<bool> = sqlx::query_scalar(
+        "SELECT NOT core.same_job($1, $2, $3, payload_digest) FROM core.processed_jobs
+         WHERE job_id = $1 AND consumer = $2",
     )
     .bind(job_id.0)
     .bind(letter.consumer.as_str())
+    .bind(digest)
     .fetch_optional(db)
     .await?;
-    Ok(matches!(committed, Some(Some(c)) if c != digest))
+    Ok(another == Some(true))
 }
 
 /// How a review closes a letter.
@@ -256,7 +259,16 @@ impl LockedLetter {
         actor: &str,
         now: DateTime<Utc>,
     ) -> sqlx::Result<&DeadLetter> {
-        self.letter = mark_reviewed(&mut self.tx, self.letter.id.0, verdict, actor, now).await?;
+        // An edit is digested as the harness will digest it, so the letter's body and its edit
+        // are one job's (`core.job_family`).
+        let edit_digest = match verdict {
+            Verdict::Replayed {
+                body: Some(body), ..
+            } => self.letter.digest_of_body(body),
+            _ => None,
+        };
+        let id = self.letter.id.0;
+        self.letter = mark_reviewed(&mut self.tx, id, verdict, edit_digest, actor, now).await?;
         Ok(&self.letter)
     }
 
@@ -271,6 +283,7 @@ async fn mark_reviewed(
     conn: &mut PgConnection,
     id: Uuid,
     verdict: &Verdict,
+    edit_digest: Option<crate::envelope::JobDigest>,
     actor: &str,
     now: DateTime<Utc>,
 ) -> sqlx::Result<DeadLetter> {
@@ -297,7 +310,7 @@ async fn mark_reviewed(
     sqlx::query_as(
         "UPDATE core.dead_letters
          SET status = $2, discard_reason = $3, reviewed_by = $4, reviewed_at = $5,
-             replay_outcome = $6, replay_reason = $7, replay_body = $8
+             replay_outcome = $6, replay_reason = $7, replay_body = $8, replay_digest = $9
          WHERE id = $1
          RETURNING *",
     )
@@ -309,6 +322,7 @@ async fn mark_reviewed(
     .bind(outcome)
     .bind(replay_reason)
     .bind(replay_body)
+    .bind(edit_digest.as_ref().map(|d| d.0.as_slice()))
     .fetch_one(conn)
     .await
 }

@@ -11,10 +11,10 @@
 //!   a time, fewest executions first, so a crash is charged to the job that was running.
 
 use super::group::WorkOrder;
-use super::life::Parsed;
+use super::life::{Parsed, digest_of, key_of};
 use super::{CommitMode, Harness, IncomingMessage, RecordOutcome};
 use crate::consumer::Consumer;
-use crate::envelope::{JobDigest, PartialIds, read_job_id};
+use crate::envelope::{JobDigest, PartialIds};
 use crate::execution::executions_of;
 use crate::fence::{conflicts, processed_digests};
 use crate::ids::JobId;
@@ -28,12 +28,19 @@ pub(super) type Record<P> = (usize, Parsed<P>);
 
 /// An SQS batch sorted by what each of its records needs.
 pub(super) struct Plan<P> {
-    /// The job id each record's body names, as the lookup of committed fences reads it.
+    /// The job id each record's one parse read ([`key_of`]): the lookup's, the commit group's
+    /// and the ledger's.
     pub(super) keys: Vec<Option<JobId>>,
     /// New jobs on their first delivery: a commit group in batch mode, else concurrently.
     pub(super) fresh: Vec<Record<P>>,
-    /// Repeat deliveries, and records of a job met earlier in the batch with another body.
+    /// Repeat deliveries: one at a time, fewest executions first.
     pub(super) repeats: Vec<Record<P>>,
+    /// Records of a job id met earlier in the batch with another digest (another job under
+    /// the id): each runs alone after the record before it, never in a commit group, so the
+    /// fence decides it as it would two messages.
+    pub(super) later: Vec<Record<P>>,
+    /// For each record in `later` that follows an earlier record of its job id, that record.
+    pub(super) follows: HashMap<usize, usize>,
     /// Copies of a processed job under its id but with another digest: conflict letters.
     pub(super) conflicting: Vec<(usize, PartialIds, JobDigest)>,
     /// Later records of a job with the same body, each with the record that runs the job.
@@ -46,6 +53,8 @@ impl<P> Plan<P> {
             keys,
             fresh: Vec::new(),
             repeats: Vec::new(),
+            later: Vec::new(),
+            follows: HashMap::new(),
             conflicting: Vec::new(),
             copies: Vec::new(),
         }
@@ -104,6 +113,10 @@ impl<C: Consumer> Harness<C> {
             let (i, outcome) = start(record).await;
             outcomes[i] = outcome;
         }
+        for record in plan.later {
+            let (i, outcome) = start(record).await;
+            outcomes[i] = outcome;
+        }
         self.write_conflicts(msgs, plan.conflicting, may_start, &mut outcomes)
             .await;
         self.answer_copies(plan.copies, &mut outcomes);
@@ -133,29 +146,33 @@ impl<C: Consumer> Harness<C> {
         msgs: &[IncomingMessage],
         outcomes: &mut [Option<RecordOutcome>],
     ) -> Plan<C::Payload> {
-        let keys: Vec<Option<JobId>> = msgs.iter().map(|m| read_job_id(&m.body)).collect();
+        let parsed: Vec<Parsed<C::Payload>> = msgs.iter().map(|m| self.parse(m)).collect();
+        let keys: Vec<Option<JobId>> = parsed.iter().map(key_of).collect();
         let known: Vec<JobId> = keys.iter().flatten().copied().collect();
         let done = self.lookup(&known).await.unwrap_or_default();
         let mut plan = Plan::new(keys);
         // A job runs once per SQS batch, by its first record; its later records with the same
-        // body take their outcome from that run and are never charged an execution of their
-        // own. One with another body is no copy: it runs on its own, after the others.
-        let mut first_of: HashMap<JobId, usize> = HashMap::new();
-        for (i, msg) in msgs.iter().enumerate() {
+        // digest (the same job, however it is spelled) take their outcome from that run and are
+        // never charged an execution of their own. One with another digest is another job
+        // under the id: it runs on its own, after the others.
+        let mut first_of: HashMap<JobId, (usize, Option<JobDigest>)> = HashMap::new();
+        for (i, (msg, parsed)) in msgs.iter().zip(parsed).enumerate() {
             let key = plan.keys[i];
+            let digest = digest_of(&parsed);
             if let Some(committed) = key.and_then(|j| done.get(&j)) {
-                outcomes[i] = self.copy_of_processed(&mut plan, i, msg, committed.as_ref());
-            } else if let Some(first) = key.and_then(|j| first_of.get(&j).copied()) {
-                if msgs[first].body == msg.body {
+                outcomes[i] = self.copy_of_processed(&mut plan, i, msg, parsed, committed.as_ref());
+            } else if let Some(&(first, first_digest)) = key.and_then(|j| first_of.get(&j)) {
+                if digest.is_some() && digest == first_digest {
                     plan.copies.push((i, first));
                 } else {
-                    plan.repeats.push((i, self.parse(msg)));
+                    plan.follows.insert(i, first);
+                    plan.later.push((i, parsed));
                 }
             } else {
                 if let Some(job) = key {
-                    first_of.insert(job, i);
+                    first_of.insert(job, (i, digest));
                 }
-                plan.runs(msg).push((i, self.parse(msg)));
+                plan.runs(msg).push((i, parsed));
             }
         }
         plan
@@ -168,27 +185,27 @@ impl<C: Consumer> Harness<C> {
         plan: &mut Plan<C::Payload>,
         i: usize,
         msg: &IncomingMessage,
+        parsed: Parsed<C::Payload>,
         committed: Option<&JobDigest>,
     ) -> Option<RecordOutcome> {
-        let (ids, digest) = match self.parse(msg) {
-            Ok((envelope, digest)) => (envelope.ids(), digest),
-            // Poison has no digest of its own: the body's, as the fence would compare it.
-            Err(poison) => (poison.ids, self.digest_of(&msg.body)),
-        };
-        if conflicts(committed, &digest) {
-            plan.conflicting.push((i, ids, digest));
-            return None;
+        let ids = super::life::ids_of(&parsed);
+        match digest_of(&parsed) {
+            Some(digest) if conflicts(committed, &digest) => {
+                plan.conflicting.push((i, ids, digest));
+                None
+            }
+            // Poison that still reads as the committed job's id: its digest says whether it is
+            // the job (a duplicate) or not (its own letter, which the fence settles).
+            None => {
+                plan.later.push((i, parsed));
+                None
+            }
+            Some(_) => {
+                tracing::debug!(message_id = %msg.message_id, "duplicate of a processed job");
+                self.metrics.increment(Metric::DuplicateSkipped);
+                Some(RecordOutcome::Duplicate)
+            }
         }
-        tracing::debug!(message_id = %msg.message_id, "duplicate of a processed job");
-        self.metrics.increment(Metric::DuplicateSkipped);
-        Some(RecordOutcome::Duplicate)
-    }
-
-    /// The digest of what makes up the job in `body`, as [`crate::envelope::Envelope::parse_job`]
-    /// takes it: for a body that is poison, which carries none.
-    fn digest_of(&self, body: &str) -> JobDigest {
-        let value: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
-        JobDigest::of(&value, self.consumer.job_fields())
     }
 
     /// Repeat deliveries ordered so that jobs with fewer executions charged go first (see

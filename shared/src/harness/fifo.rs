@@ -8,7 +8,12 @@
 //!   No later record of a group commits before an earlier one has;
 //! - a record that becomes a letter (poison, permanent, exhausted, conflict) is done: its group
 //!   goes on behind it, and a duplicate is done without running;
-//! - groups are independent. On a batch of first deliveries they run concurrently; when any
+//! - a job runs once per batch: a later record of it with the same digest, in its group or
+//!   another, takes the outcome of the record that ran it when its turn comes, and is held back
+//!   (uncharged) if that record has not settled yet; one with another digest (another job under
+//!   the id) runs alone in its place, never in a commit group beside the first;
+//! - groups are independent. On a batch of first deliveries they run concurrently, unless two
+//!   records of one job id are in it (then one group at a time in delivery order); when any
 //!   record was delivered before (a crash may have been its doing), one record at a time, the
 //!   groups whose next job has the fewest executions charged going first, so a crash is charged
 //!   to the job that was running and not to another group's;
@@ -28,9 +33,13 @@ use futures_util::StreamExt;
 enum Step<P> {
     /// Its life, from its parsed body.
     Run(Parsed<P>),
-    /// Its life, from its parsed body, alone: a later record of a job met earlier in the batch
-    /// with the same body (never in a commit group beside it).
-    Copy(Parsed<P>),
+    /// Its life, from its parsed body, alone: a later record of a job id met earlier in the
+    /// batch with another digest (never in a commit group beside it), once the record at the
+    /// index, if any, has settled (held back until then: the first of the two decides first).
+    Alone(Parsed<P>, Option<usize>),
+    /// A later record of a job met earlier in the batch with the same digest: the outcome of
+    /// the record at this index, which ran the job, once it has settled.
+    CopyOf(usize, PartialIds),
     /// A conflict letter: a copy of a processed job under its id with another digest.
     Conflict(PartialIds, JobDigest),
 }
@@ -51,17 +60,21 @@ impl<C: Consumer> Harness<C> {
         let mut outcomes: Vec<Option<RecordOutcome>> = vec![None; msgs.len()];
         let plan = self.plan(msgs, &mut outcomes).await;
         let mut steps: Vec<Option<Step<C::Payload>>> = msgs.iter().map(|_| None).collect();
+        let one_job_in_two_records = !plan.copies.is_empty() || !plan.later.is_empty();
         for (i, parsed) in plan.fresh.into_iter().chain(plan.repeats) {
             steps[i] = Some(Step::Run(parsed));
+        }
+        for (i, parsed) in plan.later {
+            steps[i] = Some(Step::Alone(parsed, plan.follows.get(&i).copied()));
         }
         for (i, ids, digest) in plan.conflicting {
             steps[i] = Some(Step::Conflict(ids, digest));
         }
-        // A later record of a job with the same body runs in its place in its own group: by
-        // then an earlier record of its group has settled the job, and the fence answers it.
-        for (i, _) in plan.copies {
-            steps[i] = Some(Step::Copy(self.parse(&msgs[i])));
+        for (i, first) in plan.copies {
+            let ids = crate::envelope::read_ids(&msgs[i].body);
+            steps[i] = Some(Step::CopyOf(first, ids));
         }
+        let settled_so_far = std::sync::Mutex::new(vec![None; msgs.len()]);
         let order = groups(msgs);
         if self.settings.commit == CommitMode::Batch && may_start() {
             self.commit_leading(&order, &mut steps, &mut outcomes, msgs)
@@ -77,17 +90,26 @@ impl<C: Consumer> Harness<C> {
             })
             .filter(|group: &Group<C::Payload>| !group.is_empty())
             .collect();
+        let first_deliveries = msgs.iter().all(|m| m.receive_count == 1);
         let settled: Vec<Vec<(usize, Option<RecordOutcome>)>> =
-            if msgs.iter().all(|m| m.receive_count == 1) {
+            if first_deliveries && !one_job_in_two_records {
                 futures_util::stream::iter(groups)
-                    .map(|group| self.settle_group(msgs, group, may_start))
+                    .map(|group| self.settle_group(msgs, group, may_start, &settled_so_far))
                     .buffer_unordered(concurrency.max(1))
                     .collect()
                     .await
             } else {
+                // One record at a time: least run first after a crash; else in delivery order,
+                // so that of two records of one job id the first decides first.
+                let groups = if first_deliveries {
+                    groups
+                } else {
+                    self.least_run_groups_first(msgs, &plan.keys, groups).await
+                };
                 let mut settled = Vec::new();
-                for group in self.least_run_groups_first(msgs, &plan.keys, groups).await {
-                    settled.push(self.settle_group(msgs, group, may_start).await);
+                for group in groups {
+                    let group = self.settle_group(msgs, group, may_start, &settled_so_far);
+                    settled.push(group.await);
                 }
                 settled
             };
@@ -140,6 +162,7 @@ impl<C: Consumer> Harness<C> {
         msgs: &[IncomingMessage],
         group: Group<C::Payload>,
         may_start: &(dyn Fn() -> bool + Sync),
+        so_far: &std::sync::Mutex<Vec<Option<RecordOutcome>>>,
     ) -> Vec<(usize, Option<RecordOutcome>)> {
         let mut settled = Vec::with_capacity(group.len());
         let mut blocked = false;
@@ -151,17 +174,39 @@ impl<C: Consumer> Harness<C> {
                 self.unstarted(msg, &ids(&step));
                 None
             } else {
+                let settled = |first: usize| so_far.lock().expect("outcomes lock")[first].is_some();
                 Some(match step {
-                    Step::Run(parsed) | Step::Copy(parsed) => {
+                    Step::Alone(parsed, Some(first)) if !settled(first) => {
+                        self.held_back(msg, &Step::Alone(parsed, None))
+                    }
+                    Step::Run(parsed) | Step::Alone(parsed, _) => {
                         self.process_parsed(msg, parsed).await
                     }
                     Step::Conflict(ids, digest) => self.conflict_letter(msg, &ids, &digest).await,
+                    Step::CopyOf(first, ids) => {
+                        let ran = so_far.lock().expect("outcomes lock")[first].clone();
+                        self.copy_answer(msg, &ids, ran.as_ref())
+                    }
                 })
             };
             blocked = blocked || !outcome.as_ref().is_some_and(RecordOutcome::is_ack);
+            so_far.lock().expect("outcomes lock")[i] = outcome.clone();
             settled.push((i, outcome));
         }
         settled
+    }
+
+    /// A copy of a job that another record of the batch ran: that record's outcome as a copy's,
+    /// or held back (uncharged) when that record has not settled yet.
+    fn copy_answer(
+        &self,
+        msg: &IncomingMessage,
+        ids: &PartialIds,
+        ran: Option<&RecordOutcome>,
+    ) -> RecordOutcome {
+        let outcome = ran.map_or(RecordOutcome::HeldBack, RecordOutcome::of_a_copy);
+        self.count_and_log(&self.span(msg, ids), &outcome);
+        outcome
     }
 
     /// A record held back behind its group's earlier record that is not done: counted and
@@ -193,8 +238,8 @@ impl<C: Consumer> Harness<C> {
 /// The ids a record's step carries.
 fn ids<P>(step: &Step<P>) -> PartialIds {
     match step {
-        Step::Run(parsed) | Step::Copy(parsed) => ids_of(parsed),
-        Step::Conflict(ids, _) => ids.clone(),
+        Step::Run(parsed) | Step::Alone(parsed, _) => ids_of(parsed),
+        Step::Conflict(ids, _) | Step::CopyOf(_, ids) => ids.clone(),
     }
 }
 

@@ -54,6 +54,8 @@ impl<C: Consumer> Harness<C> {
         outcomes: &mut [Option<RecordOutcome>],
     ) -> Vec<Record<C::Payload>> {
         let (mut alone, runners) = split_poison(fresh);
+        let (runners, repeated) = one_record_per_job(runners);
+        alone.extend(repeated.into_iter().map(|(i, job)| (i, Ok(job))));
         if runners.len() < 2 {
             alone.extend(runners.into_iter().map(|(i, job)| (i, Ok(job))));
             return alone;
@@ -145,6 +147,17 @@ fn split_poison<P>(fresh: Vec<Record<P>>) -> (Vec<Record<P>>, Vec<Runner<P>>) {
         }
     }
     (poison, runners)
+}
+
+/// The records of `runners` whose job id no earlier record of them has, and those that repeat
+/// one: a group holds one record per job, since its claim and its outcome are by job id (the
+/// batch's plan already keeps them apart; this keeps the group's own invariant whatever its
+/// caller hands it).
+fn one_record_per_job<P>(runners: Vec<Runner<P>>) -> (Vec<Runner<P>>, Vec<Runner<P>>) {
+    let mut seen = std::collections::HashSet::new();
+    runners
+        .into_iter()
+        .partition(|(_, (envelope, _))| seen.insert(envelope.job_id))
 }
 
 /// Why a group did not commit, as its fallback's warning says it.

@@ -4,8 +4,8 @@
 use super::{ALERTS_PER_ROUND, Harness, IncomingMessage, RecordOutcome};
 use crate::consumer::Consumer;
 use crate::dead_letter::{
-    CONFLICT_ERROR, ErrorKind, NewDeadLetter, Recorded, Settled, edited_replays,
-    record_unless_processed, record_without_settling,
+    CONFLICT_ERROR, ErrorKind, NewDeadLetter, Recorded, Settled, record_unless_processed,
+    record_without_settling,
 };
 use crate::envelope::{JobDigest, PartialIds};
 use crate::fence::FenceError;
@@ -42,30 +42,16 @@ impl<C: Consumer> Harness<C> {
             .await
     }
 
-    /// Whether a copy of `job_id` with `digest` is the body one of its letters received before an
-    /// operator edited it, and the fence keeps the edited body's digest: the edit ran, and this
-    /// is a late copy of the same job. Digests are the consumer's own ([`JobDigest::of`] over
-    /// its job fields), so only the harness can tell. Unknown (the read failed): not a duplicate,
-    /// and the conflict letter is written, a true record either way.
+    /// Whether a copy of `job_id` with `digest` is a body of the committed job's family: one
+    /// an operator edited away from, or an edit of it, a chain of any length
+    /// (`core.job_family`). Unknown (the read failed): not a duplicate, and the conflict letter
+    /// is written, a true record either way.
     async fn edited_away(&self, job_id: JobId, digest: &JobDigest) -> bool {
-        let fields = self.consumer.job_fields();
-        let digest_of = |body: &str| {
-            serde_json::from_str::<serde_json::Value>(body)
-                .ok()
-                .map(|v| JobDigest::of(&v, fields))
-        };
-        match edited_replays(&self.pool, job_id, self.consumer.name()).await {
-            Ok(edits) => edits.iter().any(|edit| {
-                let original = match &edit.body {
-                    Some(body) => digest_of(body),
-                    None => digest_of(&crate::replay::original_body(&edit.payload)),
-                };
-                let edited = digest_of(&edit.replay_body);
-                original.as_ref() == Some(digest)
-                    && edited.is_some_and(|e| edit.fence_digest.as_deref() == Some(&e.0[..]))
-            }),
+        let name = self.consumer.name();
+        match crate::fence::fenced_as_the_same_job(&self.pool, job_id, name, digest).await {
+            Ok(same) => same,
             Err(e) => {
-                tracing::warn!(error = %e, "reading the job's edited replays failed; writing its conflict letter");
+                tracing::warn!(error = %e, "reading the job's family of edits failed; writing its conflict letter");
                 false
             }
         }
@@ -98,6 +84,7 @@ impl<C: Consumer> Harness<C> {
             correlation_id: ids.correlation_id.as_deref(),
             replay_of: msg.replay_of,
             message_group: msg.message_group.as_deref(),
+            digest_fields: self.consumer.job_fields(),
         };
         let settled = self.record(&letter, digest, settle).await;
         match settled {

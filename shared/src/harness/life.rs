@@ -11,6 +11,7 @@ use crate::decision::AfterFailure;
 use crate::envelope::{Envelope, JobDigest, PartialIds, Poison};
 use crate::execution::{Ledger, Start, record_failure, start_execution, uncharge};
 use crate::fence::{FenceError, conflicts, settle_committed};
+use crate::ids::JobId;
 use std::time::Duration;
 
 /// A message's body read as the consumer's job: its envelope and digest, or poison. Read once
@@ -25,6 +26,25 @@ pub(super) fn ids_of<P>(parsed: &Parsed<P>) -> PartialIds {
     match parsed {
         Ok((envelope, _)) => envelope.ids(),
         Err(poison) => poison.ids.clone(),
+    }
+}
+
+/// The job id a parsed message is keyed by in its batch (the fence lookup, the commit group,
+/// the ledger): the envelope's, or what a poison body still read as one (none for an
+/// ambiguous body).
+pub(super) fn key_of<P>(parsed: &Parsed<P>) -> Option<JobId> {
+    match parsed {
+        Ok((envelope, _)) => Some(envelope.job_id),
+        Err(poison) => poison.ids.job_id,
+    }
+}
+
+/// The digest a parsed message is compared by: the job's, or a poison body's as the fence
+/// would compare it (none for a body that is not unambiguous JSON).
+pub(super) fn digest_of<P>(parsed: &Parsed<P>) -> Option<JobDigest> {
+    match parsed {
+        Ok((_, digest)) => Some(*digest),
+        Err(poison) => poison.digest,
     }
 }
 
@@ -98,13 +118,18 @@ impl<C: Consumer> Harness<C> {
     ) -> Step<ParsedJob<C::Payload>> {
         match parsed {
             Ok((envelope, digest)) => Ok((envelope, digest)),
-            Err(Poison { reason, ids }) => {
+            Err(Poison {
+                reason,
+                ids,
+                digest,
+            }) => {
                 // Poison is never attempted, so its letter says 1 attempt even when crashes of
-                // its batch delivered it more than once.
+                // its batch delivered it more than once. Its digest is kept: an edit of it and
+                // the body it replaced are then one job's.
                 let letter = self.dead_letter(
                     msg,
                     &ids,
-                    None,
+                    digest.as_ref(),
                     1,
                     ErrorKind::Poison,
                     reason,

@@ -127,6 +127,7 @@ impl TestLetter {
             correlation_id: self.correlation_id.as_deref(),
             replay_of: self.replay_of,
             message_group: self.message_group.as_deref(),
+            digest_fields: &[],
         }
     }
 }
