@@ -43,6 +43,9 @@ pub struct DlqIngester {
     /// The fences' lifetime: a copy older than [`settle_horizon`] of it (by its own send time)
     /// cannot be settled through its fence.
     pub fence_ttl: Duration,
+    /// The job queue's retention: how much older than its `SentTimestamp` says a message of a
+    /// FIFO DLQ may be (a FIFO DLQ resets the enqueue time when it moves a message in).
+    pub queue_retention: Duration,
     /// Time.
     pub clock: Arc<dyn Clock>,
     /// `DeadLettered*`, `RedrivenAlreadyProcessed` and `DeadLetterWriteFailed` counts.
@@ -93,7 +96,14 @@ impl DlqIngester {
             self.max_receive_count
         );
         let now = self.clock.now();
-        let age = sent_at.and_then(|sent| (now - sent).to_std().ok());
+        // A FIFO message's time in its job queue before the move may not be in its send time:
+        // counted as the longest it can have been.
+        let before_the_move = if msg.message_group.is_some() {
+            self.queue_retention
+        } else {
+            Duration::ZERO
+        };
+        let age = sent_at.and_then(|sent| (now - sent).to_std().ok().map(|a| a + before_the_move));
         let parsed = Envelope::<serde_json::Value>::parse(&msg.body);
         let carried = match &parsed {
             Ok(envelope) => envelope.ids(),

@@ -53,13 +53,29 @@ pub enum FenceError {
 ///   again, by the DLQ (its retention, counted from that new send).
 ///
 /// So: DLQ retention + the longer of the two retentions + the retry window + [`TTL_MARGIN`].
+///
+/// A FIFO queue's DLQ resets a message's enqueue time when it moves it (SQS documents it), so
+/// its DLQ stay counts from the move, not the send: a copy lives up to the queue's retention,
+/// then the DLQ's, and redriven back, both again. So with `fifo`: twice (queue retention + DLQ
+/// retention) + the retry window + [`TTL_MARGIN`].
 /// (A second move back is not covered: replay letters instead, which checks the fence.)
 pub fn ttl_floor(
     queue_retention: Duration,
     dlq_retention: Duration,
     policy: &RetryPolicy,
+    fifo: bool,
 ) -> Duration {
-    dlq_retention + queue_retention.max(dlq_retention) + policy.max_retry_window() + TTL_MARGIN
+    let one_life = if fifo {
+        queue_retention + dlq_retention
+    } else {
+        dlq_retention
+    };
+    let after_a_redrive = if fifo {
+        queue_retention + dlq_retention
+    } else {
+        queue_retention.max(dlq_retention)
+    };
+    one_life + after_a_redrive + policy.max_retry_window() + TTL_MARGIN
 }
 
 /// How old (from its own send) a copy of a job may be for its fence to be still there if the
@@ -530,8 +546,26 @@ mod tests {
             Duration::from_secs(4 * 86_400),
             Duration::from_secs(5 * 86_400),
             &RetryPolicy::default(),
+            false,
         );
         assert_eq!(floor, Duration::from_secs(11 * 86_400 + 675));
         assert!(floor < Duration::from_secs(14 * 86_400));
+    }
+
+    /// Issue 34, item 4: a FIFO queue's DLQ resets the enqueue time on the move, so each stay
+    /// counts from it: the queue's retention, the DLQ's, and both again after a redrive back.
+    #[test]
+    fn a_fifo_floor_counts_each_dlq_stay_from_the_move() {
+        let (queue, dlq) = (
+            Duration::from_secs(4 * 86_400),
+            Duration::from_secs(5 * 86_400),
+        );
+        let floor = ttl_floor(queue, dlq, &RetryPolicy::default(), true);
+        assert_eq!(floor, Duration::from_secs(19 * 86_400 + 675));
+        assert!(floor > ttl_floor(queue, dlq, &RetryPolicy::default(), false));
+        assert!(
+            floor < Duration::from_secs(21 * 86_400),
+            "the FIFO default TTL"
+        );
     }
 }

@@ -87,8 +87,11 @@ pub struct StackSpec {
     pub consumer_name: String,
     /// The job queue's visibility timeout: how soon a crashed delivery comes back.
     pub visibility_timeout: Duration,
-    /// The redrive `maxReceiveCount`.
+    /// The redrive `maxReceiveCount` (on a FIFO queue, at least what the functions require:
+    /// see [`StackSpec::redrive`]).
     pub max_receive_count: u32,
+    /// The most records the event source hands the consumer at once (`CONSUMER_BATCH_SIZE`).
+    pub batch_size: u32,
     /// Extra environment for the consumer (the retry policy, faults, …).
     pub consumer_env: Vec<(String, String)>,
     /// Extra environment for every function (the log level and format, …).
@@ -109,6 +112,7 @@ impl StackSpec {
             consumer_name: "award-points".into(),
             visibility_timeout: Duration::from_secs(2),
             max_receive_count: 7,
+            batch_size: 10,
             consumer_env: vec![
                 ("RETRY_BASE_SECONDS".into(), "1".into()),
                 ("RETRY_CAP_SECONDS".into(), "60".into()),
@@ -190,16 +194,41 @@ impl StackSpec {
         spec
     }
 
+    /// Whether the stack's queues are FIFO queues (the name ends in `.fifo`).
+    pub fn is_fifo(&self) -> bool {
+        self.queue_name.ends_with(".fifo")
+    }
+
+    /// The redrive `maxReceiveCount` the job queue gets: [`StackSpec::max_receive_count`], but
+    /// on a FIFO queue at least what the functions require of it (the batch size times the
+    /// attempts + 2, as the template's FIFO default), since a group's held-back records are
+    /// received with its head.
+    pub fn redrive(&self) -> u32 {
+        let attempts = self
+            .consumer_env
+            .iter()
+            .rev()
+            .find(|(k, _)| k == "RETRY_MAX_ATTEMPTS")
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap_or(shared::retry::RetryPolicy::default().max_attempts());
+        let least = shared::config::least_receive_count(self.is_fifo(), self.batch_size, attempts);
+        self.max_receive_count.max(least)
+    }
+
     /// What every function of the stack gets: the database, the consumer name, the queue's
-    /// redrive count (each function checks it against the attempts), no alerts.
+    /// redrive count (each function checks it against the attempts), whether the queues are
+    /// FIFO and the batch size, no alerts.
     pub fn common_env(&self) -> Vec<(String, String)> {
-        let redrive = self.max_receive_count.to_string();
+        let redrive = self.redrive().to_string();
+        let batch_size = self.batch_size.to_string();
         [
             ("DATABASE_URL", self.database_url.as_str()),
             ("CONSUMER_NAME", self.consumer_name.as_str()),
             ("DATABASE_POOL_SIZE", "4"),
             ("ALERTING_DISABLED", "true"),
             ("REDRIVE_MAX_RECEIVE_COUNT", redrive.as_str()),
+            ("QUEUE_FIFO", if self.is_fifo() { "true" } else { "false" }),
+            ("CONSUMER_BATCH_SIZE", batch_size.as_str()),
         ]
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .into_iter()
@@ -269,6 +298,8 @@ pub struct Stack {
     /// The dead-letter API: `dead-letters-read`, `-replay` and `-discard` (shared with a local
     /// [`crate::gateway::Gateway`]).
     pub api: std::sync::Arc<ApiFunctions>,
+    /// The most records one poll hands the consumer.
+    pub batch_size: u32,
 }
 
 /// The dead-letter API's functions, as API Gateway would invoke them.
@@ -312,7 +343,7 @@ impl Stack {
             &sqs,
             &spec.queue_name,
             spec.visibility_timeout,
-            spec.max_receive_count,
+            spec.redrive(),
         )
         .await;
         let common = spec.common_env();
@@ -365,6 +396,7 @@ impl Stack {
             ingester,
             scheduled,
             api,
+            batch_size: spec.batch_size,
         }
     }
 
@@ -404,7 +436,7 @@ impl Stack {
             sqs: &self.sqs,
             queue: &self.jobs,
             function: &self.consumer,
-            batch_size: 10,
+            batch_size: self.batch_size as i32,
             delete_loss: 0.0,
         };
         let dlq = EventSource {

@@ -206,6 +206,9 @@ async fn fifo_the_ingester_writes_a_fifo_dlqs_message_as_a_letter_with_its_group
 ) {
     let (pool, stack) = e2e::stack_for_test!(pool_opts, connect, |spec| {
         spec.queue_name = format!("{}.fifo", spec.queue_name);
+        // One record a batch: nothing is held back, so 7 receives redrive it (as the template's
+        // FIFO default does for ten records a batch at 70).
+        spec.batch_size = 1;
         spec.consumer_cannot_reach_its_database();
     })
     .await;
@@ -271,4 +274,61 @@ async fn fifo_a_replay_carries_its_group_and_is_not_dropped_as_a_copy_of_the_ori
         !e2e::fenced(&pool, job_id).await,
         "a permanent failure never commits"
     );
+}
+
+/// Issue 34, item 3: a group [A, B, C] whose first two jobs fail transiently until their
+/// attempts run out (a partner outage), C healthy. Every receive of A and then of B receives C
+/// too, held back unrun; with the redrive at the attempts + 2, C was redriven to the DLQ after
+/// 0 executions (a `crashed` letter for a job that never ran). At the FIFO redrive (the batch
+/// size times that) A and B are letters after their 5 executions each, and C commits, in order.
+async fn a_record_held_back_behind_failing_jobs_runs(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+    mode: CommitMode,
+) {
+    let (pool, stack) = fifo_stack(pool_opts, connect, mode, 7).await;
+    let outage = || Some(json!("always_transient"));
+    let (a, b, c) = (
+        award("g", 1, outage()),
+        award("g", 2, outage()),
+        award("g", 3, None),
+    );
+    for job in [&a, &b, &c] {
+        stack.send_in_group(&job.1, "g").await;
+    }
+    stack
+        .run_until(SETTLE, || async {
+            awards_in_order(&pool, "g").await.len() == 1 || !letters(&pool, c.0).await.is_empty()
+        })
+        .await;
+    assert!(
+        letters(&pool, c.0).await.is_empty(),
+        "{:?}",
+        letters(&pool, c.0).await
+    );
+    assert_eq!(awards_in_order(&pool, "g").await, [3], "C ran");
+    for failed in [&a, &b] {
+        let kinds: Vec<(ErrorKind, i32)> = letters(&pool, failed.0)
+            .await
+            .iter()
+            .map(|l| (l.error_kind, l.attempts))
+            .collect();
+        assert_eq!(kinds, [(ErrorKind::Exhausted, 5)], "{mode:?}");
+    }
+}
+
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn fifo_a_record_held_back_behind_failing_jobs_runs_and_is_never_redriven(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    a_record_held_back_behind_failing_jobs_runs(pool_opts, connect, CommitMode::PerJob).await;
+}
+
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn fifo_a_record_held_back_behind_failing_jobs_runs_and_is_never_redriven_in_batch_mode(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    a_record_held_back_behind_failing_jobs_runs(pool_opts, connect, CommitMode::Batch).await;
 }

@@ -75,7 +75,16 @@ fn resolve(t: &Value, name: &str, v: &Value) -> String {
             .unwrap()
             .replace("${AWS::StackName}", "jobs-staging"),
         Value::Object(o) if o.contains_key("Fn::GetAtt") => "attribute".into(),
-        Value::Object(o) if o.contains_key("Fn::If") => panic!("{name}: conditional value"),
+        // A condition of the flattened template (a stanza's, its parameters substituted).
+        Value::Object(o) if o.contains_key("Fn::If") => {
+            let branches = o["Fn::If"].as_array().expect("Fn::If's three items");
+            let condition = branches[0].as_str().expect("a condition's name");
+            let sides = t["Conditions"][condition]["Fn::Equals"]
+                .as_array()
+                .unwrap_or_else(|| panic!("{name}: condition {condition} is no Fn::Equals"));
+            let holds = resolve(t, name, &sides[0]) == resolve(t, name, &sides[1]);
+            resolve(t, name, &branches[if holds { 1 } else { 2 }])
+        }
         other => panic!("{name}: unexpected value {other}"),
     }
 }
@@ -424,8 +433,12 @@ fn hole2_every_queues_retention_is_what_its_functions_floor_counts() {
                 kept(&dlq),
                 "{function}: {dlq}"
             );
-            let floor =
-                shared::fence::ttl_floor(fence.queue_retention, fence.dlq_retention, &fence.policy);
+            let floor = shared::fence::ttl_floor(
+                fence.queue_retention,
+                fence.dlq_retention,
+                &fence.policy,
+                fence.fifo,
+            );
             assert!(
                 fence.ttl >= floor,
                 "{function}: TTL {:?} < floor {floor:?}",
@@ -944,5 +957,52 @@ fn a_stanza_declares_its_queues_fifo_with_one_line() {
     assert!(
         max_batch <= 10,
         "a FIFO event source takes at most 10 records a batch"
+    );
+    // Issue 34, items 3 and 4: at the FIFO defaults every function of the stanza starts (its
+    // fence TTL above the FIFO floor, each DLQ stay counted from the move), and the queue
+    // redrives no record held back behind its group's head: batch size x (attempts + 2).
+    let queue = &resource(&t, "RedeemRewardJobQueue")["Properties"];
+    let redrive: u32 = resolve(
+        &t,
+        "maxReceiveCount",
+        &queue["RedrivePolicy"]["maxReceiveCount"],
+    )
+    .parse()
+    .unwrap();
+    let batch: u32 = resolve(&t, "BatchSize", &events["BatchSize"])
+        .parse()
+        .unwrap();
+    for function in ["RedeemRewardFunction", "RedeemRewardDlqIngesterFunction"] {
+        let env = environment(&t, resource(&t, function));
+        let fence = shared::config::FenceConfig::from_env(&Env::from_fn(|k| env.get(k).cloned()))
+            .unwrap_or_else(|e| panic!("{function}: {e}"));
+        assert!(fence.fifo, "{function}");
+        let floor = shared::fence::ttl_floor(
+            fence.queue_retention,
+            fence.dlq_retention,
+            &fence.policy,
+            true,
+        );
+        assert!(
+            fence.ttl >= floor,
+            "{function}: {:?} < {floor:?}",
+            fence.ttl
+        );
+        assert_eq!(fence.max_receive_count, redrive, "{function}");
+        let attempts = fence.policy.max_attempts();
+        assert!(
+            redrive >= shared::config::least_receive_count(true, batch, attempts),
+            "{function}: {redrive} receives"
+        );
+    }
+    // The standard stanza keeps the standard redrive.
+    let standard = &resource(&t, "AwardPointsJobQueue")["Properties"];
+    assert_eq!(
+        resolve(
+            &t,
+            "maxReceiveCount",
+            &standard["RedrivePolicy"]["maxReceiveCount"]
+        ),
+        "7"
     );
 }

@@ -30,6 +30,7 @@ pub async fn run() -> Result<(), Error> {
         max_attempts: config.fence.policy.max_attempts(),
         settle_wait: config.fence.lock_timeout,
         fence_ttl: config.fence.ttl,
+        queue_retention: config.fence.queue_retention,
         clock,
         metrics: Default::default(),
         alerter,

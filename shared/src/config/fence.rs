@@ -23,11 +23,18 @@ pub struct FenceConfig {
     /// How long a copy of a job waits for a concurrent copy's fence (default 2 s); settling a
     /// job's fence before a letter waits as long.
     pub lock_timeout: Duration,
+    /// Whether the job queue and its DLQ are FIFO queues ([`QUEUE_FIFO`]).
+    pub fifo: bool,
 }
 
 /// The fence TTL when [`FENCE_TTL_SECONDS`] is unset: above the floor of the default
 /// retentions (5 + 5 days + the retry window + a day).
 pub(crate) const DEFAULT_FENCE_TTL: Duration = Duration::from_secs(14 * 86_400);
+
+/// The fence TTL of a FIFO consumer when [`FENCE_TTL_SECONDS`] is unset: above the FIFO floor
+/// of the default retentions (2 × (4 + 5 days) + the retry window + a day), where each DLQ stay
+/// counts from the move.
+pub(crate) const DEFAULT_FIFO_FENCE_TTL: Duration = Duration::from_secs(21 * 86_400);
 
 /// The DLQ retention when [`DLQ_RETENTION_SECONDS`] is unset (the template's default): five
 /// days for an ingester that fails to be mended (its alarm fires in 15 minutes).
@@ -109,7 +116,21 @@ impl FenceConfig {
                 ),
             });
         }
-        let max_receive_count = env.parsed(REDRIVE_MAX_RECEIVE_COUNT, attempts + 2)?;
+        let fifo = env.parsed(QUEUE_FIFO, false)?;
+        let batch_size: u32 = env.parsed(CONSUMER_BATCH_SIZE, 10)?;
+        let least_receive_count = least_receive_count(fifo, batch_size, attempts);
+        let max_receive_count = env.parsed(REDRIVE_MAX_RECEIVE_COUNT, least_receive_count)?;
+        if fifo && max_receive_count < least_receive_count {
+            return Err(ConfigError {
+                variable: REDRIVE_MAX_RECEIVE_COUNT,
+                problem: format!(
+                    "{max_receive_count} is below {least_receive_count} ({CONSUMER_BATCH_SIZE} \
+                     {batch_size} x ({attempts} attempts + 2)) on a FIFO queue: every receive of \
+                     a group's failing head receives the records behind it too, held back \
+                     unprocessed, so a record could be redriven to the DLQ without ever running"
+                ),
+            });
+        }
         if max_receive_count <= attempts {
             return Err(ConfigError {
                 variable: REDRIVE_MAX_RECEIVE_COUNT,
@@ -127,20 +148,38 @@ impl FenceConfig {
                 problem: "must be at least 1".into(),
             });
         }
-        let ttl = env.seconds(FENCE_TTL_SECONDS, DEFAULT_FENCE_TTL)?;
-        let floor = ttl_floor(queue_retention, dlq_retention, &policy);
+        let default_ttl = if fifo {
+            DEFAULT_FIFO_FENCE_TTL
+        } else {
+            DEFAULT_FENCE_TTL
+        };
+        let ttl = env.seconds(FENCE_TTL_SECONDS, default_ttl)?;
+        let floor = ttl_floor(queue_retention, dlq_retention, &policy, fifo);
         if ttl < floor {
+            let paths = if fifo {
+                format!(
+                    "twice ({QUEUE_RETENTION_SECONDS} {} s + {DLQ_RETENTION_SECONDS} {} s): a \
+                     FIFO queue's DLQ counts its retention from the move, so a copy lives the \
+                     queue's retention, then the DLQ's, and again both when it is redriven back",
+                    queue_retention.as_secs(),
+                    dlq_retention.as_secs()
+                )
+            } else {
+                format!(
+                    "twice {DLQ_RETENTION_SECONDS} {} s: a copy redriven from the DLQ back to its \
+                     queue at the end of the DLQ's retention lives a queue's or a DLQ's retention \
+                     again",
+                    dlq_retention.as_secs()
+                )
+            };
             return Err(ConfigError {
                 variable: FENCE_TTL_SECONDS,
                 problem: format!(
-                    "{} s is below the safe floor of {} s (twice {DLQ_RETENTION_SECONDS} {} s + \
-                     max retry window {} s + margin {} s: a copy redriven from the DLQ back to its \
-                     queue at the end of the DLQ's retention lives a queue's or a DLQ's retention \
-                     again): a copy of a job arriving after its fence expired would apply its \
-                     effect twice",
+                    "{} s is below the safe floor of {} s ({paths}; + max retry window {} s + \
+                     margin {} s): a copy of a job arriving after its fence expired would apply \
+                     its effect twice",
                     ttl.as_secs(),
                     floor.as_secs(),
-                    dlq_retention.as_secs(),
                     policy.max_retry_window().as_secs(),
                     crate::fence::TTL_MARGIN.as_secs()
                 ),
@@ -154,6 +193,21 @@ impl FenceConfig {
             dlq_retention,
             max_receive_count,
             lock_timeout,
+            fifo,
         })
+    }
+}
+
+/// The least redrive `maxReceiveCount` that never redrives a record the harness did not run
+/// out of its attempts. On a standard queue: the attempts + 2 (hand-backs on the way). On a
+/// FIFO queue, a record is received again with every receive of each record ahead of it in
+/// its group's batch, held back unprocessed, and at most `batch_size - 1` records are ahead of
+/// it while it is in the batch at all, each received at most its attempts + 2 times: so
+/// `batch_size` x (attempts + 2), whatever the group's depth.
+pub fn least_receive_count(fifo: bool, batch_size: u32, attempts: u32) -> u32 {
+    if fifo {
+        batch_size.max(1).saturating_mul(attempts + 2)
+    } else {
+        attempts + 2
     }
 }

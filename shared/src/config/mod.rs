@@ -11,7 +11,7 @@ mod functions;
 
 pub use alerts::AlertConfig;
 pub use database::{DatabaseConfig, DatabaseSource};
-pub use fence::FenceConfig;
+pub use fence::{FenceConfig, least_receive_count};
 pub use functions::{
     ApiConfig, ConsumerConfig, DlqIngesterConfig, REPLAY_ALERT_AFTER, ScheduledConfig,
 };
@@ -57,6 +57,10 @@ pub const COMMIT_MODE: &str = "COMMIT_MODE";
 pub const JOB_QUEUE_NAME: &str = "JOB_QUEUE_NAME";
 /// The job queue's redrive `maxReceiveCount`.
 pub const REDRIVE_MAX_RECEIVE_COUNT: &str = "REDRIVE_MAX_RECEIVE_COUNT";
+/// `true` when the job queue and its DLQ are FIFO queues (the stanza's `Fifo`).
+pub const QUEUE_FIFO: &str = "QUEUE_FIFO";
+/// The most records the event source hands the consumer at once (its `BatchSize`).
+pub const CONSUMER_BATCH_SIZE: &str = "CONSUMER_BATCH_SIZE";
 
 /// `true` runs without BetterStack alerts (the local stack); anything else requires the token.
 pub const ALERTING_DISABLED: &str = "ALERTING_DISABLED";

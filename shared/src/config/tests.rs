@@ -352,3 +352,71 @@ fn the_unsent_replay_bound_is_checked_naming_the_variable() {
         Duration::from_secs(7200)
     );
 }
+
+/// Issue 34, item 4: a FIFO DLQ resets a message's enqueue time on the move, so a TTL that
+/// holds for a standard queue (the default 14 days) lets a committed job's copy, moved to the
+/// FIFO DLQ and back, arrive after its fence is swept. The FIFO floor counts each stay from the
+/// move; the functions refuse a TTL under it, naming the variable, and default above it.
+#[test]
+fn a_fifo_queue_counts_each_dlq_stay_from_the_move() {
+    let fifo = [(QUEUE_FIFO, "true")];
+    let err = load(&[fifo[0], (FENCE_TTL_SECONDS, "1209600")]).unwrap_err();
+    assert_eq!(err.variable, FENCE_TTL_SECONDS, "{err}");
+    assert!(
+        err.to_string()
+            .contains("counts its retention from the move"),
+        "{err}"
+    );
+    assert!(load(&[(FENCE_TTL_SECONDS, "1209600")]).is_ok(), "standard");
+    let c = load(&fifo).unwrap();
+    assert!(c.fence.fifo);
+    assert_eq!(c.fence.ttl, Duration::from_secs(21 * 86_400));
+    // Floor + one second passes; at the floor - 1 it does not.
+    let floor = crate::fence::ttl_floor(
+        c.fence.queue_retention,
+        c.fence.dlq_retention,
+        &c.fence.policy,
+        true,
+    )
+    .as_secs();
+    let (under, over) = ((floor - 1).to_string(), (floor + 1).to_string());
+    let env = |ttl: &str| {
+        let pairs: Vec<(&str, &str)> = BASE
+            .iter()
+            .copied()
+            .chain([(QUEUE_FIFO, "true"), (FENCE_TTL_SECONDS, ttl)])
+            .collect();
+        ConsumerConfig::from_env(&Env::from_pairs(&pairs))
+    };
+    assert_eq!(env(&under).unwrap_err().variable, FENCE_TTL_SECONDS);
+    assert!(env(&over).is_ok());
+}
+
+/// Issue 34, item 3: on a FIFO queue every receive of a group's failing head receives the
+/// records behind it in its batch, held back; with a redrive of the attempts + 2 a healthy
+/// record two failing jobs back was redriven without ever running. The redrive must be the
+/// batch size times that, whatever the group's depth; the functions refuse less.
+#[test]
+fn a_fifo_redrive_covers_every_record_held_back_in_a_batch() {
+    let err = load(&[(QUEUE_FIFO, "true"), (REDRIVE_MAX_RECEIVE_COUNT, "7")]).unwrap_err();
+    assert_eq!(err.variable, REDRIVE_MAX_RECEIVE_COUNT, "{err}");
+    assert!(err.to_string().contains("without ever running"), "{err}");
+    let c = load(&[(QUEUE_FIFO, "true")]).unwrap();
+    assert_eq!(
+        c.fence.max_receive_count, 70,
+        "10 records x (5 attempts + 2)"
+    );
+    assert!(
+        load(&[
+            (QUEUE_FIFO, "true"),
+            (CONSUMER_BATCH_SIZE, "1"),
+            (REDRIVE_MAX_RECEIVE_COUNT, "7")
+        ])
+        .is_ok()
+    );
+    assert_eq!(load(&[]).unwrap().fence.max_receive_count, 7, "standard");
+    assert_eq!(
+        load(&[(QUEUE_FIFO, "yes")]).unwrap_err().variable,
+        QUEUE_FIFO
+    );
+}
