@@ -178,6 +178,37 @@ pub fn fifo_ids(letter: &DeadLetter) -> Option<(String, String)> {
     Some((group, letter.id.to_string()))
 }
 
+/// The most bytes SQS takes in one message: its body and each attribute's name, type and value.
+pub const MAX_MESSAGE_BYTES: usize = 256 * 1024;
+
+/// Why SQS would refuse `body` sent as a replay of `letter` (with its [`REPLAY_OF_ATTRIBUTE`]),
+/// if it would: a character SQS does not take in a message (it takes #x9, #xA, #xD, #x20 to
+/// #xD7FF, #xE000 to #xFFFD and #x10000 to #x10FFFF), or a message past [`MAX_MESSAGE_BYTES`]
+/// with its attribute. Asked before a replay is recorded, so that no replay is queued that no
+/// send could ever deliver: such a letter stays pending, to be edited or discarded.
+pub fn refused_by_sqs(letter: &crate::ids::DeadLetterId, body: &str) -> Option<String> {
+    let refused = |c: char| {
+        !matches!(c, '\t' | '\n' | '\r' | ' '..='\u{D7FF}' | '\u{E000}'..='\u{FFFD}')
+            && c < '\u{10000}'
+    };
+    if let Some((at, c)) = body.char_indices().find(|&(_, c)| refused(c)) {
+        return Some(format!(
+            "the body holds U+{:04X} at byte {at}, a character SQS refuses in a message \
+             (InvalidMessageContents)",
+            u32::from(c)
+        ));
+    }
+    let attribute = REPLAY_OF_ATTRIBUTE.len() + "String".len() + letter.to_string().len();
+    let size = body.len() + attribute;
+    (size > MAX_MESSAGE_BYTES).then(|| {
+        format!(
+            "the body is {} bytes, {size} with its {REPLAY_OF_ATTRIBUTE} attribute: SQS takes at \
+             most {MAX_MESSAGE_BYTES} in one message",
+            body.len()
+        )
+    })
+}
+
 /// The message body a letter's replay sends: the edited envelope of an edited replay, else the
 /// body the letter was written from, exactly as received (for a letter older than the stored
 /// body, rebuilt from its payload: [`original_body`]).
@@ -235,6 +266,35 @@ mod tests {
             !refuses_the_message(None),
             "no code: not known to be the message's"
         );
+    }
+
+    #[test]
+    fn what_sqs_refuses_is_named_before_anything_is_queued() {
+        let id = crate::ids::DeadLetterId(uuid::Uuid::nil());
+        for body in [
+            "{}",
+            "\t\n\r é \u{D7FF} \u{E000} \u{FFFD} \u{10000} \u{10FFFF}",
+        ] {
+            assert_eq!(refused_by_sqs(&id, body), None, "{body:?}");
+        }
+        for (body, names) in [
+            ("{\"a\":\"\u{FFFF}\"}", "U+FFFF at byte 6"),
+            ("\u{FFFE}", "U+FFFE"),
+            ("a\u{1}", "U+0001"),
+            ("\u{B}", "U+000B"),
+        ] {
+            let why = refused_by_sqs(&id, body).expect(body);
+            assert!(why.contains(names), "{why}");
+        }
+        // The attribute counts: a body SQS took alone is refused with it.
+        let full = "x".repeat(MAX_MESSAGE_BYTES);
+        assert!(
+            refused_by_sqs(&id, &full)
+                .unwrap()
+                .contains("with its replay_of")
+        );
+        let fits = "x".repeat(MAX_MESSAGE_BYTES - 51);
+        assert_eq!(refused_by_sqs(&id, &fits), None);
     }
 
     #[test]

@@ -366,3 +366,172 @@ async fn an_edited_replay_of_a_job_whose_fence_exists_sends_nothing(
     assert_eq!(stack.in_flight().await, 0, "nothing on the queue");
     assert_eq!(count_awards(&pool, job_id).await.unwrap(), 1);
 }
+
+/// Issue 34, item 5: an edit SQS would refuse (U+FFFF; SQS answers InvalidMessageContents) was
+/// accepted and queued, and nothing an operator could do resolved the letter: a corrected edit
+/// and a discard answered 409, and the scheduled run retried the send for ever. What the
+/// transport refuses is now refused at the door with a 422 naming why, and the letter stays
+/// pending, so the corrected edit goes through.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn an_edit_sqs_would_refuse_is_refused_at_the_door_and_the_letter_stays_pending(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let (pool, stack) = stack(pool_opts, connect, CommitMode::PerJob).await;
+    let (job_id, tenant) = (JobId(Uuid::new_v4()), TenantId(Uuid::new_v4()));
+    let received = envelope(job_id, tenant, json!({"account_id": "a", "points": "x"}));
+    let letter = lettered(&pool, &stack, job_id, &received).await;
+    let before = fingerprint(&pool).await;
+    for (bad, why) in [
+        (json!({"account_id": "a\u{FFFF}", "points": 7}), "U+FFFF"),
+        (
+            json!({"account_id": "a", "points": 7, "note": "x".repeat(261_946)}),
+            "with its replay_of attribute",
+        ),
+    ] {
+        let response = stack
+            .api
+            .call(&edit(
+                letter.id,
+                &[Scope::Edit],
+                &json!({"body": envelope(job_id, tenant, bad), "reason": "fix"}),
+            ))
+            .await;
+        assert_eq!(response.status, 422, "{:#}", response.body);
+        let message = response.body["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains(why) && message.contains("stays pending"),
+            "{message}"
+        );
+        assert_eq!(fingerprint(&pool).await, before, "nothing recorded");
+    }
+    assert_eq!(stack.in_flight().await, 0, "nothing sent");
+    let fixed = envelope(job_id, tenant, json!({"account_id": "a", "points": 7}));
+    let response = stack
+        .api
+        .call(&edit(
+            letter.id,
+            &[Scope::Edit],
+            &json!({"body": fixed, "reason": "points as a number"}),
+        ))
+        .await;
+    assert_eq!(response.status, 200, "{:#}", response.body);
+    stack
+        .run_until(SETTLE, || async {
+            count_awards(&pool, job_id).await.unwrap() == 1
+        })
+        .await;
+}
+
+/// Issue 34, item 5: a queued replay that no send can deliver (here its queue is gone) is
+/// withdrawn by an operator, audited: the letter keeps `replayed` with the outcome `withdrawn`,
+/// who and why; the scheduled run stops sending it; the job is pending again as a new letter
+/// linked to it, which can be discarded. A second withdrawal, or one of a replay already sent,
+/// is a 409 that changes nothing.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn a_queued_replay_that_cannot_be_sent_is_withdrawn_back_to_review(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let (pool, stack) = stack(pool_opts, connect, CommitMode::PerJob).await;
+    let (job_id, tenant) = (JobId(Uuid::new_v4()), TenantId(Uuid::new_v4()));
+    let body = envelope(job_id, tenant, json!({"account_id": "a", "points": 7}));
+    let letter = seed_letter_for(&pool, "a-queue-since-deleted", ErrorKind::Exhausted, &body).await;
+    let replay = request(
+        "POST",
+        &format!("/v1/core/dead-letters/{letter}/replay"),
+        Some(caller("ops-1", &[Scope::Replay])),
+    );
+    let queued = stack.api.call(&replay).await;
+    assert_eq!(queued.status, 202, "{:#}", queued.body);
+    let withdraw = |scopes: &[Scope], reason: &str| {
+        with_body(
+            request(
+                "POST",
+                &format!("/v1/core/dead-letters/{letter}/withdraw"),
+                Some(caller("ops-2", scopes)),
+            ),
+            &json!({ "reason": reason }).to_string(),
+        )
+    };
+    // Without the replay scope, or without a reason: refused, nothing changes.
+    let before = fingerprint(&pool).await;
+    assert_eq!(
+        stack
+            .api
+            .call(&withdraw(&[Scope::Discard], "gone"))
+            .await
+            .status,
+        403
+    );
+    assert_eq!(
+        stack
+            .api
+            .call(&withdraw(&[Scope::Replay], "  "))
+            .await
+            .status,
+        422
+    );
+    assert_eq!(fingerprint(&pool).await, before);
+    let response = stack
+        .api
+        .call(&withdraw(
+            &[Scope::Replay],
+            "the queue was deleted with its stack",
+        ))
+        .await;
+    assert_eq!(response.status, 200, "{:#}", response.body);
+    let shown = &response.body["letter"];
+    assert_eq!(
+        (
+            &shown["status"],
+            &shown["replay_outcome"],
+            &shown["replay_withdrawn_by"],
+            &shown["replay_withdraw_reason"]
+        ),
+        (
+            &json!("replayed"),
+            &json!("withdrawn"),
+            &json!("ops-2"),
+            &json!("the queue was deleted with its stack")
+        )
+    );
+    let pending: DeadLetterId =
+        serde_json::from_value(response.body["pending_letter"].clone()).unwrap();
+    let all = letters(&pool, job_id).await;
+    let again = all
+        .iter()
+        .find(|l| l.id == pending)
+        .expect("the new letter");
+    assert_eq!(
+        (again.status, again.replay_of, again.body.as_deref()),
+        (
+            shared::dead_letter::ReviewStatus::PendingReview,
+            Some(letter),
+            Some(body.to_string().as_str())
+        )
+    );
+    let sends: i64 = sqlx::query_scalar("SELECT count(*) FROM core.replay_sends")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(sends, 0, "the scheduled run has nothing left to send");
+    // Again: 409, nothing changes.
+    let before = fingerprint(&pool).await;
+    let twice = stack.api.call(&withdraw(&[Scope::Replay], "again")).await;
+    assert_eq!(
+        (twice.status, &twice.body["error"]["code"]),
+        (409, &json!("not_queued"))
+    );
+    assert_eq!(fingerprint(&pool).await, before);
+    // The job's new letter is an ordinary pending letter: discarded with a reason.
+    let discard = with_body(
+        request(
+            "POST",
+            &format!("/v1/core/dead-letters/{pending}/discard"),
+            Some(caller("ops-2", &[Scope::Discard])),
+        ),
+        r#"{"reason": "the consumer and its queue were retired"}"#,
+    );
+    assert_eq!(stack.api.call(&discard).await.status, 200);
+}

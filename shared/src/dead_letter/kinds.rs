@@ -69,6 +69,9 @@ pub enum ReplayOutcome {
     Sent,
     /// The job's fence existed: its effect has committed, so nothing was sent.
     AlreadyProcessed,
+    /// Queued, then withdrawn by an operator before any queue accepted it: its job went back to
+    /// review as a new pending letter linked to this one.
+    Withdrawn,
 }
 
 /// Whether a group still has letters pending review (as the API spells it).

@@ -122,6 +122,12 @@ pub struct DeadLetter {
     /// The FIFO group of the message it was written from, which its replay carries (none from
     /// a standard queue).
     pub message_group: Option<String>,
+    /// Who withdrew its queued replay (none unless its replay outcome is `withdrawn`).
+    pub replay_withdrawn_by: Option<String>,
+    /// When.
+    pub replay_withdrawn_at: Option<DateTime<Utc>>,
+    /// Why.
+    pub replay_withdraw_reason: Option<String>,
 }
 
 /// A stored body, shown as the JSON it is.

@@ -45,7 +45,7 @@ pub use record::{Recorded, Settled, record_dead_letter, record_unless_processed}
 pub use review::{
     LetterSummary, ListFilter, LockedLetter, Position, Verdict, fence_is_another_job,
     id_prefix_range, is_lock_timeout, letter_fence_exists, list_letters, lock_letter,
-    queued_replays, record_replay_sent,
+    queued_replays, record_replay_sent, withdraw_replay,
 };
 
 /// The most bytes an identifier keeps in a letter's indexed columns.

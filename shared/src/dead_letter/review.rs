@@ -348,6 +348,27 @@ pub async fn record_replay_sent(
     .await
 }
 
+/// Withdraws letter `id`'s queued replay (a replay no queue has accepted, which an operator
+/// takes back: the queue is gone, or SQS refuses the message) and writes its job back to review
+/// as a new pending letter linked to it, in one transaction (`core.withdraw_replay`). The new
+/// letter's id, or `None` if the letter has no queued replay (a send or another withdrawal won).
+pub async fn withdraw_replay(
+    db: impl PgExecutor<'_>,
+    id: DeadLetterId,
+    actor: &str,
+    reason: &str,
+    now: DateTime<Utc>,
+) -> sqlx::Result<Option<DeadLetterId>> {
+    sqlx::query_scalar("SELECT core.withdraw_replay($1, $2, $3, $4)")
+        .bind(id.0)
+        .bind(actor)
+        .bind(reason)
+        .bind(now)
+        .fetch_one(db)
+        .await
+        .map(|new: Option<Uuid>| new.map(DeadLetterId))
+}
+
 /// Replays recorded before `before` whose message no queue has accepted yet, oldest first.
 pub async fn queued_replays(
     db: impl PgExecutor<'_>,

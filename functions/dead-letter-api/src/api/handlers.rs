@@ -48,6 +48,11 @@ pub(super) async fn run(
             let reason = parse_reason(bounded(&request.body)?)?;
             discard(api, route, id, actor, reason).await
         }
+        Operation::Withdraw => {
+            let id = parse_id(id)?;
+            let reason = parse_reason(bounded(&request.body)?)?;
+            withdraw(api, route, id, actor, reason).await
+        }
         Operation::ListGroups => list_groups(api, route, request).await,
         Operation::GetGroup => {
             let id = a_group_id("id", id.unwrap_or_default())?;
@@ -250,6 +255,28 @@ async fn replay(
         .transpose()?;
     // The fence of a job with a pending letter is never swept, so this answer holds at any age.
     let fence_exists = locked.fence_exists().await.map_err(db)?.unwrap_or(false);
+    // What SQS would refuse is refused here, before anything is recorded: a replay queued that
+    // no send can deliver would stay queued for ever. The letter stays pending.
+    let sent = body
+        .clone()
+        .unwrap_or_else(|| shared::replay::letter_body(&locked.letter));
+    if let Some(why) = (!fence_exists)
+        .then(|| shared::replay::refused_by_sqs(&locked.letter.id, &sent))
+        .flatten()
+    {
+        return Err(match edit {
+            Some(_) => ApiError::invalid_body(format!(
+                "the edited envelope cannot be sent: {why}; the letter stays pending"
+            )),
+            None => ApiError::conflict(
+                "not_sendable",
+                format!(
+                    "the letter's body cannot be sent as a replay: {why}; edit it \
+                     (POST …/edit) or discard it with a reason; the letter stays pending"
+                ),
+            ),
+        });
+    }
     if edit.is_some_and(|e| e.dry_run) {
         // Nothing is marked: dropping the lock rolls its transaction back.
         return ok(json!({
@@ -367,6 +394,44 @@ async fn discard(
     tracing::info!(letter = %id, job_id = letter.job_id.map(tracing::field::display),
         correlation_id = letter.correlation_id.as_deref(), actor, "dead letter discarded");
     ok(json!({ "letter": letter }))
+}
+
+/// Withdraws the letter's queued replay (one no queue has accepted: the queue is gone, or SQS
+/// refuses the message) and puts its job back to review as a new pending letter, which the
+/// answer names; a letter without a queued replay is a 409 naming what it has.
+async fn withdraw(
+    api: &Api,
+    route: &Route,
+    id: DeadLetterId,
+    actor: &str,
+    reason: String,
+) -> Result<ApiResponse, ApiError> {
+    let db = |e: sqlx::Error| ApiError::database(route.path, &e);
+    let now = api.clock.now();
+    let pending = dead_letter::withdraw_replay(&api.pool, id, actor, &reason, now)
+        .await
+        .map_err(db)?;
+    let letter = dead_letter::letter(&api.pool, id)
+        .await
+        .map_err(db)?
+        .ok_or_else(|| not_found(id))?;
+    let Some(pending) = pending else {
+        return Err(ApiError::conflict(
+            "not_queued",
+            format!(
+                "the letter is {}{}: only a replay recorded but not yet accepted by its queue \
+                 (replay_outcome queued) can be withdrawn",
+                letter.status,
+                letter
+                    .replay_outcome
+                    .map(|o| format!(", its replay {o}"))
+                    .unwrap_or_default()
+            ),
+        ));
+    };
+    tracing::info!(letter = %id, pending_letter = %pending, job_id = letter.job_id.map(tracing::field::display),
+        actor, "queued replay withdrawn; the job is pending review again");
+    ok(json!({ "letter": letter, "pending_letter": pending }))
 }
 
 /// Locks the letter for review and requires it to be pending.

@@ -40,6 +40,9 @@ pub enum Operation {
     Discard,
     /// `POST /v1/core/dead-letters/{id}/edit`: replay an edited body under the same job.
     Edit,
+    /// `POST /v1/core/dead-letters/{id}/withdraw`: take back a queued replay no queue accepted;
+    /// its job goes back to review as a new pending letter.
+    Withdraw,
     /// `GET /v1/core/dead-letter-groups`.
     ListGroups,
     /// `GET /v1/core/dead-letter-groups/{id}`.
@@ -65,7 +68,7 @@ pub struct Route {
 }
 
 /// Every route of the API. `template.yaml` and `openapi.yaml` are tested against it.
-pub const ROUTES: [Route; 8] = [
+pub const ROUTES: [Route; 9] = [
     Route {
         method: "GET",
         path: "/v1/core/dead-letters",
@@ -95,6 +98,14 @@ pub const ROUTES: [Route; 8] = [
         path: "/v1/core/dead-letters/{id}/edit",
         operation: Operation::Edit,
         scope: Scope::Edit,
+        function: "dead-letters-replay",
+    },
+    // On the replay function: it undoes a replay, so whoever may replay may withdraw one.
+    Route {
+        method: "POST",
+        path: "/v1/core/dead-letters/{id}/withdraw",
+        operation: Operation::Withdraw,
+        scope: Scope::Replay,
         function: "dead-letters-replay",
     },
     Route {
@@ -330,7 +341,7 @@ mod tests {
                 | Operation::ListGroups
                 | Operation::GetGroup
                 | Operation::GetProcessedJob => Scope::Read,
-                Operation::Replay => Scope::Replay,
+                Operation::Replay | Operation::Withdraw => Scope::Replay,
                 Operation::Discard => Scope::Discard,
                 Operation::Edit => Scope::Edit,
             };
