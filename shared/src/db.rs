@@ -175,6 +175,15 @@ impl Database {
     }
 }
 
+/// What ends every use of a harness lane (`harness::lanes`) after its transaction, in the same
+/// query string: the session as
+/// the connection opened it (its startup parameters are its defaults, kept). Each statement is
+/// allowed in a transaction block and in a read-only transaction, which a multi-statement query
+/// and a handler's `SET default_transaction_read_only` make it; `DISCARD ALL` is not, and sqlx's
+/// prepared statements are kept (`DEALLOCATE` would break its statement cache).
+pub(crate) const RESET_SESSION: &str =
+    "RESET ALL; DISCARD TEMP; SELECT pg_advisory_unlock_all(); UNLISTEN *";
+
 #[cfg(test)]
 mod tests {
     use super::*;

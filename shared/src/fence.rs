@@ -385,7 +385,8 @@ pub async fn close_jobs(
 /// a failed connection at any point, leaves the commit unknown.
 async fn check_and_commit(conn: &mut PgConnection, check: String) -> Result<(), CloseError> {
     use futures_util::TryStreamExt;
-    let sql = sqlx::AssertSqlSafe(check + "; COMMIT");
+    // The lane's session reset rides with the COMMIT (see `harness::lanes`).
+    let sql = sqlx::AssertSqlSafe(format!("{check}; COMMIT; {}", crate::db::RESET_SESSION));
     let mut results = sqlx::raw_sql(sql).fetch_many(conn);
     let mut checked = false;
     loop {

@@ -59,11 +59,12 @@ impl<C: Consumer> Harness<C> {
         &self,
         mut jobs: Jobs<'_, C::Payload>,
     ) -> Result<Committed, Unfinished> {
+        // No connection is no failure of the jobs': none of them ran.
         let mut lane = self
             .lanes
             .take(&self.pool)
             .await
-            .map_err(|e| Unfinished::Failed(e.into()))?;
+            .map_err(|e| Unfinished::Claim(FenceError::Database(e)))?;
         let order: Vec<JobId> = match &jobs {
             Jobs::Group(group) => group.iter().map(|job| job.envelope.job_id).collect(),
             Jobs::One(..) => Vec::new(),

@@ -14,6 +14,10 @@
 //! - sqlx counts one transaction on every lane, for its whole life (see [`new_lane`]), so a
 //!   handler's `Connection::begin` inside the job's transaction nests as a `SAVEPOINT`, as it
 //!   would inside a transaction sqlx began;
+//! - a lane is a clean connection for every job: whatever session state a handler left on it
+//!   (a `SET`, a read-only default, a temporary table, a session advisory lock, a `LISTEN`) is
+//!   reset by [`crate::db::RESET_SESSION`], sent in the same round trip as the statement that ends the
+//!   job's transaction (`COMMIT` or `ROLLBACK`), so no job inherits another's session;
 //! - at most as many lanes are kept idle as the pool has connections; lanes in use are at most
 //!   the records a harness runs at once. New lanes come from the pool (with its credentials,
 //!   refreshed as `crate::db` refreshes them) and leave its count, so statements on the pool
@@ -101,9 +105,11 @@ impl Lane<'_> {
         self.idle = true;
     }
 
-    /// Rolls back the transaction the lane is in; the lane is kept if that was answered.
+    /// Rolls back the transaction the lane is in and resets its session ([`crate::db::RESET_SESSION`]);
+    /// the lane is kept if that was answered.
     pub(super) async fn rollback(&mut self) -> sqlx::Result<()> {
-        sqlx::raw_sql("ROLLBACK").execute(self.conn()).await?;
+        let sql = sqlx::AssertSqlSafe(format!("ROLLBACK; {}", crate::db::RESET_SESSION));
+        sqlx::raw_sql(sql).execute(self.conn()).await?;
         self.ended();
         Ok(())
     }

@@ -231,7 +231,9 @@ impl<C: Consumer> Harness<C> {
             Err(Unfinished::Duplicate) => RecordOutcome::Duplicate,
             Err(Unfinished::Conflict) => self.conflict(msg, &job.envelope.ids(), &job.digest).await,
             Err(Unfinished::Claim(FenceError::Contended)) => self.contended(job, attempt).await,
-            Err(Unfinished::Claim(FenceError::Database(e))) => return Ok(e.into()),
+            Err(Unfinished::Claim(FenceError::Database(e))) => {
+                self.unclaimed(msg, job, attempt, e).await
+            }
             Err(Unfinished::Failed(failure)) => return Ok(failure),
             Err(Unfinished::CommitUnknown(e)) => return self.settle_commit(msg, job, e).await,
         };
@@ -247,6 +249,24 @@ impl<C: Consumer> Harness<C> {
         RecordOutcome::Contended {
             retry_after: self.settings.contended_retry_after,
         }
+    }
+
+    /// The fence could not be claimed for a reason that is not the job's (no connection, a
+    /// read-only or demoted server after a failover): the job never ran, so a charge is taken
+    /// back (best effort) and the record is handed back after the backoff of its delivery, as
+    /// an unavailable database's are. Only the job's own failures are charged as executions.
+    async fn unclaimed(
+        &self,
+        msg: &IncomingMessage,
+        job: &Job<C::Payload>,
+        attempt: Attempt,
+        error: sqlx::Error,
+    ) -> RecordOutcome {
+        if attempt.charged {
+            let _ = uncharge(&self.pool, job.envelope.job_id, self.consumer.name()).await;
+        }
+        let error = format!("claiming the job's fence failed, the job did not run: {error}");
+        self.hand_back(error, self.unavailable_delay(msg))
     }
 
     /// A `COMMIT` that failed may still have committed (its reply was lost with the
