@@ -903,3 +903,94 @@ fn dlq_with_no_api(args: &[&str]) -> std::process::Output {
         .output()
         .expect("dlq runs")
 }
+
+/// Issue 34, item 7: `dlq edit` opened the stored `jsonb` payload (keys reordered, numbers
+/// rewritten) in a file of a predictable name in the shared temporary directory. The editor now
+/// starts from the body as received, key for key and number for number, in a file made new
+/// with a name no one can guess, readable by its owner only, and gone afterwards.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn dlq_edit_starts_from_the_body_as_received_in_a_private_file(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let s = setup(pool_opts, connect).await;
+    let (job, tenant) = (Uuid::new_v4(), Uuid::new_v4());
+    // Payload first, a version written 1.50: jsonb would put job_id first and write 1.50 as 1.5.
+    let received = format!(
+        r#"{{"payload":{{"points":"seven","account_id":"acct-own"}},"version":1.50,"job_id":"{job}","tenant_id":"{tenant}","correlation_id":"edit"}}"#
+    );
+    s.stack.send(&received).await;
+    let pool = &s.pool;
+    s.stack
+        .run_until(SETTLE, || async move {
+            let letters: i64 = sqlx::query_scalar("SELECT count(*) FROM core.dead_letters")
+                .fetch_one(pool)
+                .await
+                .unwrap();
+            letters == 1
+        })
+        .await;
+    let id: Uuid = sqlx::query_scalar("SELECT id FROM core.dead_letters")
+        .fetch_one(&s.pool)
+        .await
+        .unwrap();
+    let seen = tempfile::tempdir().unwrap();
+    let script = seen.path().join("editor.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nstat -c %a \"$1\" > {dir}/mode\necho \"$1\" > {dir}/path\ncp \"$1\" {dir}/seen\nsed -i 's/\"seven\"/7/' \"$1\"\n",
+            dir = seen.path().display()
+        ),
+    )
+    .unwrap();
+    let mut cmd = dlq(
+        &s,
+        &s.operator.token,
+        &[
+            "edit",
+            &id.to_string(),
+            "--reason",
+            "points as a number",
+            "--yes",
+        ],
+    );
+    cmd.env("EDITOR", format!("sh {}", script.display()))
+        .env_remove("VISUAL");
+    let out = cmd.output().await.unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let shown = std::fs::read_to_string(seen.path().join("seen")).unwrap();
+    assert!(shown.contains("\"version\": 1.50"), "{shown}");
+    let (payload, job_line) = (
+        shown.find("\"payload\"").unwrap(),
+        shown.find("\"job_id\"").unwrap(),
+    );
+    assert!(
+        payload < job_line,
+        "the keys in the order received:\n{shown}"
+    );
+    let mode = std::fs::read_to_string(seen.path().join("mode")).unwrap();
+    assert_eq!(mode.trim(), "600", "the working file is its owner's only");
+    let path = std::fs::read_to_string(seen.path().join("path")).unwrap();
+    let path = std::path::Path::new(path.trim());
+    assert_ne!(
+        path,
+        std::env::temp_dir().join(format!("dlq-edit-{id}.json")),
+        "no predictable name"
+    );
+    assert!(!path.exists(), "removed afterwards");
+    let pool = &s.pool;
+    s.stack
+        .run_until(SETTLE, || async move {
+            consumer::count_awards(pool, shared::ids::JobId(job))
+                .await
+                .unwrap()
+                == 1
+        })
+        .await;
+}

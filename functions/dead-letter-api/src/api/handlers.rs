@@ -204,7 +204,13 @@ async fn get(api: &Api, route: &Route, id: DeadLetterId) -> Result<ApiResponse, 
         .await
         .map_err(db)?;
     let failed_replays = dead_letter::replays_of(&api.pool, id).await.map_err(db)?;
-    ok(json!({"letter": letter, "fence_exists": fence_exists, "failed_replays": failed_replays}))
+    // The body exactly as received (the letter's `payload` is jsonb: keys reordered, numbers
+    // rewritten), what an edit starts from.
+    let body = letter.body.clone();
+    ok(
+        json!({"letter": letter, "fence_exists": fence_exists, "failed_replays": failed_replays,
+              "body": body}),
+    )
 }
 
 /// Replays the letter, as received or with `edit`'s body (checked against the letter under its
