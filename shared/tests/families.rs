@@ -225,3 +225,53 @@ async fn the_body_received_committing_closes_the_letters_of_its_edits(pool: PgPo
     );
     assert_eq!(count_awards(&pool, job_id).await.unwrap(), 1);
 }
+
+/// Found by the model-based test (issue 34): a replay in one SQS batch with a redelivery of the
+/// message its letter came from (the original's delete was lost) took that redelivery's outcome,
+/// the letter it already had (now replayed), and was acked unrun: the job had no pending letter
+/// and never committed. A replay beside another delivery of its job runs on its own.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn a_replay_beside_a_redelivery_of_its_original_runs_on_its_own(pool: PgPool) {
+    for mode in [CommitMode::PerJob, CommitMode::Batch] {
+        let harness = harness_in(&pool, award_points(), mode);
+        let (job_id, body) = job(json!({"account_id": "acct-1", "points": "seven"}));
+        let original = message(&body, 1);
+        let letter = lettered(&harness, &pool, job_id, &original, ErrorKind::Poison).await;
+        // Replayed as received, as the API's replay route does.
+        let mut locked = lock_letter(&pool, letter.id, Duration::from_secs(5))
+            .await
+            .unwrap()
+            .unwrap();
+        let verdict = Verdict::Replayed {
+            outcome: ReplayOutcome::Queued,
+            reason: None,
+            body: None,
+        };
+        locked.mark(&verdict, "ops-1", t0()).await.unwrap();
+        locked.commit().await.unwrap();
+        let replay_body = body.clone();
+        let redelivered = IncomingMessage {
+            receive_count: 2,
+            ..original
+        };
+        let outcomes = run_batch(&harness, &[redelivered, replay(&replay_body, letter.id)]).await;
+        let shown = format!("{mode:?}: {outcomes:?}");
+        assert!(outcomes[0].is_ack(), "{shown}");
+        assert!(
+            matches!(
+                &outcomes[1],
+                RecordOutcome::DeadLettered {
+                    letter: shared::dead_letter::Recorded::New(_),
+                    ..
+                }
+            ),
+            "the replay ran (poison again: a new letter of its own): {shown}"
+        );
+        let pending = the_letters(&pool, job_id)
+            .await
+            .into_iter()
+            .filter(|l| l.status == ReviewStatus::PendingReview)
+            .count();
+        assert_eq!(pending, 1, "{shown}");
+    }
+}

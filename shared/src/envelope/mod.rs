@@ -47,7 +47,7 @@ pub struct Poison {
     pub ids: PartialIds,
     /// The digest of what makes up the job, as the fence would compare it, for a body that is
     /// unambiguous JSON: a poison copy of a committed job is its duplicate only if this matches.
-    pub digest: Option<JobDigest>,
+    pub digest: Option<Box<JobDigest>>,
 }
 
 /// Identifiers read leniently from a message that may be malformed.
@@ -103,7 +103,7 @@ impl<P: DeserializeOwned> Envelope<P> {
         let poison = |reason: String| Poison {
             reason,
             ids: ids.clone(),
-            digest: Some(digest),
+            digest: Some(Box::new(digest)),
         };
         if holds_nul(body, &value) {
             // PostgreSQL text cannot hold NUL: such a job could never be written, only retried.

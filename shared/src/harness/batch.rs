@@ -154,7 +154,9 @@ impl<C: Consumer> Harness<C> {
         // A job runs once per SQS batch, by its first record; its later records with the same
         // digest (the same job, however it is spelled) take their outcome from that run and are
         // never charged an execution of their own. One with another digest is another job
-        // under the id: it runs on its own, after the others.
+        // under the id: it runs on its own, after the others. So does a replay beside another
+        // delivery of its job (or a delivery beside a replay): its letter's review sent it to
+        // run, and the other's outcome (the letter it already had) does not answer for it.
         let mut first_of: HashMap<JobId, (usize, Option<JobDigest>)> = HashMap::new();
         for (i, (msg, parsed)) in msgs.iter().zip(parsed).enumerate() {
             let key = plan.keys[i];
@@ -162,7 +164,10 @@ impl<C: Consumer> Harness<C> {
             if let Some(committed) = key.and_then(|j| done.get(&j)) {
                 outcomes[i] = self.copy_of_processed(&mut plan, i, msg, parsed, committed.as_ref());
             } else if let Some(&(first, first_digest)) = key.and_then(|j| first_of.get(&j)) {
-                if digest.is_some() && digest == first_digest {
+                if digest.is_some()
+                    && digest == first_digest
+                    && msg.replay_of == msgs[first].replay_of
+                {
                     plan.copies.push((i, first));
                 } else {
                     plan.follows.insert(i, first);

@@ -44,7 +44,7 @@ pub(super) fn key_of<P>(parsed: &Parsed<P>) -> Option<JobId> {
 pub(super) fn digest_of<P>(parsed: &Parsed<P>) -> Option<JobDigest> {
     match parsed {
         Ok((_, digest)) => Some(*digest),
-        Err(poison) => poison.digest,
+        Err(poison) => poison.digest.as_deref().copied(),
     }
 }
 
@@ -129,7 +129,7 @@ impl<C: Consumer> Harness<C> {
                 let letter = self.dead_letter(
                     msg,
                     &ids,
-                    digest.as_ref(),
+                    digest.as_deref(),
                     1,
                     ErrorKind::Poison,
                     reason,
