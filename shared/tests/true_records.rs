@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 use shared::consumer::{Consumer, Job, ProcessError};
 use shared::dead_letter::ErrorKind;
 use shared::fence::fence_exists;
-use shared::harness::{HarnessSettings, IncomingMessage, RecordOutcome};
+use shared::harness::{CommitMode, HarnessSettings, IncomingMessage, RecordOutcome};
 use shared::ids::{ConsumerName, DeadLetterId, JobId};
 use shared::sweeper::sweep;
 use shared_testkit::commit_cutter::{Cut, pools_through};
@@ -487,45 +487,55 @@ async fn record_transient_failures(pool: &PgPool, job_id: JobId, n: u32) {
 /// rest of the work, and the job commits once. (A `BEGIN` instead would be ignored, and its
 /// rollback would roll back the fence too, leaving the work after it committed with no
 /// fence: a retry would apply it again.)
+/// In both commit modes (the guide's one truth about nested transactions, issue 35).
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn a_handlers_nested_transaction_is_a_savepoint_of_the_jobs(pool: PgPool) {
     use sqlx::Connection;
-    let consumer = Counting::then(award_points(), |tx| {
-        Box::pin(async move {
-            let mut step = tx.begin().await.map_err(ProcessError::from_database)?;
-            sqlx::query("SELECT 1")
-                .execute(&mut *step)
+    let mut expected = 0;
+    for mode in [CommitMode::PerJob, CommitMode::Batch] {
+        let consumer = Counting::then(award_points(), |tx| {
+            Box::pin(async move {
+                let mut step = tx.begin().await.map_err(ProcessError::from_database)?;
+                sqlx::query("SELECT 1")
+                    .execute(&mut *step)
+                    .await
+                    .map_err(ProcessError::from_database)?;
+                step.rollback().await.map_err(ProcessError::from_database)?;
+                sqlx::query("INSERT INTO reference.point_awards (job_id, tenant_id, account_id, points, awarded_at) VALUES (gen_random_uuid(), gen_random_uuid(), 'after-the-step', 1, now())")
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(ProcessError::from_database)?;
+                Ok(())
+            })
+        });
+        let harness = harness_in(&pool, consumer, mode);
+        let (job_id, body) = job(award(4));
+        assert_eq!(
+            deliver(&harness, &message(&body, 1)).await,
+            RecordOutcome::Processed,
+            "{mode:?}"
+        );
+        // Per job, the job; in batch mode, the job and its batch's companion.
+        expected += if mode == CommitMode::Batch { 2 } else { 1 };
+        assert_eq!(count_awards(&pool, job_id).await.unwrap(), 1);
+        assert!(
+            fence_exists(&pool, job_id, &reference_name())
                 .await
-                .map_err(ProcessError::from_database)?;
-            step.rollback().await.map_err(ProcessError::from_database)?;
-            sqlx::query("INSERT INTO reference.point_awards (job_id, tenant_id, account_id, points, awarded_at) VALUES (gen_random_uuid(), gen_random_uuid(), 'after-the-step', 1, now())")
-                .execute(&mut *tx)
-                .await
-                .map_err(ProcessError::from_database)?;
-            Ok(())
-        })
-    });
-    let harness = harness(&pool, consumer);
-    let (job_id, body) = job(award(4));
-    assert_eq!(
-        harness.process(&message(&body, 1)).await,
-        RecordOutcome::Processed
-    );
-    assert_eq!(count_awards(&pool, job_id).await.unwrap(), 1);
-    assert!(
-        fence_exists(&pool, job_id, &reference_name())
-            .await
-            .unwrap()
-    );
-    assert_eq!(
-        harness.process(&message(&body, 2)).await,
-        RecordOutcome::Duplicate
-    );
-    let after: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM reference.point_awards WHERE account_id = 'after-the-step'",
-    )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
-    assert_eq!(after, 1, "the work after the rolled-back step ran once");
+                .unwrap()
+        );
+        assert_eq!(
+            harness.process(&message(&body, 2)).await,
+            RecordOutcome::Duplicate
+        );
+        let after: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM reference.point_awards WHERE account_id = 'after-the-step'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!(
+            after, expected,
+            "{mode:?}: the work after the rolled-back step ran once"
+        );
+    }
 }
