@@ -70,15 +70,21 @@ BEGIN
 END
 $$;
 
--- Withdraws letter p_letter's queued replay and puts its job back to review: one statement's
--- transaction, so the withdrawal and the new pending letter exist together or not at all.
--- Returns the new letter's id, or NULL if p_letter has no queued replay (none, sent, or already
--- withdrawn: a concurrent withdrawal or send won; the caller reads which).
+-- Withdraws letter p_letter's queued replay and puts its job back to review, settled through
+-- the job's fence as every letter is: a placeholder claim waits for a copy still inside its
+-- transaction (and holds off one that would commit meanwhile), and a committed fence of the same
+-- job (core.same_job: its family of edits included) means the job is done, so no letter is
+-- written (the replay reached the queue after all, or a copy committed). One transaction: the
+-- withdrawal and the new pending letter exist together or not at all. Answers the outcome:
+-- 'withdrawn' with the new letter's id, 'already_processed', or 'not_queued' (no queued replay:
+-- none, sent, or already withdrawn; a concurrent withdrawal or send won).
 CREATE FUNCTION core.withdraw_replay(p_letter uuid, p_actor text, p_reason text, p_now timestamptz)
-RETURNS uuid
-LANGUAGE plpgsql AS $$
+RETURNS TABLE (outcome text, pending_letter uuid)
+LANGUAGE plpgsql SET lock_timeout = '2s' AS $$
 DECLARE
     old core.dead_letters;
+    committed bytea;
+    placeholder boolean := false;
     new_id uuid;
 BEGIN
     UPDATE core.dead_letters
@@ -87,7 +93,23 @@ BEGIN
      WHERE id = p_letter AND replay_outcome = 'queued'
     RETURNING * INTO old;
     IF NOT FOUND THEN
-        RETURN NULL;
+        RETURN QUERY SELECT 'not_queued'::text, NULL::uuid;
+        RETURN;
+    END IF;
+    IF old.job_id IS NOT NULL THEN
+        INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, processed_at, expires_at)
+        VALUES (old.job_id, old.consumer, coalesce(old.tenant_id, '00000000-0000-0000-0000-000000000000'),
+                p_now, p_now + interval '1 minute')
+        ON CONFLICT (job_id, consumer) DO NOTHING;
+        placeholder := FOUND;
+        IF NOT placeholder THEN
+            SELECT payload_digest INTO committed FROM core.processed_jobs
+             WHERE job_id = old.job_id AND consumer = old.consumer;
+            IF core.same_job(old.job_id, old.consumer, old.job_digest, committed) THEN
+                RETURN QUERY SELECT 'already_processed'::text, NULL::uuid;
+                RETURN;
+            END IF;
+        END IF;
     END IF;
     INSERT INTO core.dead_letters (job_id, tenant_id, consumer, queue, message_id, payload, body,
                                    attempts, error_kind, last_error, correlation_id, replay_of,
@@ -99,9 +121,12 @@ BEGIN
                         p_actor, p_reason, old.last_error), 4000),
             old.correlation_id, old.id, p_now, old.job_digest, old.message_group, old.digest_fields)
     RETURNING id INTO new_id;
-    RETURN new_id;
+    IF placeholder THEN
+        DELETE FROM core.processed_jobs WHERE job_id = old.job_id AND consumer = old.consumer;
+    END IF;
+    RETURN QUERY SELECT 'withdrawn'::text, new_id;
 END
 $$;
 
 COMMENT ON FUNCTION core.withdraw_replay(uuid, text, text, timestamptz) IS
-    'Withdraws a queued replay (outcome withdrawn, with who, when, why) and writes its job back to review as a new pending letter linked to it; NULL if there was no queued replay.';
+    'Withdraws a queued replay (outcome withdrawn, with who, when, why) and, unless the job committed, writes it back to review as a new pending letter linked to it.';

@@ -43,6 +43,10 @@ pub struct DlqIngester {
     /// The fences' lifetime: a copy older than [`settle_horizon`] of it (by its own send time)
     /// cannot be settled through its fence.
     pub fence_ttl: Duration,
+    /// The payload fields that make up a job, as its consumer names them (`JOB_FIELDS`): the
+    /// ingester digests each letter's job with them, as the harness does, so a letter is never
+    /// taken for another job under its id (nor another job for it).
+    pub job_fields: Vec<String>,
     /// The job queue's retention: how much older than its `SentTimestamp` says a message of a
     /// FIFO DLQ may be (a FIFO DLQ resets the enqueue time when it moves a message in).
     pub queue_retention: Duration,
@@ -104,7 +108,13 @@ impl DlqIngester {
             Duration::ZERO
         };
         let age = sent_at.and_then(|sent| (now - sent).to_std().ok().map(|a| a + before_the_move));
-        let parsed = Envelope::<serde_json::Value>::parse(&msg.body);
+        let fields: Vec<&str> = self.job_fields.iter().map(String::as_str).collect();
+        let parsed = Envelope::<serde_json::Value>::parse_job(&msg.body, &fields);
+        let digest = match &parsed {
+            Ok((_, digest)) => Some(*digest),
+            Err(poison) => poison.digest.as_deref().copied(),
+        };
+        let parsed = parsed.map(|(envelope, _)| envelope);
         let carried = match &parsed {
             Ok(envelope) => envelope.ids(),
             Err(poison) => poison.ids.clone(),
@@ -155,7 +165,7 @@ impl DlqIngester {
             correlation_id: ids.correlation_id.as_deref(),
             replay_of: msg.replay_of,
             message_group: msg.message_group.as_deref(),
-            digest_fields: &[],
+            digest_fields: &fields,
         };
         let settled = if kind == ErrorKind::Unsettled {
             // A fence still there says the job committed; its absence says nothing any more.
@@ -163,21 +173,28 @@ impl DlqIngester {
             if fence_exists(&self.pool, job, &self.consumer).await? {
                 Settled::AlreadyProcessed
             } else {
-                Settled::Recorded(record_without_settling(&self.pool, &letter, None, now).await?)
+                let recorded = record_without_settling(&self.pool, &letter, digest.as_ref(), now);
+                Settled::Recorded(recorded.await?)
             }
         } else {
-            // No digest: the ingester does not know which payload fields make up its
-            // consumer's jobs (docs/guarantees.md).
-            record_unless_processed(&self.pool, &letter, None, now, self.settle_wait).await?
+            // With the job's digest, as the harness takes it: another job committed under the
+            // id makes this a conflict, never a letter closed by that job's commit.
+            let wait = self.settle_wait;
+            record_unless_processed(&self.pool, &letter, digest.as_ref(), now, wait).await?
         };
         match settled {
             Settled::AlreadyProcessed => {
                 self.metrics.increment(Metric::RedrivenAlreadyProcessed);
                 tracing::info!("redriven message of a job that committed: no letter");
             }
-            Settled::Recorded(recorded) | Settled::Conflict(recorded) => {
+            Settled::Recorded(recorded) => {
                 self.metrics.increment(Metric::DeadLettered(kind));
                 tracing::warn!(letter = %recorded.id(), %kind, "backstop dead letter");
+            }
+            Settled::Conflict(recorded) => {
+                let kind = ErrorKind::Conflict;
+                self.metrics.increment(Metric::DeadLettered(kind));
+                tracing::warn!(letter = %recorded.id(), %kind, "backstop dead letter of another job under a committed id");
             }
         }
         Ok(())

@@ -52,6 +52,7 @@ where
         .as_ref()
         .map(|a| or_exit(a.alerter(database.pool().clone(), clock.clone(), &secrets)));
     let consumer = make(config.consumer_name.clone());
+    or_exit(config.fence.agree_on_job_fields(consumer.job_fields()));
     let harness = Harness::new(
         consumer,
         database.pool().clone(),

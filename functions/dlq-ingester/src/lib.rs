@@ -31,6 +31,7 @@ pub async fn run() -> Result<(), Error> {
         settle_wait: config.fence.lock_timeout,
         fence_ttl: config.fence.ttl,
         queue_retention: config.fence.queue_retention,
+        job_fields: config.fence.job_fields.clone(),
         clock,
         metrics: Default::default(),
         alerter,

@@ -25,6 +25,8 @@ pub struct FenceConfig {
     pub lock_timeout: Duration,
     /// Whether the job queue and its DLQ are FIFO queues ([`QUEUE_FIFO`]).
     pub fifo: bool,
+    /// The payload fields that make up a job ([`JOB_FIELDS`]; empty: the whole payload).
+    pub job_fields: Vec<String>,
 }
 
 /// The fence TTL when [`FENCE_TTL_SECONDS`] is unset: above the floor of the default
@@ -117,6 +119,7 @@ impl FenceConfig {
             });
         }
         let fifo = env.parsed(QUEUE_FIFO, false)?;
+        let job_fields = job_fields(env.get(JOB_FIELDS).as_deref().unwrap_or_default())?;
         let batch_size: u32 = env.parsed(CONSUMER_BATCH_SIZE, 10)?;
         let least_receive_count = least_receive_count(fifo, batch_size, attempts);
         let max_receive_count = env.parsed(REDRIVE_MAX_RECEIVE_COUNT, least_receive_count)?;
@@ -194,8 +197,60 @@ impl FenceConfig {
             max_receive_count,
             lock_timeout,
             fifo,
+            job_fields,
         })
     }
+
+    /// Stops a consumer whose code names other job fields than [`JOB_FIELDS`] says: its DLQ
+    /// ingester digests letters with the variable's, and a letter whose digest is not the
+    /// consumer's would be taken for another job (or another job for it).
+    pub fn agree_on_job_fields(&self, named: &[&str]) -> Result<(), ConfigError> {
+        let mut code: Vec<&str> = named.to_vec();
+        code.sort_unstable();
+        code.dedup();
+        if code
+            == self
+                .job_fields
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>()
+        {
+            return Ok(());
+        }
+        Err(ConfigError {
+            variable: JOB_FIELDS,
+            problem: format!(
+                "is {:?}, but the consumer's code names {:?} (Consumer::job_fields): set the \
+                 stanza's JobFields to the same, so that its DLQ ingester digests letters as the \
+                 consumer does",
+                self.job_fields.join(","),
+                code.join(",")
+            ),
+        })
+    }
+}
+
+/// [`JOB_FIELDS`] read: comma-separated field names, sorted and without repeats; each of 1 to
+/// 128 characters without spaces or commas.
+fn job_fields(value: &str) -> Result<Vec<String>, ConfigError> {
+    let mut fields: Vec<String> = value
+        .split(',')
+        .map(str::trim)
+        .filter(|f| !f.is_empty())
+        .map(str::to_owned)
+        .collect();
+    if let Some(bad) = fields
+        .iter()
+        .find(|f| f.len() > 128 || f.chars().any(char::is_whitespace))
+    {
+        return Err(ConfigError {
+            variable: JOB_FIELDS,
+            problem: format!("{bad:?} is no field name (1 to 128 characters, no spaces)"),
+        });
+    }
+    fields.sort_unstable();
+    fields.dedup();
+    Ok(fields)
 }
 
 /// The least redrive `maxReceiveCount` that never redrives a record the harness did not run

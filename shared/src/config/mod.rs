@@ -57,6 +57,10 @@ pub const COMMIT_MODE: &str = "COMMIT_MODE";
 pub const JOB_QUEUE_NAME: &str = "JOB_QUEUE_NAME";
 /// The job queue's redrive `maxReceiveCount`.
 pub const REDRIVE_MAX_RECEIVE_COUNT: &str = "REDRIVE_MAX_RECEIVE_COUNT";
+/// The payload fields that make up a job (the consumer's `Consumer::job_fields`), comma-separated;
+/// empty for the whole payload. The DLQ ingester digests its letters with them, and the consumer
+/// refuses to start unless its code names the same.
+pub const JOB_FIELDS: &str = "JOB_FIELDS";
 /// `true` when the job queue and its DLQ are FIFO queues (the stanza's `Fifo`).
 pub const QUEUE_FIFO: &str = "QUEUE_FIFO";
 /// The most records the event source hands the consumer at once (its `BatchSize`).

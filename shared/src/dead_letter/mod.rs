@@ -43,7 +43,7 @@ pub(crate) use letter::{MAX_ERROR_BYTES, storable_error};
 pub(crate) use record::{CONFLICT_ERROR, record_without_settling};
 pub use record::{Recorded, Settled, record_dead_letter, record_unless_processed};
 pub use review::{
-    LetterSummary, ListFilter, LockedLetter, Position, Verdict, fence_is_another_job,
+    LetterSummary, ListFilter, LockedLetter, Position, Verdict, Withdrawal, fence_is_another_job,
     id_prefix_range, is_lock_timeout, letter_fence_exists, list_letters, lock_letter,
     queued_replays, record_replay_sent, withdraw_replay,
 };

@@ -348,25 +348,43 @@ pub async fn record_replay_sent(
     .await
 }
 
+/// What withdrawing a queued replay did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Withdrawal {
+    /// Withdrawn; the job is pending review again as this new letter, linked to the first.
+    Withdrawn(DeadLetterId),
+    /// Withdrawn, and the job's fence shows it committed (the replay reached its queue after
+    /// all, or a copy ran): no letter, nothing to review.
+    AlreadyProcessed,
+    /// The letter has no queued replay (none, sent, or withdrawn: a send or another withdrawal
+    /// won). Nothing changed.
+    NotQueued,
+}
+
 /// Withdraws letter `id`'s queued replay (a replay no queue has accepted, which an operator
-/// takes back: the queue is gone, or SQS refuses the message) and writes its job back to review
-/// as a new pending letter linked to it, in one transaction (`core.withdraw_replay`). The new
-/// letter's id, or `None` if the letter has no queued replay (a send or another withdrawal won).
+/// takes back: the queue is gone, or SQS refuses the message) and, unless the job committed,
+/// writes it back to review as a new pending letter linked to it, in one transaction settled
+/// through the job's fence (`core.withdraw_replay`).
 pub async fn withdraw_replay(
     db: impl PgExecutor<'_>,
     id: DeadLetterId,
     actor: &str,
     reason: &str,
     now: DateTime<Utc>,
-) -> sqlx::Result<Option<DeadLetterId>> {
-    sqlx::query_scalar("SELECT core.withdraw_replay($1, $2, $3, $4)")
-        .bind(id.0)
-        .bind(actor)
-        .bind(reason)
-        .bind(now)
-        .fetch_one(db)
-        .await
-        .map(|new: Option<Uuid>| new.map(DeadLetterId))
+) -> sqlx::Result<Withdrawal> {
+    let (outcome, pending): (String, Option<Uuid>) =
+        sqlx::query_as("SELECT outcome, pending_letter FROM core.withdraw_replay($1, $2, $3, $4)")
+            .bind(id.0)
+            .bind(actor)
+            .bind(reason)
+            .bind(now)
+            .fetch_one(db)
+            .await?;
+    Ok(match (outcome.as_str(), pending) {
+        ("withdrawn", Some(pending)) => Withdrawal::Withdrawn(DeadLetterId(pending)),
+        ("already_processed", _) => Withdrawal::AlreadyProcessed,
+        _ => Withdrawal::NotQueued,
+    })
 }
 
 /// Replays recorded before `before` whose message no queue has accepted yet, oldest first.

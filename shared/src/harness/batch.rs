@@ -174,7 +174,9 @@ impl<C: Consumer> Harness<C> {
                     plan.later.push((i, parsed));
                 }
             } else {
-                if let Some(job) = key {
+                // Poison is never the record a job's copies take their outcome from: a copy
+                // of it in a spelling the payload type reads must run, not take its letter.
+                if let (Some(job), true) = (key, parsed.is_ok()) {
                     first_of.insert(job, (i, digest));
                 }
                 plan.runs(msg).push((i, parsed));

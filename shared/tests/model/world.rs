@@ -416,6 +416,7 @@ impl World {
             settle_wait: Duration::from_secs(5),
             fence_ttl: FENCE_TTL,
             queue_retention: std::time::Duration::from_secs(4 * 86_400),
+            job_fields: Vec::new(),
             clock: self.clock.clone(),
             metrics: Default::default(),
             alerter: None,

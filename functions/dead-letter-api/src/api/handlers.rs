@@ -414,30 +414,41 @@ async fn withdraw(
 ) -> Result<ApiResponse, ApiError> {
     let db = |e: sqlx::Error| ApiError::database(route.path, &e);
     let now = api.clock.now();
-    let pending = dead_letter::withdraw_replay(&api.pool, id, actor, &reason, now)
+    let withdrawal = dead_letter::withdraw_replay(&api.pool, id, actor, &reason, now)
         .await
         .map_err(db)?;
     let letter = dead_letter::letter(&api.pool, id)
         .await
         .map_err(db)?
         .ok_or_else(|| not_found(id))?;
-    let Some(pending) = pending else {
-        return Err(ApiError::conflict(
-            "not_queued",
-            format!(
-                "the letter is {}{}: only a replay recorded but not yet accepted by its queue \
-                 (replay_outcome queued) can be withdrawn",
-                letter.status,
-                letter
-                    .replay_outcome
-                    .map(|o| format!(", its replay {o}"))
-                    .unwrap_or_default()
-            ),
-        ));
+    let (pending, effect) = match withdrawal {
+        dead_letter::Withdrawal::Withdrawn(pending) => (
+            Some(pending),
+            "withdrawn: the job is pending review again as pending_letter",
+        ),
+        dead_letter::Withdrawal::AlreadyProcessed => (
+            None,
+            "withdrawn, and the job's fence shows it committed (the replay reached its queue \
+             after all, or a copy ran): nothing is left to review",
+        ),
+        dead_letter::Withdrawal::NotQueued => {
+            return Err(ApiError::conflict(
+                "not_queued",
+                format!(
+                    "the letter is {}{}: only a replay recorded but not yet accepted by its \
+                     queue (replay_outcome queued) can be withdrawn",
+                    letter.status,
+                    letter
+                        .replay_outcome
+                        .map(|o| format!(", its replay {o}"))
+                        .unwrap_or_default()
+                ),
+            ));
+        }
     };
-    tracing::info!(letter = %id, pending_letter = %pending, job_id = letter.job_id.map(tracing::field::display),
-        actor, "queued replay withdrawn; the job is pending review again");
-    ok(json!({ "letter": letter, "pending_letter": pending }))
+    tracing::info!(letter = %id, pending_letter = pending.map(tracing::field::display),
+        job_id = letter.job_id.map(tracing::field::display), actor, "queued replay withdrawn");
+    ok(json!({ "letter": letter, "pending_letter": pending, "effect": effect }))
 }
 
 /// Locks the letter for review and requires it to be pending.
