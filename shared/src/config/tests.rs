@@ -420,3 +420,35 @@ fn a_fifo_redrive_covers_every_record_held_back_in_a_batch() {
         QUEUE_FIFO
     );
 }
+
+/// Issue 34 (the outside attack): the DLQ ingester digests its letters with `JOB_FIELDS`; a
+/// consumer whose code names other fields would have its letters taken for another job (or
+/// another job's for its own), so it refuses to start, naming the variable.
+#[test]
+fn a_consumer_and_its_ingester_agree_on_the_job_fields() {
+    let c = load(&[(JOB_FIELDS, " amount,account_id,amount ")]).unwrap();
+    assert_eq!(c.fence.job_fields, ["account_id", "amount"]);
+    assert!(
+        c.fence
+            .agree_on_job_fields(&["amount", "account_id"])
+            .is_ok()
+    );
+    let err = c.fence.agree_on_job_fields(&["amount"]).unwrap_err();
+    assert_eq!(err.variable, JOB_FIELDS, "{err}");
+    assert!(err.to_string().contains("JobFields"), "{err}");
+    let whole = load(&[]).unwrap();
+    assert!(whole.fence.job_fields.is_empty());
+    assert!(whole.fence.agree_on_job_fields(&[]).is_ok());
+    assert_eq!(
+        whole
+            .fence
+            .agree_on_job_fields(&["amount"])
+            .unwrap_err()
+            .variable,
+        JOB_FIELDS
+    );
+    assert_eq!(
+        load(&[(JOB_FIELDS, "a b")]).unwrap_err().variable,
+        JOB_FIELDS
+    );
+}
