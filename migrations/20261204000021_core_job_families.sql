@@ -138,43 +138,7 @@ BEGIN
 END
 $$;
 
--- 4. The append-only guard again (0019's), the edit's digest a review column.
-CREATE OR REPLACE FUNCTION core.dead_letters_guard() RETURNS trigger
-LANGUAGE plpgsql AS $$
-DECLARE
-    review_columns constant text[] := ARRAY['status', 'discard_reason', 'reviewed_by', 'reviewed_at',
-                                            'replay_outcome', 'replay_message_id', 'replay_sent_at',
-                                            'replay_reason', 'replay_body', 'replay_digest'];
-    sent_columns constant text[] := ARRAY['replay_outcome', 'replay_message_id', 'replay_sent_at'];
-BEGIN
-    IF TG_OP = 'DELETE' OR TG_OP = 'TRUNCATE' THEN
-        RAISE EXCEPTION 'core.dead_letters is append-only: % is not allowed', TG_OP
-            USING ERRCODE = 'integrity_constraint_violation';
-    END IF;
-    IF OLD.status = 'replayed' AND NEW.status = 'replayed'
-       AND OLD.replay_outcome = 'queued' AND NEW.replay_outcome = 'sent' THEN
-        IF (to_jsonb(NEW) - sent_columns) IS DISTINCT FROM (to_jsonb(OLD) - sent_columns) THEN
-            RAISE EXCEPTION 'core.dead_letters: recording a sent replay changes only %', sent_columns
-                USING ERRCODE = 'integrity_constraint_violation';
-        END IF;
-        RETURN NEW;
-    END IF;
-    IF NEW.status = OLD.status THEN
-        RAISE EXCEPTION 'core.dead_letters is append-only: a row changes only by its review (pending_review -> replayed | discarded) or a queued replay being sent'
-            USING ERRCODE = 'integrity_constraint_violation';
-    END IF;
-    IF OLD.status <> 'pending_review' OR NEW.status NOT IN ('replayed', 'discarded') THEN
-        RAISE EXCEPTION 'core.dead_letters: status may only move pending_review -> replayed | discarded (was %, asked %)',
-            OLD.status, NEW.status
-            USING ERRCODE = 'integrity_constraint_violation';
-    END IF;
-    IF (to_jsonb(NEW) - review_columns) IS DISTINCT FROM (to_jsonb(OLD) - review_columns) THEN
-        RAISE EXCEPTION 'core.dead_letters: only the review columns (%) may change', review_columns
-            USING ERRCODE = 'integrity_constraint_violation';
-    END IF;
-    RETURN NEW;
-END
-$$;
+-- 4. The append-only guard allows replay_digest with the review: 0022 writes it again.
 
 -- 5. The claim's verdict on a fence already there: 'duplicate' for the same job, as
 -- core.same_job says it (its family of edits included: a late copy of a body an operator

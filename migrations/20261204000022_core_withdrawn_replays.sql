@@ -27,8 +27,9 @@ ALTER TABLE core.dead_letters VALIDATE CONSTRAINT dead_letters_withdrawn_is_expl
 COMMENT ON COLUMN core.dead_letters.replay_withdraw_reason IS
     'Why an operator withdrew this queued replay (its job went back to review as the letter whose replay_of is this one).';
 
--- The append-only guard again (0021's): besides a review and a queued replay being sent, a
--- queued replay may be withdrawn, changing only its outcome and the withdrawal's columns.
+-- The append-only guard again (0019's): the edit's digest (0021) a review column, and besides a
+-- review and a queued replay being sent, a queued replay may be withdrawn, changing only its
+-- outcome and the withdrawal's columns.
 CREATE OR REPLACE FUNCTION core.dead_letters_guard() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE

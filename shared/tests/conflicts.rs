@@ -23,13 +23,6 @@ fn award_points() -> AwardPoints {
     AwardPoints::new(reference_name())
 }
 
-/// The same job id and tenant as `body`, with another payload.
-fn reused(body: &str, payload: Value) -> String {
-    let mut envelope: Value = serde_json::from_str(body).unwrap();
-    envelope["payload"] = payload;
-    envelope.to_string()
-}
-
 /// Settles and writes the letter of a copy of `job_id` carrying `body` that failed on its last
 /// attempt (as the harness does), with the digest of what makes up its job.
 async fn record_failed_copy(pool: &PgPool, job_id: JobId, body: &str) -> Settled {
@@ -59,7 +52,7 @@ async fn hole8_a_reused_job_id_with_another_payload_is_a_conflict_letter_on_ever
             deliver(&harness, &message(&body, 1)).await,
             RecordOutcome::Processed
         );
-        let other = reused(&body, award(7));
+        let other = with_payload(&body, award(7));
         let outcome = deliver(&harness, &message(&other, receive_count)).await;
         assert_eq!(
             outcome.dead_letter_kind(),
@@ -161,7 +154,7 @@ async fn hole8_a_commit_of_another_job_under_the_id_leaves_the_first_jobs_letter
             deliver(&harness, &message(&x, 1)).await.dead_letter_kind(),
             Some(ErrorKind::Poison)
         );
-        let y = reused(&x, award(7));
+        let y = with_payload(&x, award(7));
         assert_eq!(
             deliver(&harness, &message(&y, 1)).await,
             RecordOutcome::Processed
@@ -212,7 +205,7 @@ async fn hole8_a_letter_settled_through_another_jobs_fence_is_a_conflict_not_a_s
         harness.process(&message(&y, 1)).await,
         RecordOutcome::Processed
     );
-    let x = reused(&y, award(3));
+    let x = with_payload(&y, award(3));
     let settled = record_failed_copy(&pool, job_id, &x).await;
     assert!(matches!(settled, Settled::Conflict(_)), "{settled:?}");
     let letters = letters_for_job(&pool, job_id, &reference_name())

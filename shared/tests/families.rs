@@ -6,7 +6,7 @@
 //! modes, edits made as the API makes them (`lock_letter`, `Verdict::Replayed` with the body).
 
 use consumer::{AwardPoints, count_awards};
-use serde_json::{Value, json};
+use serde_json::json;
 use shared::dead_letter::{
     DeadLetter, ErrorKind, ReplayOutcome, ReviewStatus, Verdict, fence_is_another_job, lock_letter,
 };
@@ -19,13 +19,6 @@ use std::time::Duration;
 
 fn award_points() -> AwardPoints {
     AwardPoints::new(reference_name())
-}
-
-/// `body`'s envelope with `payload`.
-fn with_payload(body: &str, payload: Value) -> String {
-    let mut envelope: Value = serde_json::from_str(body).unwrap();
-    envelope["payload"] = payload;
-    envelope.to_string()
 }
 
 /// Edits letter `id` to `body` and replays it, as the API's edit route does.

@@ -19,22 +19,6 @@ fn award_points() -> AwardPoints {
     AwardPoints::new(reference_name())
 }
 
-/// `msg` in the FIFO group `group`.
-fn in_group(group: &str, msg: IncomingMessage) -> IncomingMessage {
-    IncomingMessage {
-        message_group: Some(group.into()),
-        queue: "jobs.fifo".into(),
-        ..msg
-    }
-}
-
-/// The body `body` with its payload replaced.
-fn with_payload(body: &str, payload: Value) -> String {
-    let mut envelope: Value = serde_json::from_str(body).unwrap();
-    envelope["payload"] = payload;
-    envelope.to_string()
-}
-
 /// The batch shapes two records can arrive in: a standard batch, one FIFO group, two groups.
 fn shapes(a: &str, b: &str) -> Vec<(&'static str, Vec<IncomingMessage>)> {
     let (a, b) = (message(a, 1), message(b, 1));

@@ -29,20 +29,6 @@ fn award_points() -> AwardPoints {
     AwardPoints::new(reference_name())
 }
 
-fn in_group(group: &str, msg: IncomingMessage) -> IncomingMessage {
-    IncomingMessage {
-        message_group: Some(group.into()),
-        queue: "jobs.fifo".into(),
-        ..msg
-    }
-}
-
-fn with_payload(body: &str, payload: Value) -> String {
-    let mut envelope: Value = serde_json::from_str(body).unwrap();
-    envelope["payload"] = payload;
-    envelope.to_string()
-}
-
 /// The two-record batch shapes: standard, one FIFO group, two FIFO groups.
 fn shapes(msgs: &[IncomingMessage]) -> Vec<(&'static str, Vec<IncomingMessage>)> {
     vec![

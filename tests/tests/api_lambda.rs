@@ -56,7 +56,7 @@ async fn route_request(
     if template.starts_with("/v1/core/processed-jobs") {
         r.query = vec![("consumer".into(), letter_job(pool, letter).await.1)];
     }
-    if path.ends_with("/discard") {
+    if path.ends_with("/discard") || path.ends_with("/withdraw") {
         with_body(r, r#"{"reason": "auth matrix"}"#)
     } else if path.ends_with("/edit") {
         let mut body: Value = serde_json::from_str(&letter_body(pool, letter).await).unwrap();
@@ -94,6 +94,23 @@ async fn every_route_needs_a_token_and_its_own_scope(
     let (pool, stack) = setup(pool_opts, connect).await;
     for route in ROUTES {
         let (id, _) = seed_letter(&pool, &stack.jobs.name, ErrorKind::Exhausted).await;
+        if route.path.ends_with("/withdraw") {
+            // A replay recorded but not yet sent, which only the replay scope may withdraw.
+            let mut locked = shared::dead_letter::lock_letter(&pool, id, Duration::from_secs(5))
+                .await
+                .unwrap()
+                .unwrap();
+            let verdict = shared::dead_letter::Verdict::Replayed {
+                outcome: shared::dead_letter::ReplayOutcome::Queued,
+                reason: None,
+                body: None,
+            };
+            locked
+                .mark(&verdict, "ops-1", chrono::Utc::now())
+                .await
+                .unwrap();
+            locked.commit().await.unwrap();
+        }
         if route.path.starts_with("/v1/core/processed-jobs") {
             // A job that committed later (its fence), so the read finds it.
             let (job, consumer) = letter_job(&pool, id.0).await;
@@ -153,8 +170,8 @@ async fn every_route_needs_a_token_and_its_own_scope(
     .unwrap();
     assert_eq!(
         reviewers,
-        ["ops-1", "ops-1", "ops-1"],
-        "the `sub` claim is the reviewer"
+        ["ops-1", "ops-1", "ops-1", "ops-1"],
+        "the `sub` claim is the reviewer (the withdrawal's queued replay seeded as ops-1's)"
     );
 }
 

@@ -37,7 +37,9 @@ pub use lookups::{
     charge_executions, executions, fence_committed, hold_fence, letters, record_letter,
     table_counts,
 };
-pub use messages::{QUEUE, TENANT, TestLetter, batch, envelope, job, message, message_on};
+pub use messages::{
+    QUEUE, TENANT, TestLetter, batch, envelope, in_group, job, message, message_on, with_payload,
+};
 pub use setup::{
     CONCURRENCY, FENCE_TTL, LOCK_TIMEOUT, SEED, SWEEP, harness, harness_in, harness_on,
     harness_with, own_pool, run_batch, settings, t0,

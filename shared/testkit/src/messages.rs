@@ -57,6 +57,23 @@ pub fn message_on(queue: &str, body: &str, receive_count: u32) -> IncomingMessag
     }
 }
 
+/// `body`'s envelope with its payload replaced by `payload`: the same job id and tenant, so
+/// another job under the id, or an edit of the job.
+pub fn with_payload(body: &str, payload: Value) -> String {
+    let mut envelope: Value = serde_json::from_str(body).expect("an envelope");
+    envelope["payload"] = payload;
+    envelope.to_string()
+}
+
+/// `msg` in the FIFO message group `group`, as from a FIFO queue (`jobs.fifo`).
+pub fn in_group(group: &str, msg: IncomingMessage) -> IncomingMessage {
+    IncomingMessage {
+        message_group: Some(group.into()),
+        queue: "jobs.fifo".into(),
+        ..msg
+    }
+}
+
 /// A first delivery of each body, as one SQS batch.
 pub fn batch(bodies: &[String]) -> Vec<IncomingMessage> {
     bodies.iter().map(|body| message(body, 1)).collect()
