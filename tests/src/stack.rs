@@ -199,11 +199,14 @@ impl StackSpec {
         self.queue_name.ends_with(".fifo")
     }
 
-    /// The redrive `maxReceiveCount` the job queue gets: [`StackSpec::max_receive_count`], but
-    /// on a FIFO queue at least what the functions require of it (the batch size times the
-    /// attempts + 2, as the template's FIFO default), since a group's held-back records are
-    /// received with its head.
+    /// The redrive `maxReceiveCount` the job queue gets: [`StackSpec::max_receive_count`] as it
+    /// is set (a test of a misconfiguration sets it low), but on a FIFO queue at least what the
+    /// functions require of it (the batch size times the attempts + 2, as the template's FIFO
+    /// default), since a group's held-back records are received with its head.
     pub fn redrive(&self) -> u32 {
+        if !self.is_fifo() {
+            return self.max_receive_count;
+        }
         let attempts = self
             .consumer_env
             .iter()
@@ -211,7 +214,7 @@ impl StackSpec {
             .find(|(k, _)| k == "RETRY_MAX_ATTEMPTS")
             .and_then(|(_, v)| v.parse().ok())
             .unwrap_or(shared::retry::RetryPolicy::default().max_attempts());
-        let least = shared::config::least_receive_count(self.is_fifo(), self.batch_size, attempts);
+        let least = shared::config::least_receive_count(true, self.batch_size, attempts);
         self.max_receive_count.max(least)
     }
 

@@ -1368,6 +1368,80 @@ async fn a_letter_whose_job_id_another_job_took_is_not_replayable(pool: PgPool) 
     assert_eq!(apis.sent().await, 0);
 }
 
+/// Issue 34, item 2: the API never advises re-sending a job that committed. A `conflict` letter
+/// of a body of the committed job's family of edits (a copy of the original that raced the
+/// edit's commit) answered 409 "this job never ran … send it under a new job_id": following it
+/// applied the job twice. The fence decides, with the family: the replay is already processed
+/// and sends nothing.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn a_conflict_letter_of_an_edited_jobs_family_is_already_processed_never_resent(
+    pool: PgPool,
+) {
+    let (pool, apis) = setup(pool).await;
+    let harness = e2e::harness(
+        pool.clone(),
+        consumer::AwardPoints::new(e2e::consumer_name()),
+    );
+    let job_id = Uuid::new_v4();
+    let envelope = |points: Value| {
+        json!({"job_id": job_id, "tenant_id": Uuid::nil(), "correlation_id": "c",
+            "payload": {"account_id": "a", "points": points}})
+        .to_string()
+    };
+    let message = |body: &str| shared_testkit::message_on(&apis.queue.name, body, 1);
+    let received = envelope(json!("seven"));
+    assert!(harness.process(&message(&received)).await.is_ack());
+    let letter = e2e::letters(&pool, shared::ids::JobId(job_id))
+        .await
+        .remove(0);
+    let mut locked =
+        shared::dead_letter::lock_letter(&pool, letter.id, std::time::Duration::from_secs(5))
+            .await
+            .unwrap()
+            .unwrap();
+    let edited = envelope(json!(7));
+    let verdict = shared::dead_letter::Verdict::Replayed {
+        outcome: shared::dead_letter::ReplayOutcome::Queued,
+        reason: Some("points as a number".into()),
+        body: Some(edited.clone()),
+    };
+    locked
+        .mark(&verdict, "ops-1", chrono::Utc::now())
+        .await
+        .unwrap();
+    locked.commit().await.unwrap();
+    let replayed = shared::harness::IncomingMessage {
+        replay_of: Some(letter.id),
+        ..message(&edited)
+    };
+    assert_eq!(
+        harness.process(&replayed).await,
+        shared::harness::RecordOutcome::Processed
+    );
+    // The copy of the original that raced the commit, written as a conflict.
+    let raced: Uuid = sqlx::query_scalar(
+        "INSERT INTO core.dead_letters (job_id, tenant_id, consumer, queue, message_id, payload,
+             body, attempts, error_kind, last_error, created_at, job_digest)
+         SELECT job_id, tenant_id, consumer, queue, 'raced-copy', payload, body, 1, 'conflict',
+                'raced the edit', now(), job_digest
+         FROM core.dead_letters WHERE id = $1 RETURNING id",
+    )
+    .bind(letter.id.0)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let answer = apis.call(replay(raced)).await;
+    assert_eq!(answer.status, 200, "{:#}", answer.body);
+    assert_eq!(answer.body["letter"]["replay_outcome"], "already_processed");
+    assert_eq!(apis.sent().await, 0, "nothing sent");
+    assert_eq!(
+        consumer::count_awards(&pool, shared::ids::JobId(job_id))
+            .await
+            .unwrap(),
+        1
+    );
+}
+
 /// `GET /v1/core/processed-jobs/{id}?consumer=…`: a committed job's fence (what a deploy's smoke
 /// test and "did this job run?" read), 404 for a job without one, 400 for a bad id or consumer,
 /// and only with the read scope.

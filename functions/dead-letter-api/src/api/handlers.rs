@@ -246,9 +246,15 @@ async fn replay(
              deduplicated; fix and republish it by hand, then discard it with a reason",
         ));
     };
-    if locked.letter.error_kind == ErrorKind::Conflict
-        || locked.fence_is_another_job().await.map_err(db)?
-    {
+    // Another job under the id is what the fence says, not what the letter's kind said when it
+    // was written: a conflict letter of a body of the committed job's family of edits (a copy
+    // that raced the edit's commit) is the job's, done, and a replay sends nothing. Only a
+    // conflict letter without a digest is taken at its word.
+    let another_job = match (locked.letter.error_kind, &locked.letter.job_digest) {
+        (ErrorKind::Conflict, None) => true,
+        _ => locked.fence_is_another_job().await.map_err(db)?,
+    };
+    if another_job {
         return Err(ApiError::conflict(
             "not_replayable",
             "another job committed under this letter's job_id (its fence keeps another payload's \
