@@ -257,12 +257,19 @@ async fn settle_in(
         }
         FenceClaim::Claimed => {
             let recorded = record_stored(tx, letter, digest, now, storage).await?;
+            // The claim goes; the job's execution ledger goes with it only when this letter
+            // ends the job's budget: a new letter of a body that ran (a replay then starts
+            // afresh). A poison copy never ran, and a redelivery acked by the letter it has
+            // changes nothing: either would wipe the count of a copy still between its attempts.
+            let ends_the_budget =
+                matches!(recorded, Recorded::New(_)) && letter.kind != ErrorKind::Poison;
             sqlx::query(
                 "WITH claim AS (DELETE FROM core.processed_jobs WHERE job_id = $1 AND consumer = $2)
-                 DELETE FROM core.job_executions WHERE job_id = $1 AND consumer = $2",
+                 DELETE FROM core.job_executions WHERE $3 AND job_id = $1 AND consumer = $2",
             )
             .bind(job_id.0)
             .bind(letter.consumer.as_str())
+            .bind(ends_the_budget)
             .execute(&mut *tx)
             .await?;
             Ok(Settled::Recorded(recorded))

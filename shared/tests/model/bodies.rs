@@ -36,6 +36,24 @@ pub enum Spelling {
     Spaced,
     /// `"job_id"` written twice (another id first, the job's last): not one job, poison.
     JobIdTwice,
+    /// `points` with a fraction of zeros (`1001.0`): the same value, so the same job (digest),
+    /// but the payload type's `i64` refuses it: poison.
+    PointsDecimal,
+    /// `points` with an exponent (`1.001e3`): as [`Spelling::PointsDecimal`].
+    PointsExponent,
+    /// `points` with a negative exponent (`10010e-1`): as [`Spelling::PointsDecimal`].
+    PointsNegExponent,
+}
+
+impl Spelling {
+    /// A spelling the digest reads as the job's own value but the consumer's payload type
+    /// refuses: the same job, poison as written.
+    pub fn unreadable(self) -> bool {
+        matches!(
+            self,
+            Self::PointsDecimal | Self::PointsExponent | Self::PointsNegExponent
+        )
+    }
 }
 
 impl fmt::Debug for Spelling {
@@ -47,6 +65,9 @@ impl fmt::Debug for Spelling {
             Self::Reordered => "keys-reordered",
             Self::Spaced => "spaced",
             Self::JobIdTwice => "job_id-twice",
+            Self::PointsDecimal => "points-1001.0",
+            Self::PointsExponent => "points-1.001e3",
+            Self::PointsNegExponent => "points-10010e-1",
         })
     }
 }
@@ -102,13 +123,50 @@ pub struct Ids<'a> {
     pub correlation_id: &'a str,
 }
 
+/// `points` written as `spelling` says (the number spellings; any other: as an integer).
+fn spell_points(points: i64, spelling: Spelling) -> String {
+    match spelling {
+        Spelling::PointsDecimal => format!("{points}.0"),
+        Spelling::PointsExponent => {
+            let sign = if points < 0 { "-" } else { "" };
+            let digits = points.unsigned_abs().to_string();
+            let (head, tail) = digits.split_at(1);
+            let exponent = tail.len();
+            if tail.is_empty() {
+                format!("{sign}{head}e0")
+            } else {
+                format!("{sign}{head}.{tail}e{exponent}")
+            }
+        }
+        Spelling::PointsNegExponent => format!("{points}0e-1"),
+        _ => points.to_string(),
+    }
+}
+
 /// The payload of `kind` awarding `points` to `account`, keys in order or reordered.
 pub fn payload(kind: Payload, account: &str, points: i64, reordered: bool) -> String {
-    let (points, extra) = match kind {
-        Payload::Good | Payload::Flaky => (points, ""),
-        Payload::BadPoints => (-points, ""),
-        Payload::WrongShape => (points, r#","bonus":true"#),
+    spelled_payload(kind, account, points, reordered, Spelling::Exact, None)
+}
+
+/// [`payload`] with `points` written in `spelling` (a number spelling, else as an integer),
+/// and a `note` field the producer changes on every send, if any.
+pub fn spelled_payload(
+    kind: Payload,
+    account: &str,
+    points: i64,
+    reordered: bool,
+    spelling: Spelling,
+    note: Option<&str>,
+) -> String {
+    let (points, mut extra) = match kind {
+        Payload::Good | Payload::Flaky => (points, String::new()),
+        Payload::BadPoints => (-points, String::new()),
+        Payload::WrongShape => (points, r#","bonus":true"#.to_owned()),
     };
+    if let Some(note) = note {
+        extra.push_str(&format!(r#","note":"{note}""#));
+    }
+    let points = spell_points(points, spelling);
     if reordered {
         format!(r#"{{"points":{points}{extra},"account_id":"{account}"}}"#)
     } else {
@@ -125,7 +183,10 @@ pub fn envelope(ids: &Ids<'_>, payload: &str, spelling: Spelling, other_id: &str
         correlation_id: corr,
     } = *ids;
     match spelling {
-        Spelling::Exact => format!(
+        Spelling::Exact
+        | Spelling::PointsDecimal
+        | Spelling::PointsExponent
+        | Spelling::PointsNegExponent => format!(
             r#"{{"job_id":"{job_id}","tenant_id":"{tenant_id}","correlation_id":"{corr}","payload":{payload}}}"#
         ),
         Spelling::UpperIds => format!(

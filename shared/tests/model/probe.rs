@@ -2,10 +2,16 @@
 //! its per-job work, which the harness charges as executions) and, when told, crashes a job's
 //! process after its effect and before the harness commits it.
 //!
+//! Its payload is the reference one plus an optional `note` a producer may change between sends
+//! of one job; when the history's consumer names its job fields (`account_id`, `points`), a
+//! copy differing only in the note is the same job.
+//!
 //! Invariant: the probe changes nothing the consumer does except the crash; its counts outlive
 //! a crashed process (the state is shared with the next one).
 
-use consumer::{AwardPoints, PointsAward, award_batch};
+use super::bodies::Family;
+use consumer::{Award, award, award_batch};
+use serde::Deserialize;
 use shared::consumer::{Consumer, Job, ProcessError};
 use shared::ids::{ConsumerName, JobId};
 use sqlx::PgConnection;
@@ -18,6 +24,8 @@ use tokio::sync::Notify;
 #[derive(Default)]
 pub struct ProbeState {
     runs: Mutex<HashMap<JobId, u32>>,
+    /// Runs per job (a family: the job id's payload, or an edit of it), alone or in a batch.
+    family_runs: Mutex<HashMap<Family, u32>>,
     crash: Mutex<Option<JobId>>,
     /// Told when the crash point is reached: the work is done, nothing committed.
     pub crashed: Notify,
@@ -29,6 +37,25 @@ impl ProbeState {
     /// How often `job`'s per-job work has been entered.
     pub fn runs(&self, job: JobId) -> u32 {
         self.runs.lock().unwrap().get(&job).copied().unwrap_or(0)
+    }
+
+    /// How often `family`'s work has been entered (alone, or in a batch's).
+    pub fn family_runs(&self, family: Family) -> u32 {
+        self.family_runs
+            .lock()
+            .unwrap()
+            .get(&family)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    fn ran(&self, points: i64) {
+        *self
+            .family_runs
+            .lock()
+            .unwrap()
+            .entry(Family::of_points(points))
+            .or_default() += 1;
     }
 
     /// The next run of `job` (alone or in a batch) dies after its work.
@@ -53,19 +80,49 @@ impl ProbeState {
     }
 }
 
-/// [`AwardPoints`] with the probe.
+/// The fields that make up a job of the model's consumer: all of the payload (none named), or,
+/// in a history whose producer adds a changing note, the award's own.
+pub fn job_fields(noted: bool) -> &'static [&'static str] {
+    if noted {
+        &["account_id", "points"]
+    } else {
+        &[]
+    }
+}
+
+/// The reference payload ([`consumer::PointsAward`]: unknown fields refused, `points` an
+/// `i64`), with a producer's note besides.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NotedAward {
+    account_id: String,
+    points: i64,
+    #[allow(dead_code)]
+    note: Option<String>,
+}
+
+impl Award for NotedAward {
+    fn account_id(&self) -> &str {
+        &self.account_id
+    }
+
+    fn points(&self) -> i64 {
+        self.points
+    }
+}
+
+/// The reference consumer's work ([`consumer::AwardPoints`]) with the probe.
 pub struct Probe {
-    inner: AwardPoints,
+    name: ConsumerName,
+    noted: bool,
     state: std::sync::Arc<ProbeState>,
 }
 
 impl Probe {
-    /// The reference consumer under `name`, probed by `state`.
-    pub fn new(name: ConsumerName, state: std::sync::Arc<ProbeState>) -> Self {
-        Self {
-            inner: AwardPoints::new(name),
-            state,
-        }
+    /// The reference consumer under `name`, naming its job fields if `noted`, probed by
+    /// `state`.
+    pub fn new(name: ConsumerName, noted: bool, state: std::sync::Arc<ProbeState>) -> Self {
+        Self { name, noted, state }
     }
 
     async fn die(&self, alone: bool) -> Result<(), ProcessError> {
@@ -78,20 +135,25 @@ impl Probe {
 }
 
 impl Consumer for Probe {
-    type Payload = PointsAward;
+    type Payload = NotedAward;
 
     fn name(&self) -> &ConsumerName {
-        self.inner.name()
+        &self.name
+    }
+
+    fn job_fields(&self) -> &[&str] {
+        job_fields(self.noted)
     }
 
     async fn handle(
         &self,
-        job: &Job<PointsAward>,
+        job: &Job<NotedAward>,
         tx: &mut PgConnection,
     ) -> Result<(), ProcessError> {
         let id = job.envelope.job_id;
         *self.state.runs.lock().unwrap().entry(id).or_default() += 1;
-        self.inner.handle(job, tx).await?;
+        self.state.ran(job.envelope.payload.points);
+        award(job, tx).await?;
         if self.state.take_crash(&[id]) {
             self.die(true).await?;
         }
@@ -100,10 +162,13 @@ impl Consumer for Probe {
 
     async fn handle_batch(
         &self,
-        jobs: &[Job<PointsAward>],
+        jobs: &[Job<NotedAward>],
         tx: &mut PgConnection,
     ) -> Result<(), ProcessError> {
         let ids: Vec<JobId> = jobs.iter().map(|j| j.envelope.job_id).collect();
+        for job in jobs {
+            self.state.ran(job.envelope.payload.points);
+        }
         award_batch(jobs, tx).await?;
         if self.state.take_crash(&ids) {
             self.die(false).await?;

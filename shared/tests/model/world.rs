@@ -9,14 +9,16 @@
 //! lock-check-mark-commit as `functions/dead-letter-api` does.
 
 use super::Config;
-use super::bodies::{Family, Ids, Payload, Spelling, envelope, payload};
+use super::bodies::{Family, Ids, Payload, Spelling, envelope, payload, spelled_payload};
 use super::probe::{Probe, ProbeState};
 use aws_lambda_events::event::sqs::SqsMessage;
 use chrono::{DateTime, Utc};
 use serde_json::json;
 use shared::clock::{Clock, ManualClock};
+use shared::config::least_receive_count;
 use shared::dead_letter::{
-    ErrorKind, ReplayOutcome, ReviewStatus, Verdict, lock_letter, record_replay_sent,
+    ErrorKind, ReplayOutcome, ReviewStatus, Verdict, Withdrawal, lock_letter, record_replay_sent,
+    withdraw_replay,
 };
 use shared::dlq_ingester::DlqIngester;
 use shared::harness::{CommitMode, Harness, HarnessSettings, IncomingMessage, RecordOutcome};
@@ -33,8 +35,21 @@ use uuid::Uuid;
 
 /// The attempt budget of the model's consumer: small, so histories reach it.
 pub const MAX_ATTEMPTS: u32 = 3;
-/// The queue's redrive `maxReceiveCount`, as `templates/consumer.yaml` sets it (attempts + 2).
-pub const MAX_RECEIVE: u32 = MAX_ATTEMPTS + 2;
+/// The most records the queue hands over in one FIFO batch (the event source's `BatchSize`):
+/// small, so a FIFO redrive (`BatchSize` x (attempts + 2) receives) is within a history's reach.
+pub const FIFO_BATCH: usize = 4;
+/// The most records in one standard batch (a `Deliver`'s picks).
+pub const STANDARD_BATCH: usize = 4;
+
+/// The queue's redrive `maxReceiveCount`, as the functions require it
+/// (`shared::config::least_receive_count`): attempts + 2 on a standard queue; on a FIFO queue
+/// `BatchSize` x (attempts + 2), since every receive of a group's head also receives (and
+/// counts on) the records behind it in the batch.
+pub fn max_receive(fifo: bool) -> u32 {
+    let batch = if fifo { FIFO_BATCH } else { STANDARD_BATCH };
+    least_receive_count(fifo, u32::try_from(batch).unwrap_or(1), MAX_ATTEMPTS)
+}
+
 /// The message attribute a replay carries (`shared::dead_letter::REPLAY_OF_ATTRIBUTE`, which
 /// the crate keeps to itself).
 const REPLAY_OF_ATTRIBUTE: &str = "replay_of";
@@ -52,6 +67,11 @@ pub struct Msg {
     pub body: String,
     /// Its job, if it is one (not for a body that is no job: not JSON, `job_id` twice).
     pub family: Option<Family>,
+    /// Its job, written so that the consumer's payload type refuses it (a number spelling the
+    /// digest reads as the job's value): poison as written, the same job by its digest.
+    pub unreadable: bool,
+    /// An operator's edit (its body is valid).
+    pub edited: bool,
     /// The slot of the job id it names, if any.
     pub slot: Option<u8>,
     /// Its FIFO group.
@@ -85,6 +105,29 @@ pub struct LetterRow {
     pub replay_outcome: Option<String>,
 }
 
+/// A replay recorded `queued` whose send SQS refused: the scheduled run sends it later (or a
+/// send in flight as the operator withdrew it lands after all).
+#[derive(Debug, Clone)]
+pub struct Unsent {
+    /// The letter replayed.
+    pub letter: DeadLetterId,
+    /// The message the send carries.
+    pub body: String,
+    pub family: Option<Family>,
+    pub slot: Option<u8>,
+    pub group: Option<String>,
+    /// How the log names the message once sent.
+    pub label: String,
+    /// The operator withdrew it (a send of it may still land: one in flight at the time).
+    pub withdrawn: bool,
+    /// The message the letter was written from (its family), for the checker.
+    pub of: Option<usize>,
+    /// Its body is an operator's edit.
+    pub edited: bool,
+    /// Its body is the letter's, in a spelling the payload type refuses.
+    pub unreadable: bool,
+}
+
 /// One history's world.
 pub struct World {
     pub cfg: Config,
@@ -102,8 +145,11 @@ pub struct World {
     swept: bool,
     /// Runs of each job id the ledger never charges: a crash on a first delivery.
     pub uncharged: BTreeMap<JobId, u32>,
-    /// Per step: the outcomes of its deliveries (message index, outcome), for the checker.
-    pub delivered: Vec<(usize, RecordOutcome)>,
+    /// Per step: the outcomes of its deliveries (message index, outcome, which batch of the
+    /// history), for the checker.
+    pub delivered: Vec<(usize, RecordOutcome, u32)>,
+    /// Batches handed over so far.
+    batches: u32,
     /// Per step: messages redriven to the DLQ and ingested.
     pub redriven: Vec<usize>,
     /// Per step: a replay the operator was refused as "another job committed under the id",
@@ -111,6 +157,13 @@ pub struct World {
     pub refused_as_another_job: Vec<usize>,
     /// The step swept fences (the ledger's rows may go with them).
     pub swept_now: bool,
+    /// Replays recorded `queued` whose send has not reached the queue.
+    pub unsent: Vec<Unsent>,
+    /// Per step: the withdrawals (the letter's message index, whether the model had its replay
+    /// queued, what `withdraw_replay` answered).
+    pub withdrawals: Vec<(Option<usize>, bool, Withdrawal)>,
+    /// Sends so far (each one's `note`, when the producer adds one).
+    sends: u32,
 }
 
 fn queue_name(fifo: bool) -> &'static str {
@@ -151,7 +204,7 @@ impl World {
         let harness_pool = process_pool(&connect).await;
         let harness = Arc::new(harness_on(
             &harness_pool,
-            Probe::new(reference_name(), probe.clone()),
+            Probe::new(reference_name(), cfg.noted, probe.clone()),
             harness_settings(cfg.mode),
             clock.clone(),
         ));
@@ -174,9 +227,13 @@ impl World {
             swept: false,
             uncharged: BTreeMap::new(),
             delivered: Vec::new(),
+            batches: 0,
             redriven: Vec::new(),
             refused_as_another_job: Vec::new(),
             swept_now: false,
+            unsent: Vec::new(),
+            withdrawals: Vec::new(),
+            sends: 0,
         };
         sqlx::query("INSERT INTO public.model_refused (account) VALUES ($1)")
             .bind(world.flaky_account())
@@ -222,6 +279,8 @@ impl World {
             id: Uuid::new_v4().to_string(),
             body,
             family,
+            unreadable: false,
+            edited: false,
             slot,
             group,
             receives: 0,
@@ -258,7 +317,16 @@ impl World {
             correlation_id: &format!("corr-{slot}"),
         };
         let reordered = spelling == Spelling::Reordered;
-        let payload = payload(kind, &self.account(slot, kind), family.points(), reordered);
+        self.sends += 1;
+        let note = self.cfg.noted.then(|| format!("send {}", self.sends));
+        let payload = spelled_payload(
+            kind,
+            &self.account(slot, kind),
+            family.points(),
+            reordered,
+            spelling,
+            note.as_deref(),
+        );
         let other = Uuid::new_v4().to_string();
         let body = envelope(&ids, &payload, spelling, &other);
         let job_family = (spelling != Spelling::JobIdTwice).then_some(family);
@@ -268,6 +336,7 @@ impl World {
             Some(slot),
             format!("{family:?} {kind:?} {spelling:?}"),
         );
+        self.msgs[i].unreadable = spelling.unreadable();
         self.log.push(format!("send {}", self.msgs[i].name));
     }
 
@@ -276,6 +345,19 @@ impl World {
         let body = format!("not json {}", Uuid::new_v4());
         let i = self.push(body, None, None, "not-JSON".into());
         self.log.push(format!("send {}", self.msgs[i].name));
+    }
+
+    /// Whether message `i`'s body can never run as written: no job, a poison payload, or a
+    /// spelling the payload type refuses. (An edit's body is always valid.)
+    pub fn cannot_run(&self, i: usize) -> bool {
+        let m = &self.msgs[i];
+        let Some(f) = m.family else { return true };
+        m.unreadable
+            || (!m.edited
+                && matches!(
+                    self.cfg.slots[usize::from(f.slot)][usize::from(f.variant)],
+                    Payload::BadPoints | Payload::WrongShape
+                ))
     }
 
     /// The messages in the queue, in send order.
@@ -306,6 +388,9 @@ impl World {
             let names: Vec<String> = groups.keys().cloned().collect();
             let mut taken: BTreeMap<String, usize> = BTreeMap::new();
             for &p in picks {
+                if batch.len() == FIFO_BATCH {
+                    break;
+                }
                 let g = &names[usize::from(p) % names.len()];
                 let n = taken.entry(g.clone()).or_default();
                 if let Some(&i) = groups[g].get(*n) {
@@ -346,7 +431,7 @@ impl World {
         }
         let (redrive, batch): (Vec<usize>, Vec<usize>) = chosen
             .into_iter()
-            .partition(|&i| self.msgs[i].receives >= MAX_RECEIVE);
+            .partition(|&i| self.msgs[i].receives >= max_receive(self.cfg.fifo));
         if !redrive.is_empty() {
             self.redrive(&redrive).await;
         }
@@ -361,7 +446,13 @@ impl World {
         self.settle(&batch, outcomes, "deliver");
     }
 
+    /// Whether the queue holds no message.
+    pub fn queue_is_empty(&self) -> bool {
+        self.queued().is_empty()
+    }
+
     fn settle(&mut self, batch: &[usize], outcomes: Vec<RecordOutcome>, what: &str) {
+        self.batches += 1;
         let mut shown = Vec::new();
         for (&i, outcome) in batch.iter().zip(outcomes) {
             let m = &mut self.msgs[i];
@@ -370,7 +461,7 @@ impl World {
                 m.gone = true;
                 m.acked = true;
             }
-            self.delivered.push((i, outcome));
+            self.delivered.push((i, outcome, self.batches));
         }
         self.log.push(format!("{what} [{}]", shown.join(", ")));
     }
@@ -411,12 +502,15 @@ impl World {
             pool: self.pool.clone(),
             consumer: reference_name(),
             job_queue: queue_name(self.cfg.fifo).into(),
-            max_receive_count: MAX_RECEIVE,
+            max_receive_count: max_receive(self.cfg.fifo),
             max_attempts: MAX_ATTEMPTS,
             settle_wait: Duration::from_secs(5),
             fence_ttl: FENCE_TTL,
             queue_retention: std::time::Duration::from_secs(4 * 86_400),
-            job_fields: Vec::new(),
+            job_fields: super::probe::job_fields(self.cfg.noted)
+                .iter()
+                .map(|f| (*f).to_owned())
+                .collect(),
             clock: self.clock.clone(),
             metrics: Default::default(),
             alerter: None,
@@ -445,7 +539,7 @@ impl World {
             self.log.push("crash: the queue is empty".into());
             return;
         };
-        if self.msgs[i].receives >= MAX_RECEIVE {
+        if self.msgs[i].receives >= max_receive(self.cfg.fifo) {
             return self.redrive(&[i]).await;
         }
         let Some(slot) = self.msgs[i].slot else {
@@ -491,7 +585,7 @@ impl World {
         let pool = process_pool(&self.connect).await;
         let harness = Arc::new(harness_on(
             &pool,
-            Probe::new(reference_name(), self.probe.clone()),
+            Probe::new(reference_name(), self.cfg.noted, self.probe.clone()),
             harness_settings(self.cfg.mode),
             self.clock.clone(),
         ));
@@ -544,10 +638,25 @@ impl World {
         .fetch_all(&self.pool)
         .await
         .expect("reading the letters");
+        // A withdrawal's letter (`withdrawn:<letter>`) is of the message of the letter whose
+        // replay it withdrew (a chain: that letter may be a withdrawal's too; the manual clock
+        // gives them one `created_at`, so the chain is followed, not the order).
+        let by_id: BTreeMap<Uuid, String> =
+            rows.iter().map(|r| (r.id, r.message_id.clone())).collect();
         let mut letters: Vec<(LetterRow, Option<usize>)> = rows
             .into_iter()
             .map(|row| {
-                let i = self.msgs.iter().position(|m| m.id == row.message_id);
+                let mut message_id = row.message_id.clone();
+                for _ in 0..=by_id.len() {
+                    let Some(of) = message_id.strip_prefix("withdrawn:") else {
+                        break;
+                    };
+                    let Some(next) = Uuid::parse_str(of).ok().and_then(|of| by_id.get(&of)) else {
+                        break;
+                    };
+                    message_id = next.clone();
+                }
+                let i = self.msgs.iter().position(|m| m.id == message_id);
                 (row, i)
             })
             .collect();
@@ -575,8 +684,13 @@ impl World {
 
     /// The operator replays the `pick`th pending letter, as received or edited, as the API's
     /// replay and edit routes do.
-    pub async fn replay(&mut self, pick: u8, edit: bool) {
-        let what = if edit { "edit & replay" } else { "replay" };
+    pub async fn replay(&mut self, pick: u8, edit: bool, refused: bool) {
+        let what = match (edit, refused) {
+            (false, false) => "replay",
+            (true, false) => "edit & replay",
+            (false, true) => "replay (SQS refuses the send)",
+            (true, true) => "edit & replay (SQS refuses the send)",
+        };
         let Some((id, i)) = self.pending_letter(pick).await else {
             self.log.push(format!("{what}: no pending letter"));
             return;
@@ -670,9 +784,30 @@ impl World {
             Some(f) => format!("{f:?} replay"),
             None => "replay of a non-job".into(),
         };
-        let r = self.push(body, family, slot, label);
         let group = shared::replay::fifo_ids(&letter).map(|(g, _)| g);
+        let unreadable = edited.is_none() && i.is_some_and(|i| self.msgs[i].unreadable);
+        if refused {
+            self.unsent.push(Unsent {
+                letter: letter.id,
+                body,
+                family,
+                slot,
+                group,
+                label,
+                withdrawn: false,
+                of: i,
+                edited: edited.is_some(),
+                unreadable,
+            });
+            self.log.push(format!(
+                "{what} {name}: the send is refused, the replay stays queued"
+            ));
+            return;
+        }
+        let r = self.push(body, family, slot, label);
         let m = &mut self.msgs[r];
+        m.edited = edited.is_some();
+        m.unreadable = unreadable;
         m.replay_of = Some(letter.id);
         if self.cfg.fifo {
             m.group = group;
@@ -683,6 +818,86 @@ impl World {
             .expect("recording the send");
         self.log
             .push(format!("{what} {name}: sent as {}", self.msgs[r].name));
+    }
+
+    /// The `pick`th replay recorded `queued` reaches the queue after all: the scheduled run's
+    /// send gets through, or a send in flight as the operator withdrew it lands (it finds the
+    /// replay withdrawn, and records nothing).
+    pub async fn send_queued(&mut self, pick: u8) {
+        if self.unsent.is_empty() {
+            self.log.push("send a queued replay: none is queued".into());
+            return;
+        }
+        let u = self.unsent.remove(usize::from(pick) % self.unsent.len());
+        let r = self.push(u.body, u.family, u.slot, u.label);
+        let m = &mut self.msgs[r];
+        m.edited = u.edited;
+        m.unreadable = u.unreadable;
+        m.replay_of = Some(u.letter);
+        if self.cfg.fifo {
+            m.group = u.group;
+        }
+        let message_id = m.id.clone();
+        let recorded = record_replay_sent(&self.pool, u.letter, &message_id, self.clock.now())
+            .await
+            .expect("recording the send");
+        let name = self.letter_name(u.of);
+        self.log.push(format!(
+            "the queued replay of {name} is sent as {}{}",
+            self.msgs[r].name,
+            match (recorded.is_some(), u.withdrawn) {
+                (true, _) => ", recorded sent".to_owned(),
+                (false, true) => " (it was in flight as it was withdrawn: nothing recorded)".into(),
+                (false, false) => " (NOT recorded: the replay was no longer queued)".into(),
+            }
+        ));
+    }
+
+    /// The operator withdraws the `pick`th replay of the history still recorded `queued` (or,
+    /// when there is none, one already sent), as the API's withdraw route does.
+    pub async fn withdraw(&mut self, pick: u8) {
+        let letters = self.letters().await;
+        let mut candidates: Vec<(Uuid, Option<usize>)> = letters
+            .iter()
+            .filter(|(l, _)| l.replay_outcome.as_deref() == Some("queued"))
+            .map(|(l, i)| (l.id, *i))
+            .collect();
+        if candidates.is_empty() {
+            candidates = letters
+                .iter()
+                .filter(|(l, _)| l.replay_outcome.as_deref() == Some("sent"))
+                .map(|(l, i)| (l.id, *i))
+                .collect();
+        }
+        if candidates.is_empty() {
+            self.log.push("withdraw: no replay to withdraw".into());
+            return;
+        }
+        let (id, i) = candidates[usize::from(pick) % candidates.len()];
+        let name = self.letter_name(i);
+        let queued = self.unsent.iter().any(|u| u.letter.0 == id && !u.withdrawn);
+        let answer = withdraw_replay(
+            &self.pool,
+            DeadLetterId(id),
+            OPERATOR,
+            "model: the queue refuses it",
+            self.clock.now(),
+        )
+        .await
+        .expect("withdrawing");
+        if matches!(
+            answer,
+            Withdrawal::Withdrawn(_) | Withdrawal::AlreadyProcessed
+        ) {
+            for u in &mut self.unsent {
+                if u.letter.0 == id {
+                    u.withdrawn = true;
+                }
+            }
+        }
+        self.withdrawals.push((i, queued, answer));
+        self.log
+            .push(format!("withdraw the replay of {name}: {answer:?}"));
     }
 
     /// The operator discards the `pick`th pending letter with a reason.
@@ -715,6 +930,9 @@ impl World {
                 .push("sweep: skipped, copies are still in the queue".into());
             return;
         }
+        // A send in flight as its replay was withdrawn has landed or failed long before the TTL;
+        // a replay still queued may be sent at any time (the sweeper keeps its job's fence).
+        self.unsent.retain(|u| !u.withdrawn);
         self.clock
             .advance(chrono::Duration::from_std(FENCE_TTL).unwrap() + chrono::Duration::days(1));
         let report = shared::sweeper::sweep(&self.pool, self.clock.as_ref(), SWEEP, None)
