@@ -156,7 +156,10 @@ mod tests {
     #[test]
     fn outcomes_and_group_statuses_are_spelled_as_stored() {
         let outcomes: Vec<_> = ReplayOutcome::ALL.iter().map(|o| o.as_str()).collect();
-        assert_eq!(outcomes, ["queued", "sent", "already_processed"]);
+        assert_eq!(
+            outcomes,
+            ["queued", "sent", "already_processed", "withdrawn"]
+        );
         let groups: Vec<_> = GroupStatus::ALL.iter().map(|s| s.to_string()).collect();
         assert_eq!(groups, ["open", "resolved"]);
         assert_eq!(GroupStatus::parse("resolved"), Some(GroupStatus::Resolved));

@@ -95,7 +95,9 @@ async fn relay(client: TcpStream, server: TcpStream, cut: Arc<AtomicU8>) {
             Ok(n) => n,
         };
         let chunk = &buf[..n];
-        let is_commit = chunk.windows(7).any(|w| w == b"COMMIT\0");
+        // A `COMMIT` alone, or the harness's `…; COMMIT; <session reset>` query.
+        let is_commit = chunk.windows(7).any(|w| w == b"COMMIT\0")
+            || chunk.windows(9).any(|w| w == b"; COMMIT;");
         let armed = cut.load(Ordering::SeqCst);
         if is_commit && armed != Cut::Off as u8 {
             cut.store(Cut::Off as u8, Ordering::SeqCst);
