@@ -26,29 +26,29 @@ step "Building the benchmarks (cargo build --profile perf -p e2e $BIN_ARGS)"
 cargo build --quiet --profile perf -p e2e $BIN_ARGS || die "the build failed"
 if part harness; then
   step "Harness vs pgbench: per job at c = 1, 8, 32; batch mode at c = 8; the consumer's peak memory"
-  target/perf/bench-harness || die "the harness benchmark failed"
+  "$TARGET"/perf/bench-harness || die "the harness benchmark failed"
 fi
 if part latency; then
   step "At RDS latency: a throwaway primary with a synchronous standby, a latency proxy (0, 0.5, 1, 2 ms) on both links; pgbench vs the harness, round trips per job (~13 min)"
-  target/perf/bench-latency || die "the latency benchmark failed"
+  "$TARGET"/perf/bench-latency || die "the latency benchmark failed"
 fi
 if part pooler; then
   ensure_pgbouncer
   export PGBOUNCER
   step "Through PgBouncer in transaction mode at 1 ms RTT: 64 clients over 8 server connections vs 8 clients direct, pgbench and the harness (~2 min)"
-  target/perf/bench-latency pooler || die "the pooler benchmark failed"
+  "$TARGET"/perf/bench-latency pooler || die "the pooler benchmark failed"
 fi
 if part sweep; then
   step "Sweeper: delete rate vs a raw batched DELETE, consumers with vs without a sweep"
-  target/perf/bench-sweep || die "the sweep benchmark failed"
+  "$TARGET"/perf/bench-sweep || die "the sweep benchmark failed"
 fi
 if part api; then
   step "Dead-letter API: p50/p95 at 1,000,000 letters (seeded once into jobs_bench)"
-  target/perf/bench-api || die "the API benchmark failed"
+  "$TARGET"/perf/bench-api || die "the API benchmark failed"
 fi
 if part scale; then
   step "The fence table at 2 and 20 million live fences (database jobs_bench_scale, seeded anew: a few minutes, ~4 GB)"
-  DATABASE_URL=$(database_url_for jobs_bench_scale) target/perf/bench-scale || die "the scale benchmark failed"
+  DATABASE_URL=$(database_url_for jobs_bench_scale) "$TARGET"/perf/bench-scale || die "the scale benchmark failed"
 fi
 step "All figures: target/bench/results.json"
 python3 - <<'PY' || die "could not merge the results"

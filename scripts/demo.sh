@@ -14,4 +14,4 @@ export DATABASE_URL
 step "Building the functions and the demo (cargo build --bins: each consumer's own binary too)"
 cargo build --bins --quiet || die "the build failed"
 step "Running the demo workload against database jobs_demo"
-target/debug/demo "$@" || die "the demo failed"
+"$TARGET"/debug/demo "$@" || die "the demo failed"

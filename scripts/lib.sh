@@ -9,6 +9,9 @@ run_cleanup() { local c; for c in "${CLEANUP[@]}"; do eval "$c" || true; done; }
 trap run_cleanup EXIT
 
 step() { printf '\n==> %s\n' "$*"; }
+
+# Where cargo puts what it builds: CARGO_TARGET_DIR if the user set one, as cargo does.
+TARGET=${CARGO_TARGET_DIR:-target}
 note() { printf '    %s\n' "$*"; }
 die()  { printf '\nFAILED: %s\n' "$*" >&2; exit 1; }
 

@@ -55,4 +55,4 @@ PY
   if [ -n "$region" ]; then export AWS_REGION=$region; fi
   step "Smoke-testing $stack ($DLQ_API_URL)"
 fi
-target/debug/smoke "$@" || die "the smoke test failed (see above)"
+"$TARGET"/debug/smoke "$@" || die "the smoke test failed (see above)"

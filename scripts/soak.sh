@@ -34,5 +34,5 @@ modes=${3:-all}
 [ "$modes" = all ] && modes="per-job batch fifo-per-job fifo-batch"
 for mode in $modes; do
   step "Soaking, $mode commits (function logs in \$TMPDIR/job-harness-soak/)"
-  target/perf/soak "${1:-10000}" "${2:-1}" "$mode" || die "the soak ($mode) found a broken invariant (see above)"
+  "$TARGET"/perf/soak "${1:-10000}" "${2:-1}" "$mode" || die "the soak ($mode) found a broken invariant (see above)"
 done

@@ -47,7 +47,7 @@ up() {
   step "Starting the local stack (log: .tools/stack/local-stack.log; function logs: .tools/stack/logs/)"
   rm -f "$ENV_FILE"
   LOCAL_STACK_DIR=$STATE GATEWAY_ADDR=$GATEWAY_ADDR \
-    setsid nohup target/debug/local-stack >"$STATE/local-stack.log" 2>&1 < /dev/null &
+    setsid nohup "$TARGET"/debug/local-stack >"$STATE/local-stack.log" 2>&1 < /dev/null &
   echo $! > "$PID_FILE"
   for _ in $(seq 1 120); do
     [ -f "$ENV_FILE" ] && break
@@ -65,7 +65,7 @@ env_hint() {
 
     Use it:
       eval "\$(bash scripts/stack.sh env)"
-      target/debug/dlq groups                      # or: cargo run -q -p dlq -- groups
+      $TARGET/debug/dlq groups                      # or: cargo run -q -p dlq -- groups
       curl -s -H "Authorization: Bearer \$DLQ_TOKEN" "\$DLQ_API_URL/v1/core/dead-letters?status=pending_review"
       bash scripts/smoke.sh local                  # a canary job to its fence, a poison one to its letter, the API
     Stop it: bash scripts/stack.sh down

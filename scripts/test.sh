@@ -49,7 +49,7 @@ POOLER_TESTS=(-p shared -p e2e --lib --test acceptance --test batch --test confl
 step "Running the guarantee tests through PgBouncer in transaction mode (cargo test ${POOLER_TESTS[*]})"
 cargo build --quiet -p e2e --bin through-pooler || die "could not build through-pooler"
 status=0
-target/debug/through-pooler -- cargo test "${POOLER_TESTS[@]}" 2>&1 | tee "$log" || status=$?
+"$TARGET"/debug/through-pooler -- cargo test "${POOLER_TESTS[@]}" 2>&1 | tee "$log" || status=$?
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      END { printf "\ntests through the pooler: %d passed, %d failed\n", p, f }' "$log"
 [ "$status" = 0 ] || die "tests failed through the pooler (see above)"

@@ -163,11 +163,21 @@ pub async fn send(
     let sqs = sqs_client().await?;
     let (jobs, dlq) = dev_queues(&sqs, consumer).await;
     let before = table_rows(&pool, consumer.schema).await?;
+    let mut out = String::new();
+    let left = depth(&sqs, &jobs).await;
+    if left > 0 {
+        let _ = writeln!(
+            out,
+            "note: {left} message(s) were already on {} (left by an earlier send that did not \
+             settle): they are delivered too, and counted in the invocations below, not in the \
+             jobs reported",
+            jobs.url
+        );
+    }
     let kinds = match kind {
         Kind::All => vec![Kind::Valid, Kind::Duplicate, Kind::Poison, Kind::Failing],
         one => vec![one],
     };
-    let mut out = String::new();
     let mut sent = Vec::new();
     for kind in kinds {
         let job_id = JobId(Uuid::new_v4());
@@ -206,8 +216,12 @@ pub async fn send(
     };
     let started = tokio::time::Instant::now();
     let mut settled = false;
-    while started.elapsed() < timeout {
-        let report = source.poll_once().await;
+    while let Some(remaining) = timeout.checked_sub(started.elapsed()) {
+        // Bounded as a whole: a first build under cargo lambda watch can take minutes, and the
+        // report says what happened within the time it promised.
+        let Ok(report) = tokio::time::timeout(remaining, source.poll_once()).await else {
+            break;
+        };
         if report.received == 0
             && let Some(error) = &report.invoke_error
         {
