@@ -45,6 +45,7 @@ awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += 
 # on a PgBouncer in transaction mode, where nothing of a session survives its transaction.
 POOLER_TESTS=(-p shared -p e2e --lib --test acceptance --test batch --test conflicts
               --test letter_locks --test schema_guards --test sweeper --test true_records --test fifo
+              --test identity --test families --test lanes --test outside_attacks --test model_findings
               --test ac2_crash --test faults --test boundary --test scheduled --test api)
 step "Running the guarantee tests through PgBouncer in transaction mode (cargo test ${POOLER_TESTS[*]})"
 cargo build --quiet -p e2e --bin through-pooler || die "could not build through-pooler"
