@@ -7,15 +7,12 @@
 
 use consumer::{AwardPoints, count_awards};
 use serde_json::json;
-use shared::dead_letter::{
-    DeadLetter, ErrorKind, ReplayOutcome, ReviewStatus, Verdict, fence_is_another_job, lock_letter,
-};
+use shared::dead_letter::{DeadLetter, ErrorKind, ReviewStatus, fence_is_another_job};
 use shared::harness::{CommitMode, Harness, IncomingMessage, RecordOutcome};
 use shared::ids::{DeadLetterId, JobId};
 use shared_testkit::reference::*;
 use shared_testkit::*;
 use sqlx::PgPool;
-use std::time::Duration;
 
 fn award_points() -> AwardPoints {
     AwardPoints::new(reference_name())
@@ -23,17 +20,7 @@ fn award_points() -> AwardPoints {
 
 /// Edits letter `id` to `body` and replays it, as the API's edit route does.
 async fn edit(pool: &PgPool, id: DeadLetterId, body: &str) {
-    let mut locked = lock_letter(pool, id, Duration::from_secs(5))
-        .await
-        .unwrap()
-        .expect("the letter");
-    let verdict = Verdict::Replayed {
-        outcome: ReplayOutcome::Queued,
-        reason: Some("the producer's release misspelled the points".into()),
-        body: Some(body.to_owned()),
-    };
-    locked.mark(&verdict, "ops-1", t0()).await.unwrap();
-    locked.commit().await.unwrap();
+    queue_replay(pool, id, Some(body)).await;
 }
 
 /// The replay of letter `of`, carrying `body`.
@@ -231,17 +218,7 @@ async fn a_replay_beside_a_redelivery_of_its_original_runs_on_its_own(pool: PgPo
         let original = message(&body, 1);
         let letter = lettered(&harness, &pool, job_id, &original, ErrorKind::Poison).await;
         // Replayed as received, as the API's replay route does.
-        let mut locked = lock_letter(&pool, letter.id, Duration::from_secs(5))
-            .await
-            .unwrap()
-            .unwrap();
-        let verdict = Verdict::Replayed {
-            outcome: ReplayOutcome::Queued,
-            reason: None,
-            body: None,
-        };
-        locked.mark(&verdict, "ops-1", t0()).await.unwrap();
-        locked.commit().await.unwrap();
+        queue_replay(&pool, letter.id, None).await;
         let replay_body = body.clone();
         let redelivered = IncomingMessage {
             receive_count: 2,

@@ -11,9 +11,7 @@ use aws_lambda_events::event::sqs::SqsMessage;
 use consumer::{AwardPoints, count_awards};
 use serde_json::{Value, json};
 use shared::clock::ManualClock;
-use shared::dead_letter::{
-    DeadLetter, ErrorKind, ReplayOutcome, ReviewStatus, Verdict, lock_letter, withdraw_replay,
-};
+use shared::dead_letter::{DeadLetter, ErrorKind, ReviewStatus, withdraw_replay};
 use shared::dlq_ingester::DlqIngester;
 use shared::harness::{CommitMode, IncomingMessage, RecordOutcome};
 use shared::ids::{DeadLetterId, JobId};
@@ -182,17 +180,7 @@ async fn withdrawing_a_queued_replay_of_a_committed_job_writes_no_letter(pool: P
     assert_eq!(outcome.dead_letter_kind(), Some(ErrorKind::Permanent));
     let letter = the_letters(&pool, job_id).await.remove(0);
     // The operator replays it (the provider is fixed); SQS does not answer, so it is `queued`.
-    let mut locked = lock_letter(&pool, letter.id, Duration::from_secs(5))
-        .await
-        .unwrap()
-        .unwrap();
-    let verdict = Verdict::Replayed {
-        outcome: ReplayOutcome::Queued,
-        reason: None,
-        body: None,
-    };
-    locked.mark(&verdict, "ops-1", t0()).await.unwrap();
-    locked.commit().await.unwrap();
+    queue_replay(&pool, letter.id, None).await;
     // The send had in fact reached the queue: the replay runs and commits the job.
     let healthy = harness_in(&pool, award_points(), CommitMode::PerJob);
     let replayed = IncomingMessage {
@@ -503,17 +491,7 @@ async fn two_batches_racing_on_one_job_in_two_spellings_apply_it_once(pool: PgPo
 // ---------------------------------------------------------------------------------------------
 
 async fn edit_queued(pool: &PgPool, id: DeadLetterId, body: &str) {
-    let mut locked = lock_letter(pool, id, Duration::from_secs(5))
-        .await
-        .unwrap()
-        .expect("the letter");
-    let verdict = Verdict::Replayed {
-        outcome: ReplayOutcome::Queued,
-        reason: Some("attack: an operator's correction".into()),
-        body: Some(body.to_owned()),
-    };
-    locked.mark(&verdict, "ops-1", t0()).await.unwrap();
-    locked.commit().await.unwrap();
+    queue_replay(pool, id, Some(body)).await;
 }
 
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
@@ -580,17 +558,7 @@ async fn a_withdrawn_replay_sent_after_all_that_fails_again_stays_on_record(pool
     let outcome = failing.process(&message(&body, 1)).await;
     assert_eq!(outcome.dead_letter_kind(), Some(ErrorKind::Permanent));
     let letter = the_letters(&pool, job_id).await.remove(0);
-    let mut locked = lock_letter(&pool, letter.id, Duration::from_secs(5))
-        .await
-        .unwrap()
-        .unwrap();
-    let verdict = Verdict::Replayed {
-        outcome: ReplayOutcome::Queued,
-        reason: None,
-        body: None,
-    };
-    locked.mark(&verdict, "ops-1", t0()).await.unwrap();
-    locked.commit().await.unwrap();
+    queue_replay(&pool, letter.id, None).await;
     // The scheduled run's SendMessage is accepted ... the operator withdraws ... the run's
     // record of the send finds nothing queued.
     let shared::dead_letter::Withdrawal::Withdrawn(new) =

@@ -34,8 +34,8 @@ pub mod sweeps;
 
 pub use consumers::{Counting, Fault, OnTx};
 pub use lookups::{
-    charge_executions, executions, fence_committed, hold_fence, letters, record_letter,
-    table_counts,
+    charge_executions, executions, fence_committed, hold_fence, letters, queue_replay,
+    record_letter, table_counts,
 };
 pub use messages::{
     QUEUE, TENANT, TestLetter, batch, envelope, in_group, job, message, message_on, with_payload,

@@ -1,10 +1,13 @@
 //! What a test reads back (a fence, a job's letters, its executions, every table's row count)
-//! and the few states it sets up by hand (executions charged, a fence held, a letter written).
+//! and the few states it sets up by hand (executions charged, a fence held, a letter written, a
+//! replay queued).
 //! Each panics on a database error: a test has nothing better to do with one.
 
 use crate::TestLetter;
 use chrono::{DateTime, Utc};
-use shared::dead_letter::{DeadLetter, letters_for_job, record_dead_letter};
+use shared::dead_letter::{
+    DeadLetter, ReplayOutcome, Verdict, letters_for_job, lock_letter, record_dead_letter,
+};
 use shared::fence::{FenceClaim, claim_fence, fence_exists};
 use shared::ids::{ConsumerName, DeadLetterId, JobId, TenantId};
 use sqlx::{PgPool, Postgres, Transaction};
@@ -109,4 +112,24 @@ pub async fn table_counts(pool: &PgPool) -> BTreeMap<String, i64> {
     .expect("counting rows")
     .into_iter()
     .collect()
+}
+
+/// Reviews letter `id` as replayed and queued, as the API's replay route records it before it
+/// sends (with `edit`, the edited body an edit sends instead): what is sent, and when, is the
+/// test's.
+pub async fn queue_replay(pool: &PgPool, id: DeadLetterId, edit: Option<&str>) {
+    let mut locked = lock_letter(pool, id, Duration::from_secs(5))
+        .await
+        .expect("locking the letter")
+        .expect("the letter");
+    let verdict = Verdict::Replayed {
+        outcome: ReplayOutcome::Queued,
+        reason: edit.map(|_| "an operator's correction".to_owned()),
+        body: edit.map(str::to_owned),
+    };
+    locked
+        .mark(&verdict, "ops-1", crate::t0())
+        .await
+        .expect("recording the replay");
+    locked.commit().await.expect("committing the review");
 }
