@@ -43,8 +43,9 @@ pub(super) struct Plan<P> {
     pub(super) follows: HashMap<usize, usize>,
     /// Copies of a processed job under its id but with another digest: conflict letters.
     pub(super) conflicting: Vec<(usize, PartialIds, JobDigest)>,
-    /// Later records of a job with the same body, each with the record that runs the job.
-    pub(super) copies: Vec<(usize, usize)>,
+    /// Later records of a job with the same digest, each with the record that runs the job and
+    /// its ids (from its one parse).
+    pub(super) copies: Vec<(usize, usize, PartialIds)>,
 }
 
 impl<P> Plan<P> {
@@ -168,7 +169,7 @@ impl<C: Consumer> Harness<C> {
                     && digest == first_digest
                     && msg.replay_of == msgs[first].replay_of
                 {
-                    plan.copies.push((i, first));
+                    plan.copies.push((i, first, super::life::ids_of(&parsed)));
                 } else {
                     plan.follows.insert(i, first);
                     plan.later.push((i, parsed));
@@ -289,8 +290,12 @@ impl<C: Consumer> Harness<C> {
     }
 
     /// Each copy of a job in the batch takes its outcome from the record that ran the job.
-    fn answer_copies(&self, copies: Vec<(usize, usize)>, outcomes: &mut [Option<RecordOutcome>]) {
-        for (copy, first) in copies {
+    fn answer_copies(
+        &self,
+        copies: Vec<(usize, usize, PartialIds)>,
+        outcomes: &mut [Option<RecordOutcome>],
+    ) {
+        for (copy, first, _) in copies {
             let outcome = outcomes[first].as_ref().map(RecordOutcome::of_a_copy);
             if let Some(outcome) = &outcome {
                 self.metrics.increment(outcome.metric());

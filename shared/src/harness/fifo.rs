@@ -70,8 +70,7 @@ impl<C: Consumer> Harness<C> {
         for (i, ids, digest) in plan.conflicting {
             steps[i] = Some(Step::Conflict(ids, digest));
         }
-        for (i, first) in plan.copies {
-            let ids = crate::envelope::read_ids(&msgs[i].body);
+        for (i, first, ids) in plan.copies {
             steps[i] = Some(Step::CopyOf(first, ids));
         }
         let settled_so_far = std::sync::Mutex::new(vec![None; msgs.len()]);
