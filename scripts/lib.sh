@@ -26,6 +26,16 @@ apt_install() {
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null || die "apt-get install $* failed"
 }
 
+# The suite needs room for two debug builds of the workspace (about 6 GB with the lean profile);
+# a full disk shows up as an LLVM "IO failure" deep in a test, so say it first.
+ensure_disk_space() {
+  local need_gb=${1:-8} dir=${CARGO_TARGET_DIR:-.} free_gb
+  mkdir -p "$dir"
+  free_gb=$(df -P -BG "$dir" | awk 'NR == 2 { sub("G", "", $4); print $4 }')
+  note "free disk under $dir: ${free_gb} GB (the builds need about ${need_gb} GB)"
+  [ "$free_gb" -ge "$need_gb" ] || die "only ${free_gb} GB free under $dir; the builds need about ${need_gb} GB (free space, or set CARGO_TARGET_DIR to a larger disk)"
+}
+
 can_connect() { psql "$1" -Atqc 'SELECT 1' >/dev/null 2>&1; }
 
 # pgbench, the benchmarks' baseline: Debian ships it with the server package.

@@ -5,6 +5,8 @@
 source "$(dirname "$0")/lib.sh"
 
 command -v cargo >/dev/null || die "cargo is not installed (the Rust toolchain comes with the machine)"
+step "Checking disk space"
+ensure_disk_space 8
 ensure_postgres
 ensure_sqs_api
 
