@@ -55,7 +55,7 @@ pub struct DlqIngester {
     /// `DeadLettered*`, `RedrivenAlreadyProcessed` and `DeadLetterWriteFailed` counts.
     pub metrics: Metrics,
     /// Pages BetterStack after the batch's letters are committed, if configured.
-    pub alerter: Option<crate::alerting::Alerter>,
+    pub alerter: Option<crate::paging::Alerter>,
 }
 
 impl DlqIngester {

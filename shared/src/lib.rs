@@ -13,7 +13,6 @@
 //! is tested).
 #![warn(missing_docs)]
 
-pub mod alerting;
 pub mod aws;
 pub mod clock;
 pub mod config;
@@ -23,23 +22,21 @@ pub mod dead_letter;
 pub mod decision;
 pub mod dlq_ingester;
 pub mod envelope;
-pub mod escalation;
 pub mod execution;
 pub mod fence;
 pub mod harness;
 pub mod ids;
 pub(crate) mod literal;
 pub mod metrics;
+pub mod paging;
 pub mod replay;
 pub mod replay_sends;
 pub mod retry;
 pub mod run;
-pub mod scheduled;
 pub mod secrets;
 pub mod sqs;
-pub mod sweeper;
 pub mod telemetry;
-pub(crate) mod unsent_replays;
+pub mod upkeep;
 
 use sqlx::migrate::Migrator;
 use std::sync::LazyLock;

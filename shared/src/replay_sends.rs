@@ -197,25 +197,6 @@ pub(crate) struct UnsentQueue {
     pub last_error: Option<String>,
 }
 
-/// The queues with replays recorded before `overdue_before` still unsent, up to `limit`, the
-/// one waiting longest first.
-pub(crate) async fn unsent_by_queue(
-    db: impl PgExecutor<'_>,
-    overdue_before: DateTime<Utc>,
-    limit: i64,
-) -> sqlx::Result<Vec<UnsentQueue>> {
-    sqlx::query_as(
-        "SELECT queue, count(*) AS replays, min(queued_at) AS oldest, max(attempts) AS attempts,
-                (array_agg(last_error ORDER BY last_attempt_at DESC NULLS LAST))[1] AS last_error
-         FROM core.replay_sends WHERE queued_at < $1
-         GROUP BY queue ORDER BY min(queued_at) LIMIT $2",
-    )
-    .bind(overdue_before)
-    .bind(limit)
-    .fetch_all(db)
-    .await
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,7 +6,7 @@ use consumer::AwardPoints;
 use shared::clock::ManualClock;
 use shared::fence::fence_exists;
 use shared::harness::RecordOutcome;
-use shared::sweeper::{SweepSettings, SweepStop, sweep, sweep_expired};
+use shared::upkeep::sweep::{SweepSettings, SweepStop, sweep, sweep_expired};
 use shared_testkit::reference::*;
 use shared_testkit::sweeps::{fence_count as fences, seed_fences as seed};
 use shared_testkit::*;

@@ -278,12 +278,12 @@ async fn a_poison_letter_without_a_job_id_cannot_be_replayed(pool: PgPool) {
     assert_eq!(discarded.status, 200, "{:#}", discarded.body);
 }
 
-/// Issue 13, hole 7: a replay used to send before it committed, so a send followed by a failed
+/// Issue 13: a replay used to send before it committed, so a send followed by a failed
 /// commit left a letter that could later be discarded, although its message was out. A replay
 /// now records itself first: if the queue then refuses the message, the letter says `queued`,
 /// no discard can close it, and the scheduled run sends it once the queue takes it.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
-async fn hole7_a_replay_is_recorded_before_it_is_sent_and_a_refused_send_is_sent_later(
+async fn a_replay_is_recorded_before_it_is_sent_and_a_refused_send_is_sent_later(
     pool: PgPool,
 ) {
     let (pool, apis) = setup(pool).await;
@@ -304,7 +304,7 @@ async fn hole7_a_replay_is_recorded_before_it_is_sent_and_a_refused_send_is_sent
 
     // The queue comes back; the scheduled run, a minute later, sends what stayed queued.
     let late = create_queue(&apis.sqs, &queue, &[]).await;
-    let scheduled = shared::scheduled::ScheduledRun {
+    let scheduled = shared::upkeep::ScheduledRun {
         pool: pool.clone(),
         clock: Arc::new(shared::clock::ManualClock::new(
             chrono::Utc::now() + chrono::Duration::minutes(2),
@@ -312,7 +312,6 @@ async fn hole7_a_replay_is_recorded_before_it_is_sent_and_a_refused_send_is_sent
         alerter: None,
         sweep: shared_testkit::SWEEP,
         escalate_after: Duration::from_secs(3 * 86_400),
-        page_budget: Duration::from_secs(1),
         replayer: Some(Replayer::new(apis.sqs.clone())),
         heartbeat: None,
         replay_alert_after: shared::config::REPLAY_ALERT_AFTER,
@@ -320,7 +319,7 @@ async fn hole7_a_replay_is_recorded_before_it_is_sent_and_a_refused_send_is_sent
     let report = scheduled.run(None).await;
     assert_eq!(
         report.replays,
-        Ok(shared::scheduled::ReplaySends { sent: 1, failed: 0 })
+        Ok(shared::upkeep::ReplaySends { sent: 1, failed: 0 })
     );
     assert_eq!(depth(&apis.sqs, &late).await, 1);
     let letter = shared::dead_letter::letter(&pool, id)
@@ -335,7 +334,7 @@ async fn hole7_a_replay_is_recorded_before_it_is_sent_and_a_refused_send_is_sent
     let again = scheduled.run(None).await;
     assert_eq!(
         again.replays,
-        Ok(shared::scheduled::ReplaySends::default()),
+        Ok(shared::upkeep::ReplaySends::default()),
         "sent once"
     );
 }
@@ -1329,7 +1328,7 @@ mod never_a_5xx {
     }
 }
 
-/// Issue 22, hole 8: a letter of a job whose id another job then committed under was replayable,
+/// Issue 22: a letter of a job whose id another job then committed under was replayable,
 /// and the replay answered "already processed" (the other job's fence): a false record of a job
 /// that never ran. So was a `conflict` letter. Both are refused now, and nothing is marked.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]

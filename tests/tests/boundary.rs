@@ -1,4 +1,4 @@
-//! Issue 22, hole 1 and its class, through the real consumer, DLQ ingester and replay binaries,
+//! Issue 22's hostile bodies, through the real consumer, DLQ ingester and replay binaries,
 //! the local SQS API and real PostgreSQL: whatever a producer puts in a message becomes a true
 //! record. Each hostile body below failed to be recorded before the fix (the letter insert was
 //! refused: an index row too large, a number jsonb cannot hold), so the message came back on
@@ -184,7 +184,7 @@ async fn every_hostile_body_gets_one_letter_that_replays_as_received(
 }
 
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
-async fn hole1_every_hostile_body_gets_one_letter_that_replays_as_received_per_job(
+async fn every_hostile_body_gets_one_letter_that_replays_as_received_per_job(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
@@ -197,7 +197,7 @@ async fn hole1_every_hostile_body_gets_one_letter_that_replays_as_received_per_j
 }
 
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
-async fn hole1_every_hostile_body_gets_one_letter_that_replays_as_received_in_batch_mode(
+async fn every_hostile_body_gets_one_letter_that_replays_as_received_in_batch_mode(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
@@ -212,7 +212,7 @@ async fn hole1_every_hostile_body_gets_one_letter_that_replays_as_received_in_ba
 /// The same bodies redriven to the DLQ: the ingester writes each one's letter (before the fix it
 /// reported them failed, and SQS deleted them after the DLQ's retention without a row).
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
-async fn hole1_the_ingester_records_every_hostile_body(
+async fn the_ingester_records_every_hostile_body(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
@@ -231,14 +231,14 @@ async fn hole1_the_ingester_records_every_hostile_body(
     }
 }
 
-/// Issue 22, hole 2: a committed job's copy reached the ingester after its fence was swept (an
+/// Issue 22: a committed job's copy reached the ingester after its fence was swept (an
 /// ingester failing for a week; the DLQ kept the copy 14 days, the fence lived 7): the fence
 /// claim found nothing, the letter said `crashed`, the replay answered `fence_exists: false`
 /// and the job was applied a second time. A copy older than its fence can be trusted to live
 /// (by its own `SentTimestamp`, which a standard queue's redrive keeps) is now `unsettled`,
 /// and no replay sends it.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
-async fn hole2_a_copy_older_than_its_fence_can_settle_is_never_replayed(
+async fn a_copy_older_than_its_fence_can_settle_is_never_replayed(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
 ) {

@@ -7,13 +7,13 @@ use chrono::{DateTime, Duration as Span, Utc};
 use e2e::alert_receiver::AlertReceiver;
 use e2e::lambda_host::{FunctionSpec, LambdaHost};
 use serde_json::json;
-use shared::alerting::{Alerter, BetterStack, Routes};
 use shared::clock::{Clock, ManualClock};
 use shared::dead_letter::ErrorKind;
 use shared::dead_letter::{Verdict, lock_letter};
 use shared::ids::{DeadLetterId, JobId};
+use shared::paging::{Alerter, BetterStack, Routes};
 use shared::replay::Replayer;
-use shared::scheduled::{Heartbeat, ScheduledRun};
+use shared::upkeep::{Heartbeat, ScheduledRun};
 use shared_testkit::{TestLetter, record_letter, t0};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -92,7 +92,6 @@ fn scheduled(pool: &PgPool, receiver: &AlertReceiver, clock: Arc<ManualClock>) -
         clock,
         sweep: shared_testkit::SWEEP,
         escalate_after: Duration::from_secs(3 * 86_400),
-        page_budget: Duration::from_secs(5),
         replayer: None,
         heartbeat: None,
         replay_alert_after: Duration::from_secs(3_600),
@@ -122,7 +121,7 @@ async fn escalation_pages_once_per_step_per_group_past_the_threshold(pool: PgPoo
     let run = scheduled(&pool, &receiver, clock.clone());
 
     let first = run.run(None).await;
-    assert_eq!(first.escalation.clone().unwrap().pages, 1, "{first:?}");
+    assert_eq!(first.escalation.clone().unwrap().opened, 1, "{first:?}");
     let group_a = shared::dead_letter::list_groups(
         &pool,
         &shared::dead_letter::GroupFilter {
@@ -143,7 +142,7 @@ async fn escalation_pages_once_per_step_per_group_past_the_threshold(pool: PgPoo
     );
     for _ in 0..3 {
         assert_eq!(
-            run.run(None).await.escalation.unwrap().pages,
+            run.run(None).await.escalation.unwrap().opened,
             0,
             "never repeated by a later run"
         );
@@ -151,7 +150,7 @@ async fn escalation_pages_once_per_step_per_group_past_the_threshold(pool: PgPoo
 
     clock.advance(Span::days(3)); // the oldest of jobs-a is 7 days old, jobs-b's 3 days
     let later = run.run(None).await.escalation.unwrap();
-    assert_eq!((later.pages, later.letters), (2, 4), "{later:?}");
+    assert_eq!((later.opened, later.letters), (2, 4), "{later:?}");
     assert_eq!(escalations(&receiver).len(), 3);
     assert!(
         escalations(&receiver)
@@ -173,7 +172,7 @@ async fn a_failed_escalation_page_is_retried_by_the_next_run(pool: PgPool) {
     assert_eq!(report.escalation.unwrap().failed, 1);
     receiver.accept_all();
     let report = run.run(None).await;
-    assert_eq!(report.escalation.unwrap().pages, 1);
+    assert_eq!(report.escalation.unwrap().opened, 1);
     assert_eq!(escalations(&receiver).len(), 1);
 }
 
@@ -211,7 +210,7 @@ async fn an_escalation_in_flight_never_blocks_a_review(pool: PgPool) {
     assert!(started.elapsed() < Duration::from_secs(2));
     let report = escalating.await.unwrap();
     assert_eq!(
-        report.escalation.unwrap().pages,
+        report.escalation.unwrap().opened,
         1,
         "the page still went out"
     );

@@ -7,8 +7,8 @@ use e2e::alert_receiver::AlertReceiver;
 use e2e::lambda_host::{FunctionSpec, LambdaHost};
 use e2e::throwaway_pg::ThrowawayCluster;
 use serde_json::json;
-use shared::alerting::{Alerter, BetterStack, Routes};
 use shared::clock::SystemClock;
+use shared::paging::{Alerter, BetterStack, Routes};
 use shared::secrets::{ManagedSecret, Secret};
 use std::sync::Arc;
 use std::time::Duration;
@@ -155,7 +155,7 @@ async fn a_rotated_betterstack_token_is_read_again_when_the_old_one_is_refused()
     assert!(
         matches!(
             refused,
-            shared::alerting::AlertError::Rejected { status: 401, .. }
+            shared::paging::AlertError::Rejected { status: 401, .. }
         ),
         "{refused}"
     );

@@ -406,12 +406,12 @@ fn each_consumer_stanza_wires_its_queue_redrive_ingester_and_timeouts() {
     }
 }
 
-/// Issue 22, hole 2: the DLQ kept a copy 14 days, the fence lived 7, and the functions' floor
+/// Issue 22: the DLQ kept a copy 14 days, the fence lived 7, and the functions' floor
 /// counted only the job queue. Each stanza's queue and DLQ retentions are now the values every
 /// function is told (so its start-up floor counts them), and the fence TTL the functions get is
 /// at or above the floor of what the queues really keep, redrive back to the source included.
 #[test]
-fn hole2_every_queues_retention_is_what_its_functions_floor_counts() {
+fn every_queues_retention_is_what_its_functions_floor_counts() {
     let t = template();
     for (consumer, ingester, queue, dlq) in consumers(&t) {
         let kept = |name: &str| -> u64 {
@@ -618,9 +618,10 @@ fn emitted_metrics() -> BTreeSet<String> {
         .map(|m| m.name().to_owned())
         .chain([shared::metrics::JOB_DURATION, shared::metrics::MESSAGE_AGE].map(String::from))
         .collect();
-    let report = shared::scheduled::ScheduledReport {
+    let report = shared::upkeep::ScheduledReport {
         alerts: Default::default(),
         escalation: Ok(Default::default()),
+        unsent_replays: Ok(Default::default()),
         sweep: Err("none".into()),
         replays: Ok(Default::default()),
         waiting: Ok(Default::default()),

@@ -30,14 +30,14 @@ fn dlq_event(stack: &Stack, message_id: &str, body: &str) -> Value {
         "eventSource": "aws:sqs", "eventSourceARN": stack.dlq.arn}]})
 }
 
-/// The whole story of hole 1. A job commits; its message still reaches the DLQ (its batch kept
-/// failing after the commit). The ingester settles through the fence and writes no letter.
-/// Then the case a letter and an effect do meet (a letter an older version wrote for it): the
-/// fence, aged past its TTL, is kept by the sweeper while that letter is pending, and the
-/// replay sends nothing. Before the fix the ingester wrote the letter, the sweeper removed the
-/// fence, and the replay awarded the points a second time.
+/// The whole story of a letter for a committed job. A job commits; its message still reaches
+/// the DLQ (its batch kept failing after the commit). The ingester settles through the fence
+/// and writes no letter. Then the case a letter and an effect do meet (a letter an older
+/// version wrote for it): the fence, aged past its TTL, is kept by the sweep while that letter
+/// is pending, and the replay sends nothing. Before the fix the ingester wrote the letter, the
+/// sweep removed the fence, and the replay awarded the points a second time.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
-async fn hole1_a_committed_job_redriven_swept_and_replayed_is_still_one_award(
+async fn a_committed_job_redriven_swept_and_replayed_is_still_one_award(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
@@ -100,12 +100,12 @@ async fn hole1_a_committed_job_redriven_swept_and_replayed_is_still_one_award(
     assert_eq!(tick["sweep"]["deleted"], 1, "{tick:#}");
 }
 
-/// Hole 5: a crash-looping job first in a fresh batch of ten. Receives are not executions, and
+/// A crash-looping job first in a fresh batch of ten. Receives are not executions, and
 /// its batch-mates, which never crashed anything, run before it on every redelivery: each is
 /// applied once and none becomes a letter. Before the fix 6 to 8 of them ended as `crashed`
 /// letters after the redeliveries that the crasher caused.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
-async fn hole5_a_crasher_first_in_a_fresh_batch_of_ten_costs_its_batch_mates_nothing(
+async fn a_crasher_first_in_a_fresh_batch_of_ten_costs_its_batch_mates_nothing(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
@@ -168,10 +168,10 @@ async fn hole5_a_crasher_first_in_a_fresh_batch_of_ten_costs_its_batch_mates_not
     assert_eq!(count_awards(&pool, crasher).await.unwrap(), 0);
 }
 
-/// Hole 7: a DLQ body that is no envelope was labelled `crashed`; it is poison (one attempt),
+/// A DLQ body that is no envelope was labelled `crashed`; it is poison (one attempt),
 /// and a body whose envelope is whole is `crashed` with the executions the ledger counted.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
-async fn hole7_the_ingester_labels_a_body_that_is_no_envelope_poison(
+async fn the_ingester_labels_a_body_that_is_no_envelope_poison(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
@@ -202,10 +202,10 @@ async fn hole7_the_ingester_labels_a_body_that_is_no_envelope_poison(
     );
 }
 
-/// Hole 6: a replay sends a body equal to the one received as JSON, every number exact. Before
+/// A replay sends a body equal to the one received as JSON, every number exact. Before
 /// the fix the stored payload had gone through f64 and the replay sent rounded numbers.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
-async fn hole6_a_replay_sends_the_body_as_received_number_for_number(
+async fn a_replay_sends_the_body_as_received_number_for_number(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
@@ -246,10 +246,10 @@ async fn hole6_a_replay_sends_the_body_as_received_number_for_number(
     }
 }
 
-/// Hole 4: a redrive `maxReceiveCount` that does not exceed the attempts passed the consumer's
+/// A redrive `maxReceiveCount` that does not exceed the attempts passed the consumer's
 /// start-up checks (only the ingester looked). The consumer now stops, naming the variable.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
-async fn hole4_a_consumer_whose_redrive_count_does_not_exceed_its_attempts_stops_at_start(
+async fn a_consumer_whose_redrive_count_does_not_exceed_its_attempts_stops_at_start(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
 ) {

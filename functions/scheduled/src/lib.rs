@@ -9,7 +9,7 @@ use serde_json::Value;
 use shared::clock::{Clock, SystemClock};
 use shared::config::{Env, ScheduledConfig, or_exit};
 use shared::db::Database;
-use shared::scheduled::{Heartbeat, ScheduledRun};
+use shared::upkeep::{Heartbeat, ScheduledRun};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,7 +29,6 @@ pub async fn run() -> Result<(), Error> {
     let alerts = config.alerts.as_ref();
     let scheduled = ScheduledRun {
         alerter: alerts.map(|a| or_exit(a.alerter(pool.clone(), clock.clone(), &secrets))),
-        page_budget: alerts.map(|a| a.budget).unwrap_or_default(),
         pool,
         clock,
         sweep: config.sweep,

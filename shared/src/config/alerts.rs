@@ -23,7 +23,7 @@ pub struct AlertConfig {
     /// Time budget of one delivery round.
     pub budget: Duration,
     /// Whom each queue's incidents page.
-    pub routes: crate::alerting::Routes,
+    pub routes: crate::paging::Routes,
     /// How often at most an open incident is updated with its group's count.
     pub update_every: Duration,
 }
@@ -105,14 +105,14 @@ impl AlertConfig {
     pub fn client(
         &self,
         secrets: &aws_sdk_secretsmanager::Client,
-    ) -> Result<crate::alerting::BetterStack, ConfigError> {
+    ) -> Result<crate::paging::BetterStack, ConfigError> {
         let token = match &self.token {
             TokenSource::Plain(token) => crate::secrets::Secret::Plain(token.clone()),
             TokenSource::Secret(arn) => crate::secrets::Secret::Managed(std::sync::Arc::new(
                 crate::secrets::ManagedSecret::new(secrets.clone(), arn.clone()),
             )),
         };
-        crate::alerting::BetterStack::new(&self.base_url, token, self.requester_email.clone())
+        crate::paging::BetterStack::new(&self.base_url, token, self.requester_email.clone())
             .map_err(|e| ConfigError {
                 variable: BETTERSTACK_BASE_URL,
                 problem: format!("cannot build an HTTP client: {e}"),
@@ -125,8 +125,8 @@ impl AlertConfig {
         pool: sqlx::PgPool,
         clock: std::sync::Arc<dyn crate::clock::Clock>,
         secrets: &aws_sdk_secretsmanager::Client,
-    ) -> Result<crate::alerting::Alerter, ConfigError> {
-        Ok(crate::alerting::Alerter::new(
+    ) -> Result<crate::paging::Alerter, ConfigError> {
+        Ok(crate::paging::Alerter::new(
             pool,
             self.client(secrets)?,
             self.routes.clone(),
@@ -140,8 +140,8 @@ impl AlertConfig {
 /// The routes: [`BETTERSTACK_POLICY_ID`] and [`BETTERSTACK_TEAM_NAME`] for every queue, a queue's
 /// own in [`BETTERSTACK_QUEUE_ROUTES`] (`{"<queue>": {"policy_id": "…", "team_name": "…"}}`),
 /// and escalations to [`BETTERSTACK_ESCALATION_POLICY_ID`] if set.
-fn routes(env: &Env<'_>) -> Result<crate::alerting::Routes, ConfigError> {
-    use crate::alerting::{Route, Routes};
+fn routes(env: &Env<'_>) -> Result<crate::paging::Routes, ConfigError> {
+    use crate::paging::{Route, Routes};
     let default = Route {
         policy_id: env.get(BETTERSTACK_POLICY_ID),
         team_name: env.get(BETTERSTACK_TEAM_NAME),

@@ -13,7 +13,7 @@ pub struct ScheduledConfig {
     /// The fence TTL, checked against its floor: the sweeper refuses to run below it.
     pub fence: FenceConfig,
     /// Sweep bounds.
-    pub sweep: crate::sweeper::SweepSettings,
+    pub sweep: crate::upkeep::sweep::SweepSettings,
     /// Escalation threshold.
     pub escalate_after: Duration,
     /// BetterStack, unless disabled.
@@ -69,7 +69,7 @@ impl ScheduledConfig {
             database,
             heartbeat_url,
             replay_alert_after,
-            sweep: crate::sweeper::SweepSettings {
+            sweep: crate::upkeep::sweep::SweepSettings {
                 batch_size,
                 budget: env.seconds(SWEEP_TIME_BUDGET_SECONDS, Duration::from_secs(240))?,
                 pause: Duration::from_millis(env.parsed(SWEEP_PAUSE_MS, 20u64)?),

@@ -4,16 +4,14 @@
 //! (a trigger), whichever code wrote it. A group is one failure (consumer, queue, error kind, the
 //! error with its varying values masked) while any of its letters is pending review; reviewing
 //! its last pending letter resolves it, and a later letter of the same failure opens a new group.
-//! A group's incident is delivered in steps (open, update with the count, resolve), each claimed
-//! by one sender at a time (a lease, `FOR UPDATE SKIP LOCKED`) and recorded after it went out, so
-//! no lock is held while BetterStack answers.
+//! A group's incident is delivered by [`crate::paging::GroupIncidents`].
 
 use super::list::Listing;
-use super::{ErrorKind, GroupStatus, storable_error};
+use super::{ErrorKind, GroupStatus};
 use crate::ids::{ConsumerName, DeadLetterId, GroupId, JobId};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::{PgConnection, PgExecutor, Postgres, QueryBuilder};
+use sqlx::{PgExecutor, Postgres, QueryBuilder};
 use std::time::Duration;
 
 /// The incident a group stands for, as far as it has been delivered.
@@ -75,7 +73,7 @@ pub struct Group {
 }
 
 #[derive(sqlx::FromRow)]
-struct GroupRow {
+pub(crate) struct GroupRow {
     id: GroupId,
     consumer: ConsumerName,
     queue: String,
@@ -140,7 +138,7 @@ impl From<GroupRow> for Group {
     }
 }
 
-const COLUMNS: &str = "id, consumer, queue, error_kind, pattern, sample_error, last_error, \
+pub(crate) const COLUMNS: &str = "id, consumer, queue, error_kind, pattern, sample_error, last_error, \
     sample_letter_id, sample_job_id, sample_correlation_id, letter_count, pending_count, \
     first_letter_at, last_letter_at, resolved_at, incident_id, incident_opened_at, incident_count, \
     incident_updated_at, incident_resolved_at, delivery_failures, last_delivery_error";
@@ -247,239 +245,6 @@ pub async fn group_of_letter(
     .fetch_optional(db)
     .await?;
     Ok(row.map(Group::from))
-}
-
-/// What a group's incident needs next.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum IncidentStep {
-    /// The group is open and has no incident: page.
-    Open,
-    /// The incident shows an older count: update it.
-    Update,
-    /// The group is resolved and its incident is not: resolve it.
-    Resolve,
-}
-
-impl Group {
-    /// What the group's incident needs next, if anything.
-    pub(crate) fn incident_step(&self) -> Option<IncidentStep> {
-        match (&self.incident, self.status) {
-            (None, GroupStatus::Open) => Some(IncidentStep::Open),
-            (None, GroupStatus::Resolved) => None,
-            (Some(incident), _) if incident.resolved_at.is_some() => None,
-            (Some(_), GroupStatus::Resolved) => Some(IncidentStep::Resolve),
-            (Some(incident), GroupStatus::Open) => {
-                (incident.count != self.letter_count).then_some(IncidentStep::Update)
-            }
-        }
-    }
-}
-
-/// Claims up to `limit` groups whose incident is due a step at `now`, for `lease`; another
-/// sender skips them until the lease ends.
-pub(crate) async fn claim_due(
-    conn: &mut PgConnection,
-    now: DateTime<Utc>,
-    lease: Duration,
-    limit: i64,
-) -> sqlx::Result<Vec<Group>> {
-    let until = now + chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::MAX);
-    let rows: Vec<GroupRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "UPDATE core.dead_letter_groups SET claimed_until = $2
-         WHERE id IN (SELECT id FROM core.dead_letter_groups
-                      WHERE needs_delivery AND next_delivery_at <= $1
-                        AND (claimed_until IS NULL OR claimed_until < $1)
-                      ORDER BY next_delivery_at, id LIMIT $3 FOR UPDATE SKIP LOCKED)
-         RETURNING {COLUMNS}"
-    )))
-    .bind(now)
-    .bind(until)
-    .bind(limit)
-    .fetch_all(conn)
-    .await?;
-    Ok(rows.into_iter().map(Group::from).collect())
-}
-
-/// Records that `group`'s incident `incident_id` was opened showing `count` letters; its first
-/// update is due no sooner than `next_update`. A group resolved meanwhile is due at once.
-pub(crate) async fn record_opened(
-    db: impl PgExecutor<'_>,
-    group: GroupId,
-    incident_id: &str,
-    count: i64,
-    now: DateTime<Utc>,
-    next_update: DateTime<Utc>,
-) -> sqlx::Result<()> {
-    sqlx::query(
-        "UPDATE core.dead_letter_groups
-         SET incident_id = $2, incident_opened_at = $3, incident_count = $4, claimed_until = NULL,
-             delivery_failures = 0, last_delivery_error = NULL,
-             next_delivery_at = CASE WHEN resolved_at IS NULL THEN $5 ELSE '-infinity' END
-         WHERE id = $1",
-    )
-    .bind(group.0)
-    .bind(incident_id)
-    .bind(now)
-    .bind(count)
-    .bind(next_update)
-    .execute(db)
-    .await
-    .map(drop)
-}
-
-/// Records that the incident now shows `count` letters; the next update is due no sooner than
-/// `next_update` (a group resolved meanwhile is due at once).
-pub(crate) async fn record_updated(
-    db: impl PgExecutor<'_>,
-    group: GroupId,
-    count: i64,
-    now: DateTime<Utc>,
-    next_update: DateTime<Utc>,
-) -> sqlx::Result<()> {
-    sqlx::query(
-        "UPDATE core.dead_letter_groups
-         SET incident_count = $2, incident_updated_at = $3, claimed_until = NULL,
-             delivery_failures = 0, last_delivery_error = NULL,
-             next_delivery_at = CASE WHEN resolved_at IS NULL THEN $4 ELSE '-infinity' END
-         WHERE id = $1",
-    )
-    .bind(group.0)
-    .bind(count)
-    .bind(now)
-    .bind(next_update)
-    .execute(db)
-    .await
-    .map(drop)
-}
-
-/// Records that the group's incident is resolved.
-pub(crate) async fn record_resolved(
-    db: impl PgExecutor<'_>,
-    group: GroupId,
-    now: DateTime<Utc>,
-) -> sqlx::Result<()> {
-    sqlx::query(
-        "UPDATE core.dead_letter_groups
-         SET incident_resolved_at = $2, claimed_until = NULL, delivery_failures = 0,
-             last_delivery_error = NULL
-         WHERE id = $1",
-    )
-    .bind(group.0)
-    .bind(now)
-    .execute(db)
-    .await
-    .map(drop)
-}
-
-/// Claims, for `lease`, up to `limit` open groups whose incident is open and was last read back
-/// from BetterStack (or opened) at or before `checked_before`: their incident is to be read
-/// again, in case a person resolved it there while the group's letters are still pending.
-pub(crate) async fn claim_incident_checks(
-    conn: &mut PgConnection,
-    now: DateTime<Utc>,
-    checked_before: DateTime<Utc>,
-    lease: Duration,
-    limit: i64,
-) -> sqlx::Result<Vec<Group>> {
-    let until = now + chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::MAX);
-    let rows: Vec<GroupRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "UPDATE core.dead_letter_groups SET claimed_until = $2
-         WHERE id IN (SELECT id FROM core.dead_letter_groups
-                      WHERE resolved_at IS NULL AND incident_id IS NOT NULL
-                        AND incident_resolved_at IS NULL
-                        AND coalesce(incident_checked_at, incident_opened_at) <= $3
-                        AND (claimed_until IS NULL OR claimed_until < $1)
-                      ORDER BY coalesce(incident_checked_at, incident_opened_at), id
-                      LIMIT $4 FOR UPDATE SKIP LOCKED)
-         RETURNING {COLUMNS}"
-    )))
-    .bind(now)
-    .bind(until)
-    .bind(checked_before)
-    .bind(limit)
-    .fetch_all(conn)
-    .await?;
-    Ok(rows.into_iter().map(Group::from).collect())
-}
-
-/// Records that `group`'s incident was read back at `now` (still open, or the read failed) and
-/// ends the claim.
-pub(crate) async fn record_incident_checked(
-    db: impl PgExecutor<'_>,
-    group: GroupId,
-    now: DateTime<Utc>,
-) -> sqlx::Result<()> {
-    sqlx::query(
-        "UPDATE core.dead_letter_groups SET incident_checked_at = $2, claimed_until = NULL
-         WHERE id = $1",
-    )
-    .bind(group.0)
-    .bind(now)
-    .execute(db)
-    .await
-    .map(drop)
-}
-
-/// Records that `incident_id`, the incident of the still open `group`, was resolved in
-/// BetterStack by hand: the group no longer has an incident, so it is due a new one at once
-/// (the next delivery opens it, saying why). `false` if the group resolved or changed
-/// incident meanwhile (nothing is changed then but the end of the claim).
-pub(crate) async fn record_resolved_by_hand(
-    db: impl PgExecutor<'_>,
-    group: GroupId,
-    incident_id: &str,
-    now: DateTime<Utc>,
-) -> sqlx::Result<bool> {
-    sqlx::query_scalar(
-        "UPDATE core.dead_letter_groups
-         SET previous_incident_id = incident_id, incidents_raised_again = incidents_raised_again + 1,
-             incident_id = NULL, incident_opened_at = NULL, incident_count = NULL,
-             incident_updated_at = NULL, incident_checked_at = $3, claimed_until = NULL,
-             next_delivery_at = '-infinity', delivery_failures = 0, last_delivery_error = NULL
-         WHERE id = $1 AND incident_id = $2 AND resolved_at IS NULL
-           AND incident_resolved_at IS NULL
-         RETURNING true",
-    )
-    .bind(group.0)
-    .bind(incident_id)
-    .bind(now)
-    .fetch_optional(db)
-    .await
-    .map(|raised: Option<bool>| raised.is_some())
-}
-
-/// The group's last incident resolved in BetterStack by hand while its letters were still
-/// pending (the group was raised again as a new incident since), if any.
-pub(crate) async fn previous_incident(
-    db: impl PgExecutor<'_>,
-    group: GroupId,
-) -> sqlx::Result<Option<String>> {
-    sqlx::query_scalar("SELECT previous_incident_id FROM core.dead_letter_groups WHERE id = $1")
-        .bind(group.0)
-        .fetch_optional(db)
-        .await
-        .map(Option::flatten)
-}
-
-/// Records a failed delivery and when to try again.
-pub(crate) async fn record_delivery_failed(
-    db: impl PgExecutor<'_>,
-    group: GroupId,
-    error: &str,
-    retry_at: DateTime<Utc>,
-) -> sqlx::Result<()> {
-    sqlx::query(
-        "UPDATE core.dead_letter_groups
-         SET claimed_until = NULL, next_delivery_at = $3, delivery_failures = delivery_failures + 1,
-             last_delivery_error = $2
-         WHERE id = $1",
-    )
-    .bind(group.0)
-    .bind(storable_error(error).as_ref())
-    .bind(retry_at)
-    .execute(db)
-    .await
-    .map(drop)
 }
 
 /// How far behind paging is at `now`: the groups whose incident is still to be opened or

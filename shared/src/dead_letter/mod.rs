@@ -25,14 +25,10 @@ mod list;
 mod record;
 mod review;
 
+pub(crate) use groups::{COLUMNS, GroupRow, delivery_backlog};
 pub use groups::{
     DeliveryBacklog, Group, GroupFilter, GroupPosition, Incident, group, group_of_letter,
     groups_of_failed_replays, list_groups, pending_review,
-};
-pub(crate) use groups::{
-    IncidentStep, claim_due, claim_incident_checks, delivery_backlog, previous_incident,
-    record_delivery_failed, record_incident_checked, record_opened, record_resolved,
-    record_resolved_by_hand, record_updated,
 };
 pub(crate) use kinds::text_enum;
 pub use kinds::{ErrorKind, GroupStatus, ReplayOutcome, ReviewStatus};

@@ -122,9 +122,7 @@ impl<C: Consumer> Harness<C> {
     /// A letter is committed: a new one pages (within the alerter's budget), then the outcome.
     async fn lettered(&self, kind: ErrorKind, letter: Recorded, error: String) -> RecordOutcome {
         if let (Recorded::New(_), Some(alerter)) = (letter, &self.alerter) {
-            // Boxed: the delivery's future is deep, and every caller of `process` would carry
-            // it inline (the compiler's layout depth overflows in consumers' tests).
-            let delivery = Box::pin(alerter.deliver_pending(ALERTS_PER_ROUND)).await;
+            let delivery = alerter.deliver_pending(ALERTS_PER_ROUND).await;
             self.metrics.count_delivery(&delivery);
         }
         RecordOutcome::DeadLettered {

@@ -13,11 +13,11 @@
 //! SQS batch (`batch.rs`) and batch mode's commit group (`group.rs`), what goes in and comes out
 //! (`outcome.rs`).
 
-use crate::alerting::Alerter;
 use crate::clock::Clock;
 use crate::consumer::Consumer;
 use crate::envelope::PartialIds;
 use crate::metrics::Metrics;
+use crate::paging::Alerter;
 use crate::retry::RetryPolicy;
 use life::Parsed;
 use rand::rngs::StdRng;

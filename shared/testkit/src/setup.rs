@@ -7,7 +7,7 @@ use rand::rngs::StdRng;
 use shared::clock::{Clock, ManualClock};
 use shared::consumer::Consumer;
 use shared::harness::{CommitMode, Harness, HarnessSettings, IncomingMessage, RecordOutcome};
-use shared::sweeper::SweepSettings;
+use shared::upkeep::sweep::SweepSettings;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use std::sync::Arc;

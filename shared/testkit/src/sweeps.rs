@@ -4,7 +4,7 @@
 use crate::{FENCE_TTL, t0};
 use chrono::{DateTime, Duration as Span, Utc};
 use shared::clock::ManualClock;
-use shared::sweeper::{SweepSettings, SweepStop, sweep};
+use shared::upkeep::sweep::{SweepSettings, SweepStop, sweep};
 use sqlx::PgPool;
 use std::sync::Arc;
 use std::time::Duration;

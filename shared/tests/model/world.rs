@@ -935,7 +935,7 @@ impl World {
         self.unsent.retain(|u| !u.withdrawn);
         self.clock
             .advance(chrono::Duration::from_std(FENCE_TTL).unwrap() + chrono::Duration::days(1));
-        let report = shared::sweeper::sweep(&self.pool, self.clock.as_ref(), SWEEP, None)
+        let report = shared::upkeep::sweep::sweep(&self.pool, self.clock.as_ref(), SWEEP, None)
             .await
             .expect("the sweep");
         self.swept = true;

@@ -11,7 +11,7 @@ use shared::clock::SystemClock;
 use shared::envelope::JobDigest;
 use shared::fence::{FenceClaim, claim_job_fence, claim_job_fences, processed_digests};
 use shared::ids::{ConsumerName, JobId, TenantId};
-use shared::sweeper::{SweepSettings, sweep};
+use shared::upkeep::sweep::{SweepSettings, sweep};
 use sqlx::PgPool;
 use std::time::{Duration, Instant};
 

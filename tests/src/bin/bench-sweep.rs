@@ -9,7 +9,7 @@ use rand::seq::SliceRandom;
 use serde_json::json;
 use shared::clock::SystemClock;
 use shared::harness::RecordOutcome;
-use shared::sweeper::{SweepSettings, sweep};
+use shared::upkeep::sweep::{SweepSettings, sweep};
 use sqlx::PgPool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -1,0 +1,213 @@
+//! Read-backs: an open incident is read back from BetterStack every [`INCIDENT_CHECK_INTERVAL`];
+//! one a person resolved there while what it stands for is still open leaves it without an
+//! incident, so the next open step raises it again, naming the one resolved. A read that fails
+//! is read again after the interval.
+
+use super::{AlertError, BetterStack, INCIDENT_CHECK_INTERVAL, Lease, Paged, Pager};
+use crate::replay_sends::overdue_before;
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+use std::time::Duration;
+
+/// An open incident to read back: whose (a group's id, or a queue's name) and which.
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct ReadBack {
+    owner: String,
+    incident_id: String,
+}
+
+fn checked_before(now: DateTime<Utc>) -> DateTime<Utc> {
+    now - chrono::Duration::from_std(INCIDENT_CHECK_INTERVAL).unwrap_or(chrono::Duration::MAX)
+}
+
+/// The incidents of open failure groups.
+pub(crate) struct GroupReadBacks;
+
+impl Pager for GroupReadBacks {
+    type Step = ReadBack;
+    type Sent = bool;
+    const KIND: &'static str = "group incident read-back";
+
+    async fn claim(&self, pool: &PgPool, lease: Lease, limit: i64) -> sqlx::Result<Vec<ReadBack>> {
+        sqlx::query_as(
+            "UPDATE core.dead_letter_groups SET claimed_until = $2
+             WHERE id IN (SELECT id FROM core.dead_letter_groups
+                          WHERE resolved_at IS NULL AND incident_id IS NOT NULL
+                            AND incident_resolved_at IS NULL
+                            AND coalesce(incident_checked_at, incident_opened_at) <= $3
+                            AND (claimed_until IS NULL OR claimed_until < $1)
+                          ORDER BY coalesce(incident_checked_at, incident_opened_at), id
+                          LIMIT $4 FOR UPDATE SKIP LOCKED)
+             RETURNING id::text AS owner, incident_id",
+        )
+        .bind(lease.now)
+        .bind(lease.until)
+        .bind(checked_before(lease.now))
+        .bind(limit)
+        .fetch_all(pool)
+        .await
+    }
+
+    async fn send(
+        &self,
+        client: &BetterStack,
+        step: &ReadBack,
+        budget: Duration,
+    ) -> Result<bool, AlertError> {
+        client.incident_resolved(&step.incident_id, budget).await
+    }
+
+    /// Resolved by hand: the group no longer has an incident and is due a new one at once.
+    /// Nothing changes but the check if the group resolved or changed incident meanwhile.
+    async fn record(
+        &self,
+        pool: &PgPool,
+        step: &ReadBack,
+        by_hand: bool,
+        now: DateTime<Utc>,
+    ) -> sqlx::Result<Paged> {
+        let raised: Option<bool> = sqlx::query_scalar(
+            "UPDATE core.dead_letter_groups
+             SET previous_incident_id = incident_id,
+                 incidents_raised_again = incidents_raised_again + 1,
+                 incident_id = NULL, incident_opened_at = NULL, incident_count = NULL,
+                 incident_updated_at = NULL, incident_checked_at = $3, claimed_until = NULL,
+                 next_delivery_at = '-infinity', delivery_failures = 0, last_delivery_error = NULL
+             WHERE $4 AND id = $1::bigint AND incident_id = $2 AND resolved_at IS NULL
+               AND incident_resolved_at IS NULL
+             RETURNING true",
+        )
+        .bind(&step.owner)
+        .bind(&step.incident_id)
+        .bind(now)
+        .bind(by_hand)
+        .fetch_optional(pool)
+        .await?;
+        if raised.is_some() {
+            tracing::warn!(
+                group = step.owner,
+                incident = step.incident_id,
+                "the group's incident was resolved in BetterStack while its letters are pending; raising it again"
+            );
+            return Ok(Paged::RaisedAgain);
+        }
+        self.release(pool, step, None, now)
+            .await
+            .map(|()| Paged::StillOpen)
+    }
+
+    /// Ends the claim; the incident counts as read at `now` (a failed read is read again after
+    /// the interval, not at once).
+    async fn release(
+        &self,
+        pool: &PgPool,
+        step: &ReadBack,
+        _: Option<&AlertError>,
+        now: DateTime<Utc>,
+    ) -> sqlx::Result<()> {
+        sqlx::query(
+            "UPDATE core.dead_letter_groups SET incident_checked_at = $2, claimed_until = NULL
+             WHERE id = $1::bigint",
+        )
+        .bind(&step.owner)
+        .bind(now)
+        .execute(pool)
+        .await
+        .map(drop)
+    }
+
+    fn label(step: &ReadBack) -> String {
+        format!("incident {} of group {}", step.incident_id, step.owner)
+    }
+}
+
+/// The incidents of queues whose replays stay unsent past `bound`.
+pub(crate) struct UnsentReplayReadBacks {
+    /// The bound.
+    pub bound: Duration,
+}
+
+impl Pager for UnsentReplayReadBacks {
+    type Step = ReadBack;
+    type Sent = bool;
+    const KIND: &'static str = "unsent replays' incident read-back";
+
+    async fn claim(&self, pool: &PgPool, lease: Lease, limit: i64) -> sqlx::Result<Vec<ReadBack>> {
+        sqlx::query_as(
+            "UPDATE core.replay_send_incidents r SET claimed_until = $2
+             WHERE queue IN (SELECT queue FROM core.replay_send_incidents i
+                             WHERE incident_id IS NOT NULL AND resolved_at IS NULL
+                               AND coalesce(checked_at, opened_at) <= $3
+                               AND (claimed_until IS NULL OR claimed_until < $1)
+                               AND EXISTS (SELECT 1 FROM core.replay_sends s
+                                           WHERE s.queue = i.queue AND s.queued_at < $4)
+                             ORDER BY coalesce(checked_at, opened_at), queue
+                             LIMIT $5 FOR UPDATE SKIP LOCKED)
+             RETURNING queue AS owner, incident_id",
+        )
+        .bind(lease.now)
+        .bind(lease.until)
+        .bind(checked_before(lease.now))
+        .bind(overdue_before(lease.now, self.bound))
+        .bind(limit)
+        .fetch_all(pool)
+        .await
+    }
+
+    async fn send(
+        &self,
+        client: &BetterStack,
+        step: &ReadBack,
+        budget: Duration,
+    ) -> Result<bool, AlertError> {
+        client.incident_resolved(&step.incident_id, budget).await
+    }
+
+    /// Resolved by hand: the queue no longer has an incident, so the next round opens one,
+    /// naming the one resolved.
+    async fn record(
+        &self,
+        pool: &PgPool,
+        step: &ReadBack,
+        by_hand: bool,
+        now: DateTime<Utc>,
+    ) -> sqlx::Result<Paged> {
+        sqlx::query(
+            "UPDATE core.replay_send_incidents
+             SET checked_at = $3, claimed_until = NULL,
+                 previous_incident_id = CASE WHEN $4 THEN incident_id ELSE previous_incident_id END,
+                 opened_at = CASE WHEN $4 THEN NULL ELSE opened_at END,
+                 incident_id = CASE WHEN $4 THEN NULL ELSE incident_id END
+             WHERE queue = $1 AND incident_id = $2",
+        )
+        .bind(&step.owner)
+        .bind(&step.incident_id)
+        .bind(now)
+        .bind(by_hand)
+        .execute(pool)
+        .await?;
+        if !by_hand {
+            return Ok(Paged::StillOpen);
+        }
+        tracing::warn!(
+            queue = step.owner,
+            incident = step.incident_id,
+            "the unsent replays' incident was resolved in BetterStack while replays are unsent; raising it again"
+        );
+        Ok(Paged::RaisedAgain)
+    }
+
+    async fn release(
+        &self,
+        pool: &PgPool,
+        step: &ReadBack,
+        _: Option<&AlertError>,
+        now: DateTime<Utc>,
+    ) -> sqlx::Result<()> {
+        self.record(pool, step, false, now).await.map(drop)
+    }
+
+    fn label(step: &ReadBack) -> String {
+        format!("incident {} of queue {}", step.incident_id, step.owner)
+    }
+}

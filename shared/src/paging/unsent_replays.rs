@@ -1,0 +1,237 @@
+//! Replays recorded but unsent past their bound (`REPLAY_UNSENT_ALERT_SECONDS`): one BetterStack
+//! incident per queue while any is left, `Replays not sent: <queue>`, routed as the queue's
+//! incidents, claimed in `core.replay_send_incidents`. Their letters left `pending_review` when
+//! they were replayed, so their groups (and those groups' incidents) are resolved: this incident
+//! stands for them. The harness resolves it once none of the queue's replays is past the bound.
+
+use super::betterstack::with_route;
+use super::{AlertError, BetterStack, Lease, Paged, Pager, Routes, stored};
+use crate::replay_sends::{UnsentQueue, overdue_before};
+use chrono::{DateTime, Utc};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use std::time::Duration;
+
+/// The incidents of queues whose replays stay unsent past `bound`.
+pub(crate) struct UnsentReplayIncidents<'a> {
+    /// Whom each queue pages.
+    pub routes: &'a Routes,
+    /// The bound.
+    pub bound: Duration,
+}
+
+/// A queue's incident step.
+pub(crate) enum Step {
+    /// Replays are past the bound and the queue has no open incident (`previous`: the one a
+    /// person resolved by hand, if any).
+    Open {
+        queue: UnsentQueue,
+        previous: Option<String>,
+    },
+    /// None of the queue's replays is past the bound any more.
+    Resolve { queue: String, incident: String },
+}
+
+#[derive(sqlx::FromRow)]
+struct OpenRow {
+    #[sqlx(flatten)]
+    queue: UnsentQueue,
+    previous_incident_id: Option<String>,
+}
+
+impl Step {
+    fn queue(&self) -> &str {
+        match self {
+            Self::Open { queue, .. } => &queue.queue,
+            Self::Resolve { queue, .. } => queue,
+        }
+    }
+}
+
+impl Pager for UnsentReplayIncidents<'_> {
+    type Step = Step;
+    type Sent = Option<String>;
+    const KIND: &'static str = "unsent replays' incident";
+
+    async fn claim(&self, pool: &PgPool, lease: Lease, limit: i64) -> sqlx::Result<Vec<Step>> {
+        let overdue_before = overdue_before(lease.now, self.bound);
+        let opens: Vec<OpenRow> = sqlx::query_as(
+            "WITH overdue AS (
+                 SELECT queue, count(*) AS replays, min(queued_at) AS oldest,
+                        max(attempts) AS attempts,
+                        (array_agg(last_error ORDER BY last_attempt_at DESC NULLS LAST))[1] AS last_error
+                 FROM core.replay_sends WHERE queued_at < $3
+                 GROUP BY queue ORDER BY min(queued_at) LIMIT $4),
+             claimed AS (
+                 INSERT INTO core.replay_send_incidents AS r (queue, claimed_until)
+                 SELECT queue, $2 FROM overdue
+                 ON CONFLICT (queue) DO UPDATE SET claimed_until = $2
+                     WHERE (r.incident_id IS NULL OR r.resolved_at IS NOT NULL)
+                       AND (r.claimed_until IS NULL OR r.claimed_until < $1)
+                 RETURNING r.queue, r.previous_incident_id)
+             SELECT overdue.*, claimed.previous_incident_id
+             FROM overdue JOIN claimed USING (queue) ORDER BY overdue.oldest",
+        )
+        .bind(lease.now)
+        .bind(lease.until)
+        .bind(overdue_before)
+        .bind(limit)
+        .fetch_all(pool)
+        .await?;
+        let resolves: Vec<(String, String)> = sqlx::query_as(
+            "UPDATE core.replay_send_incidents r SET claimed_until = $2
+             WHERE incident_id IS NOT NULL AND resolved_at IS NULL
+               AND (claimed_until IS NULL OR claimed_until < $1)
+               AND NOT EXISTS (SELECT 1 FROM core.replay_sends s
+                               WHERE s.queue = r.queue AND s.queued_at < $3)
+             RETURNING queue, incident_id",
+        )
+        .bind(lease.now)
+        .bind(lease.until)
+        .bind(overdue_before)
+        .fetch_all(pool)
+        .await?;
+        let opens = opens.into_iter().map(|r| Step::Open {
+            queue: r.queue,
+            previous: r.previous_incident_id,
+        });
+        let resolves = resolves
+            .into_iter()
+            .map(|(queue, incident)| Step::Resolve { queue, incident });
+        Ok(opens.chain(resolves).collect())
+    }
+
+    async fn send(
+        &self,
+        client: &BetterStack,
+        step: &Step,
+        budget: Duration,
+    ) -> Result<Option<String>, AlertError> {
+        match step {
+            Step::Open { queue, previous } => {
+                let mut body = unsent_page(queue, self.bound, previous.as_deref());
+                with_route(&mut body, self.routes.for_queue(&queue.queue));
+                client.create_incident(&body, budget).await.map(Some)
+            }
+            Step::Resolve { queue, incident } => {
+                let by =
+                    format!("job harness: no replay to {queue} is unsent past its bound any more");
+                client.resolve(incident, &by, budget).await.map(|()| None)
+            }
+        }
+    }
+
+    async fn record(
+        &self,
+        pool: &PgPool,
+        step: &Step,
+        opened: Option<String>,
+        now: DateTime<Utc>,
+    ) -> sqlx::Result<Paged> {
+        let (query, paged) = match opened {
+            Some(incident) => {
+                tracing::warn!(
+                    queue = step.queue(),
+                    incident,
+                    "replays unsent past their bound: incident opened"
+                );
+                let query = sqlx::query(
+                    "UPDATE core.replay_send_incidents
+                     SET incident_id = $3, opened_at = $2, checked_at = $2, resolved_at = NULL,
+                         claimed_until = NULL, attempts = 0, last_error = NULL
+                     WHERE queue = $1",
+                );
+                (
+                    query.bind(step.queue()).bind(now).bind(incident),
+                    Paged::Opened { letters: 0 },
+                )
+            }
+            None => {
+                let query = sqlx::query(
+                    "UPDATE core.replay_send_incidents
+                     SET resolved_at = $2, claimed_until = NULL, previous_incident_id = NULL,
+                         attempts = 0, last_error = NULL
+                     WHERE queue = $1",
+                );
+                (query.bind(step.queue()).bind(now), Paged::Resolved)
+            }
+        };
+        query.execute(pool).await.map(|_| paged)
+    }
+
+    async fn release(
+        &self,
+        pool: &PgPool,
+        step: &Step,
+        error: Option<&AlertError>,
+        _: DateTime<Utc>,
+    ) -> sqlx::Result<()> {
+        sqlx::query(
+            "UPDATE core.replay_send_incidents
+             SET claimed_until = NULL, attempts = attempts + CASE WHEN $2 IS NULL THEN 0 ELSE 1 END,
+                 last_error = coalesce($2, last_error)
+             WHERE queue = $1",
+        )
+        .bind(step.queue())
+        .bind(error.map(stored))
+        .execute(pool)
+        .await
+        .map(drop)
+    }
+
+    fn label(step: &Step) -> String {
+        match step {
+            Step::Open { queue, .. } => format!("open for queue {}", queue.queue),
+            Step::Resolve { queue, incident } => format!("resolve {incident} of queue {queue}"),
+        }
+    }
+}
+
+/// The incident for a queue whose replays stay unsent.
+fn unsent_page(queue: &UnsentQueue, bound: Duration, previous: Option<&str>) -> Value {
+    let error = queue.last_error.as_deref().unwrap_or("(not tried yet)");
+    let short: String = error.chars().take(120).collect();
+    let mut description = format!(
+        "{replays} replay(s) to queue {q}, recorded by operators (the oldest at {oldest}), have \
+         not been accepted by the queue for over {bound}. The scheduled run keeps trying each, \
+         less and less often (up to hourly); the one tried most was refused {attempts} time(s), \
+         lately with: {error}\n\n\
+         Their letters are marked replayed (outcome queued), so their groups and those groups' \
+         incidents are resolved: this incident stands for them. Their jobs' fences are kept \
+         meanwhile, so a send however late still runs each job at most once.\n\
+         Look: does queue {q} exist, and may the scheduled function send to it (its role's \
+         sqs:GetQueueUrl and sqs:SendMessage)? Which replays: psql -c \"SELECT letter_id, \
+         queued_at, attempts, last_error FROM core.replay_sends WHERE queue = '{q}'\"\n\
+         Once the queue takes messages again, they are sent by the next runs and this incident \
+         is resolved by the harness.",
+        replays = queue.replays,
+        q = queue.queue,
+        oldest = queue.oldest.to_rfc3339(),
+        bound = humanize(bound),
+        attempts = queue.attempts,
+    );
+    if let Some(previous) = previous {
+        description = format!(
+            "Raised again: incident {previous} was resolved in BetterStack while these replays \
+             were still unsent. It resolves itself once they are sent.\n\n{description}"
+        );
+    }
+    json!({
+        "name": format!("Replays not sent: {}", queue.queue),
+        "summary": format!("{} replay(s) to {} unsent for over {}: {short}",
+            queue.replays, queue.queue, humanize(bound)),
+        "description": description,
+    })
+}
+
+/// `bound` as an operator reads it: "1 h", "90 min", "45 s".
+fn humanize(bound: Duration) -> String {
+    let secs = bound.as_secs();
+    if secs >= 3_600 && secs.is_multiple_of(3_600) {
+        format!("{} h", secs / 3_600)
+    } else if secs >= 60 && secs.is_multiple_of(60) {
+        format!("{} min", secs / 60)
+    } else {
+        format!("{secs} s")
+    }
+}

@@ -1,0 +1,192 @@
+//! What a scheduled run reports: its response, its failed steps and its metrics.
+
+use super::ReplaySends;
+use super::sweep::SweepReport;
+use crate::dead_letter::DeliveryBacklog;
+use crate::metrics::emf_line;
+use crate::paging::Pages;
+use crate::replay_sends::Unsent;
+use serde_json::{Value, json};
+use std::time::Duration;
+
+/// What waits, as the run found it at its end.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Waiting {
+    /// Letters pending review.
+    pub pending_letters: i64,
+    /// How long the oldest of them has waited.
+    pub oldest_pending: Duration,
+    /// Incidents still to be opened or resolved.
+    pub undelivered: DeliveryBacklog,
+    /// Replays recorded and not yet sent, and those past the bound.
+    pub unsent: Unsent,
+}
+
+/// What one scheduled run did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScheduledReport {
+    /// Group incident steps delivered and failed.
+    pub alerts: Pages,
+    /// Escalations of unreviewed groups, or why they failed.
+    pub escalation: Result<Pages, String>,
+    /// Incidents of queues whose replays stay unsent, or why they failed.
+    pub unsent_replays: Result<Pages, String>,
+    /// The sweep, or why it failed.
+    pub sweep: Result<SweepReport, String>,
+    /// Queued replays sent, or why the step failed.
+    pub replays: Result<ReplaySends, String>,
+    /// What waits, or why it could not be read.
+    pub waiting: Result<Waiting, String>,
+    /// The heartbeat's ping: `None` without a heartbeat.
+    pub heartbeat: Option<Result<(), String>>,
+}
+
+/// Whether sending replays is failing: the step failed, a due send was refused this run, or a
+/// replay is unsent past its bound.
+fn replays_failing(
+    replays: &Result<ReplaySends, String>,
+    waiting: &Result<Waiting, String>,
+) -> bool {
+    let refused = replays.as_ref().map_or(true, |r| r.failed > 0);
+    let overdue = waiting.as_ref().is_ok_and(|w| w.unsent.overdue > 0);
+    refused || overdue
+}
+
+impl ScheduledReport {
+    /// The steps that failed, each with why.
+    pub(super) fn failures(&self) -> Vec<(&'static str, &str)> {
+        let replays_refused = self.replays.is_ok() && replays_failing(&self.replays, &self.waiting);
+        [
+            ("replays", self.replays.as_ref().err().map(String::as_str)),
+            (
+                "replays",
+                replays_refused.then_some("queued replays are refused, or unsent past their bound"),
+            ),
+            (
+                "escalation",
+                self.escalation.as_ref().err().map(String::as_str),
+            ),
+            (
+                "unsent replays",
+                self.unsent_replays.as_ref().err().map(String::as_str),
+            ),
+            ("sweep", self.sweep.as_ref().err().map(String::as_str)),
+            ("waiting", self.waiting.as_ref().err().map(String::as_str)),
+        ]
+        .into_iter()
+        .filter_map(|(step, error)| Some((step, error?)))
+        .collect()
+    }
+
+    /// Whether a step failed (the heartbeat says so).
+    pub(super) fn failed(&self) -> bool {
+        !self.failures().is_empty()
+    }
+
+    /// The run as JSON (the function's response).
+    pub fn to_json(&self) -> Value {
+        let sweep = self.sweep.as_ref().map(|s| {
+            json!({"deleted": s.deleted, "batches": s.batches, "stop": format!("{:?}", s.stop),
+                   "oldest_age_seconds": s.oldest_age.map(|a| a.as_secs()), "backlog_seconds": s.backlog.as_secs()})
+        });
+        let waiting = self.waiting.as_ref().map(|w| {
+            json!({"pending_letters": w.pending_letters, "oldest_pending_seconds": w.oldest_pending.as_secs(),
+                   "undelivered_incidents": w.undelivered.groups, "oldest_undelivered_seconds": w.undelivered.oldest.as_secs(),
+                   "queued_replays": w.unsent.queued, "oldest_queued_replay_seconds": w.unsent.oldest.as_secs(),
+                   "overdue_replays": w.unsent.overdue})
+        });
+        let a = &self.alerts;
+        json!({
+            "alerts": {"opened": a.opened, "updated": a.updated, "resolved": a.resolved, "failed": a.failed,
+                       "rejected": a.rejected, "raised_again": a.raised_again},
+            "waiting": waiting.unwrap_or_else(|e| json!({"error": e})),
+            "heartbeat": match &self.heartbeat {
+                None => Value::Null,
+                Some(Ok(())) => json!("sent"),
+                Some(Err(e)) => json!({"error": e}),
+            },
+            "escalation": self.escalation.as_ref().map(|e| json!({"pages": e.opened, "letters": e.letters,
+                "failed": e.failed, "deferred": e.deferred})).unwrap_or_else(|e| json!({"error": e})),
+            "unsent_replays": self.unsent_replays.as_ref().map(|u| json!({"incidents_opened": u.opened,
+                "incidents_resolved": u.resolved, "raised_again": u.raised_again, "failed": u.failed,
+                "deferred": u.deferred})).unwrap_or_else(|e| json!({"error": e})),
+            "sweep": sweep.unwrap_or_else(|e| json!({"error": e})),
+            "replays": self.replays.as_ref().map(|r| json!({"sent": r.sent, "failed": r.failed})).unwrap_or_else(|e| json!({"error": e})),
+        })
+    }
+
+    /// The run's metrics as one EMF document.
+    pub fn emf(&self, namespace: &str, at: chrono::DateTime<chrono::Utc>) -> Value {
+        let (deleted, age, backlog) = match &self.sweep {
+            Ok(s) => (
+                s.deleted as f64,
+                s.oldest_age.unwrap_or_default().as_secs_f64(),
+                s.backlog.as_secs_f64(),
+            ),
+            Err(_) => (0.0, 0.0, 0.0),
+        };
+        let escalated = self
+            .escalation
+            .as_ref()
+            .map(|e| e.letters as f64)
+            .unwrap_or(0.0);
+        let failed_steps = self.failures().len() as f64;
+        let replays = self.replays.clone().unwrap_or_default();
+        let waiting = self.waiting.clone().unwrap_or_default();
+        let pages_failed = |pages: &Result<Pages, String>| pages.as_ref().map_or(0, |p| p.failed);
+        let escalation_failed =
+            (pages_failed(&self.escalation) + pages_failed(&self.unsent_replays)) as f64;
+        let values = [
+            ("FencesDeleted", deleted, "Count"),
+            ("OldestFenceAgeSeconds", age.floor(), "Seconds"),
+            ("SweepBacklogSeconds", backlog.floor(), "Seconds"),
+            ("LettersEscalated", escalated, "Count"),
+            (
+                "IncidentStepsDelivered",
+                self.alerts.delivered() as f64,
+                "Count",
+            ),
+            (
+                "AlertDeliveriesFailed",
+                self.alerts.failed as f64 + escalation_failed,
+                "Count",
+            ),
+            ("AlertsRejected", self.alerts.rejected as f64, "Count"),
+            (
+                "OldestUndeliveredAlertSeconds",
+                waiting.undelivered.oldest.as_secs() as f64,
+                "Seconds",
+            ),
+            (
+                "LettersPendingReview",
+                waiting.pending_letters as f64,
+                "Count",
+            ),
+            (
+                "OldestPendingLetterAgeSeconds",
+                waiting.oldest_pending.as_secs() as f64,
+                "Seconds",
+            ),
+            ("ScheduledStepsFailed", failed_steps, "Count"),
+            ("QueuedReplaysSent", replays.sent as f64, "Count"),
+            ("QueuedReplaysFailed", replays.failed as f64, "Count"),
+            ("QueuedReplays", waiting.unsent.queued as f64, "Count"),
+            (
+                "OldestQueuedReplaySeconds",
+                waiting.unsent.oldest.as_secs() as f64,
+                "Seconds",
+            ),
+            (
+                "QueuedReplaysOverdue",
+                waiting.unsent.overdue as f64,
+                "Count",
+            ),
+            (
+                "IncidentsRaisedAgain",
+                self.alerts.raised_again as f64,
+                "Count",
+            ),
+        ];
+        emf_line(namespace, ("Function", "scheduled"), &values, at)
+    }
+}
