@@ -99,8 +99,32 @@ pub struct ConsumerConfig {
     /// BetterStack alerting, unless disabled.
     pub alerts: Option<AlertConfig>,
     /// One transaction per job, or per batch ([`COMMIT_MODE`]).
-    pub commit: crate::harness::CommitMode,
+    pub commit: CommitMode,
 }
+
+/// How a consumer commits its new jobs, as `COMMIT_MODE` spells it.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    strum::IntoStaticStr,
+    strum::EnumString,
+    strum::VariantArray,
+)]
+#[strum(serialize_all = "kebab-case")]
+pub enum CommitMode {
+    /// One transaction per job (the default).
+    #[default]
+    PerJob,
+    /// One transaction for an SQS batch's new jobs ([`crate::consumer::Consumer::handle_batch`]), falling back
+    /// to one per job when it does not commit.
+    Batch,
+}
+
+crate::dead_letter::text_enum!(CommitMode);
 
 impl ConsumerConfig {
     /// Reads and validates every variable a consumer needs; the first problem is returned.
@@ -134,8 +158,7 @@ impl ConsumerConfig {
 }
 
 /// [`COMMIT_MODE`]: `per-job` (the default) or `batch`.
-fn commit_mode(env: &Env<'_>) -> Result<crate::harness::CommitMode, ConfigError> {
-    use crate::harness::CommitMode;
+fn commit_mode(env: &Env<'_>) -> Result<CommitMode, ConfigError> {
     match env.get(COMMIT_MODE) {
         None => Ok(CommitMode::PerJob),
         Some(raw) => CommitMode::parse(raw.trim()).ok_or_else(|| ConfigError {

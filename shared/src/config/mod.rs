@@ -13,7 +13,7 @@ pub use alerts::AlertConfig;
 pub use database::{DatabaseConfig, DatabaseSource};
 pub use fence::{FenceConfig, least_receive_count};
 pub use functions::{
-    ApiConfig, ConsumerConfig, DlqIngesterConfig, REPLAY_ALERT_AFTER, ScheduledConfig,
+    ApiConfig, CommitMode, ConsumerConfig, DlqIngesterConfig, REPLAY_ALERT_AFTER, ScheduledConfig,
 };
 
 use crate::ids::ConsumerName;

@@ -212,7 +212,7 @@ fn the_redrive_count_must_exceed_the_attempts() {
 
 #[test]
 fn the_commit_mode_is_per_job_unless_a_consumer_opts_into_batches() {
-    use crate::harness::CommitMode;
+    use super::CommitMode;
     assert_eq!(load(&[]).unwrap().commit, CommitMode::PerJob);
     let batch = load(&[(COMMIT_MODE, "batch")]).unwrap();
     assert_eq!(

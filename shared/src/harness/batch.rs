@@ -11,7 +11,7 @@
 //!   a time, fewest executions first, so a crash is charged to the job that was running.
 
 use super::group::WorkOrder;
-use super::life::{Parsed, digest_of, key_of};
+use super::life::{Parsed, Record, digest_of, key_of};
 use super::{CommitMode, Harness, IncomingMessage, RecordOutcome};
 use crate::consumer::Consumer;
 use crate::envelope::{JobDigest, PartialIds};
@@ -22,9 +22,6 @@ use crate::metrics::Metric;
 use futures_util::StreamExt;
 use std::collections::HashMap;
 use tracing::Instrument;
-
-/// One record, by its index in the SQS batch, with its parsed body.
-pub(super) type Record<P> = (usize, Parsed<P>);
 
 /// An SQS batch sorted by what each of its records needs.
 pub(super) struct Plan<P> {

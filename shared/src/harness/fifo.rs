@@ -20,9 +20,8 @@
 //! - in batch mode each group's leading new jobs join one commit group, its work seeing them in
 //!   delivery order; what it does not commit runs as above, in order.
 
-use super::batch::Record;
 use super::group::WorkOrder;
-use super::life::{Parsed, ids_of};
+use super::life::{Parsed, Record, ids_of};
 use super::{CommitMode, Harness, IncomingMessage, RecordOutcome};
 use crate::consumer::Consumer;
 use crate::envelope::{JobDigest, PartialIds};

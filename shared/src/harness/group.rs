@@ -12,35 +12,10 @@
 //!   retries and letter are the per-job ones; nothing is charged for the group's attempt.
 
 use super::attempt::{Committed, Jobs, Unfinished};
-use super::batch::Record;
-use super::life::ParsedJob;
+use super::life::{ParsedJob, Record};
 use super::{Harness, RecordOutcome};
 use crate::consumer::{Consumer, Job};
 use crate::metrics::Metric;
-
-/// How a consumer commits its new jobs, as `COMMIT_MODE` spells it.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Default,
-    strum::IntoStaticStr,
-    strum::EnumString,
-    strum::VariantArray,
-)]
-#[strum(serialize_all = "kebab-case")]
-pub enum CommitMode {
-    /// One transaction per job (the default).
-    #[default]
-    PerJob,
-    /// One transaction for an SQS batch's new jobs ([`Consumer::handle_batch`]), falling back
-    /// to one per job when it does not commit.
-    Batch,
-}
-
-crate::dead_letter::text_enum!(CommitMode);
 
 impl<C: Consumer> Harness<C> {
     /// Commits the new jobs of `fresh` (one record per job, see `process_batch`) as one group and

@@ -21,6 +21,9 @@ pub(super) type Parsed<P> = Result<ParsedJob<P>, Poison>;
 /// A body that is a job: its envelope, and the digest of what makes up the job.
 pub(super) type ParsedJob<P> = (Envelope<P>, JobDigest);
 
+/// One record, by its index in the SQS batch, with its parsed body.
+pub(super) type Record<P> = (usize, Parsed<P>);
+
 /// The ids a parsed message carries: all of them, or what a poison body still had.
 pub(super) fn ids_of<P>(parsed: &Parsed<P>) -> PartialIds {
     match parsed {

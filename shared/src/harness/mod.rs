@@ -34,7 +34,7 @@ mod lanes;
 mod letter;
 mod life;
 mod outcome;
-pub use group::CommitMode;
+pub use crate::config::CommitMode;
 pub use outcome::{IncomingMessage, RecordOutcome};
 
 /// Incident steps one delivery round sends at most.

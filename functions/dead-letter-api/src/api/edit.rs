@@ -7,8 +7,8 @@
 //! text cannot store it), and differs from the body received (else it is a plain replay).
 
 use super::error::ApiError;
-use super::handlers::reason_text;
 use super::list_query::shown;
+use super::reason::reason_text;
 use serde_json::Value;
 use shared::dead_letter::DeadLetter;
 use shared::envelope::Envelope;

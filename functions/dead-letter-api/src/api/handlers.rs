@@ -5,19 +5,18 @@
 //! a message is never out while the letter says otherwise; a refused send leaves the replay
 //! `queued` for the scheduled run.
 
-use super::edit::Edit;
 use super::error::ApiError;
 use super::list_query::{
     a_group_id, encode_cursor, encode_group_cursor, parse_group_query, parse_list_query, shown,
 };
+use super::reason::{MAX_REASON_CHARS, parse_reason, parse_replay_reason};
+use super::replay::replay;
 use super::{Api, ApiRequest, ApiResponse, Operation, Route};
 use serde_json::{Value, json};
-use shared::dead_letter::{self, ErrorKind, LockedLetter, ReplayOutcome, ReviewStatus, Verdict};
+use shared::dead_letter::{self, LockedLetter, ReviewStatus, Verdict};
 use shared::ids::{ConsumerName, DeadLetterId, GroupId, JobId};
 
-/// The longest reason (discard or replay), in characters, after trimming.
-pub const MAX_REASON_CHARS: usize = 1000;
-/// The largest replay or discard body, in bytes: a reason of [`MAX_REASON_CHARS`] characters,
+/// The largest replay or discard body, in bytes: a reason of [`super::reason::MAX_REASON_CHARS`] characters,
 /// each written as a JSON escape pair (12 bytes), fits with room to spare.
 pub const MAX_BODY_BYTES: usize = 16 * 1024;
 
@@ -110,7 +109,7 @@ async fn get_processed_job(
     ok(json!({"processed_job": fence}))
 }
 
-fn ok(body: Value) -> Result<ApiResponse, ApiError> {
+pub(super) fn ok(body: Value) -> Result<ApiResponse, ApiError> {
     Ok(ApiResponse { status: 200, body })
 }
 
@@ -130,7 +129,7 @@ fn uuid_in_path(what: &str, id: Option<&str>) -> Result<uuid::Uuid, ApiError> {
 }
 
 /// The body, if it is no larger than [`MAX_BODY_BYTES`].
-fn bounded(body: &[u8]) -> Result<&[u8], ApiError> {
+pub(super) fn bounded(body: &[u8]) -> Result<&[u8], ApiError> {
     if body.len() > MAX_BODY_BYTES {
         return Err(ApiError::body_too_large(format!(
             "the body is {} bytes; a review's body is {{\"reason\": \"...\"}} of at most \
@@ -213,182 +212,6 @@ async fn get(api: &Api, route: &Route, id: DeadLetterId) -> Result<ApiResponse, 
     )
 }
 
-/// Replays the letter, as received or with `edit`'s body (checked against the letter under its
-/// lock); an edit's dry run answers with the plan and changes nothing.
-async fn replay(
-    api: &Api,
-    route: &Route,
-    id: DeadLetterId,
-    actor: &str,
-    reason: Option<String>,
-    edit: Option<&Edit>,
-) -> Result<ApiResponse, ApiError> {
-    let db = |e: sqlx::Error| ApiError::database(route.path, &e);
-    let Some(replayer) = api.replayer.as_ref() else {
-        return Err(ApiError::internal(
-            route.path,
-            &"replay route without an SQS client",
-        ));
-    };
-    let mut locked = lock_pending(api, route, id).await?;
-    if locked.letter.error_kind == ErrorKind::Unsettled {
-        return Err(ApiError::conflict(
-            "not_replayable",
-            "this copy arrived after its job's fence could have expired, so whether the job \
-             committed cannot be known and a replay could apply it twice; check the effect by \
-             hand, then discard the letter with a reason",
-        ));
-    }
-    let Some(job_id) = locked.letter.job_id else {
-        return Err(ApiError::conflict(
-            "not_replayable",
-            "this letter is a poison message without a readable job_id, so a replay could not be \
-             deduplicated; fix and republish it by hand, then discard it with a reason",
-        ));
-    };
-    // Another job under the id is what the fence says, not what the letter's kind said when it
-    // was written: a conflict letter of a body of the committed job's family of edits (a copy
-    // that raced the edit's commit) is the job's, done, and a replay sends nothing. Only a
-    // conflict letter without a digest is taken at its word.
-    let another_job = match (locked.letter.error_kind, &locked.letter.job_digest) {
-        (ErrorKind::Conflict, None) => true,
-        _ => locked.fence_is_another_job().await.map_err(db)?,
-    };
-    if another_job {
-        return Err(ApiError::conflict(
-            "not_replayable",
-            "another job committed under this letter's job_id (its fence keeps another payload's \
-             digest): this job never ran, and a replay would be taken for the other; send it \
-             under a new job_id, then discard this letter with a reason",
-        ));
-    }
-    let body = edit
-        .map(|edit| edit.checked_against(&locked.letter))
-        .transpose()?;
-    // The fence of a job with a pending letter is never swept, so this answer holds at any age.
-    let fence_exists = locked.fence_exists().await.map_err(db)?.unwrap_or(false);
-    // What SQS would refuse is refused here, before anything is recorded: a replay queued that
-    // no send can deliver would stay queued for ever. The letter stays pending.
-    let sent = body
-        .clone()
-        .unwrap_or_else(|| shared::replay::letter_body(&locked.letter));
-    if let Some(why) = (!fence_exists)
-        .then(|| shared::replay::refused_by_sqs(&locked.letter.id, &sent))
-        .flatten()
-    {
-        return Err(match edit {
-            Some(_) => ApiError::invalid_body(format!(
-                "the edited envelope cannot be sent: {why}; the letter stays pending"
-            )),
-            None => ApiError::conflict(
-                "not_sendable",
-                format!(
-                    "the letter's body cannot be sent as a replay: {why}; edit it \
-                     (POST …/edit) or discard it with a reason; the letter stays pending"
-                ),
-            ),
-        });
-    }
-    if edit.is_some_and(|e| e.dry_run) {
-        // Nothing is marked: dropping the lock rolls its transaction back.
-        return ok(json!({
-            "dry_run": true,
-            "letter": locked.letter,
-            "replay": {
-                "job_id": job_id,
-                "queue": locked.letter.queue,
-                "fence_exists": fence_exists,
-                "body": body.as_deref().map(serde_json::from_str::<Value>).transpose().ok().flatten(),
-                "effect": if fence_exists {
-                    "none: the job's effect has committed (its fence exists), so nothing would be sent"
-                } else {
-                    "would send the edited body under the same job_id: the consumer runs it at most once"
-                },
-            }
-        }));
-    }
-    let outcome = if fence_exists {
-        ReplayOutcome::AlreadyProcessed
-    } else {
-        ReplayOutcome::Queued
-    };
-    let edited = body.is_some();
-    locked
-        .mark(
-            &Verdict::Replayed {
-                outcome,
-                reason,
-                body,
-            },
-            actor,
-            api.clock.now(),
-        )
-        .await
-        .map_err(db)?;
-    // Recorded before anything is sent: a message is never out while its letter could still be
-    // discarded or left pending.
-    let mut letter = locked.commit().await.map_err(db)?;
-    let (status, sent, effect) = if fence_exists {
-        (
-            200,
-            None,
-            "none: the job's effect has committed (its fence exists), so nothing was sent",
-        )
-    } else {
-        match replayer.send(&letter).await {
-            Ok(sent) => {
-                match dead_letter::record_replay_sent(
-                    &api.pool,
-                    id,
-                    &sent.message_id,
-                    api.clock.now(),
-                )
-                .await
-                {
-                    Ok(Some(updated)) => letter = updated,
-                    Ok(None) => {}
-                    Err(e) => tracing::error!(letter = %id, message_id = %sent.message_id,
-                        error = %e, "replay sent, but recording its message id failed; the \
-                        scheduled run may send it again (the fence makes that harmless)"),
-                }
-                (
-                    200,
-                    Some(sent.message_id),
-                    "sent: the job has no fence yet, so the consumer will run it, at most once",
-                )
-            }
-            Err(cause) => {
-                tracing::error!(route = route.path, letter = %id, error = %cause,
-                    "replay recorded but not sent; the scheduled run will send it");
-                (
-                    202,
-                    None,
-                    "queued: the replay is recorded but the queue refused it just now; the \
-                     scheduled function sends it on its next run",
-                )
-            }
-        }
-    };
-    // `message_id` is the replay's SQS message; absent while the replay is queued.
-    tracing::info!(letter = %id, job_id = %job_id, actor, message_id = sent.as_deref(),
-        queued = sent.is_none(), fence_exists, edited, "dead letter replayed");
-    Ok(ApiResponse {
-        status,
-        body: json!({
-            "letter": letter,
-            "replay": {
-                "job_id": job_id,
-                "queue": letter.queue,
-                "message_id": sent,
-                "sent": sent.is_some(),
-                "fence_exists": fence_exists,
-                "edited": edited,
-                "effect": effect,
-            }
-        }),
-    })
-}
-
 async fn discard(
     api: &Api,
     route: &Route,
@@ -458,7 +281,7 @@ async fn withdraw(
 }
 
 /// Locks the letter for review and requires it to be pending.
-async fn lock_pending(
+pub(super) async fn lock_pending(
     api: &Api,
     route: &Route,
     id: DeadLetterId,
@@ -497,194 +320,6 @@ async fn lock_pending(
     }
 }
 
-fn not_found(id: DeadLetterId) -> ApiError {
+pub(super) fn not_found(id: DeadLetterId) -> ApiError {
     ApiError::not_found(format!("there is no dead letter {}", id.0))
-}
-
-/// The replay body: none, or `{"reason": "..."}` as for a discard (why it is replayed; a bulk
-/// replay always says).
-fn parse_replay_reason(body: &[u8]) -> Result<Option<String>, ApiError> {
-    if body.iter().all(u8::is_ascii_whitespace) {
-        return Ok(None);
-    }
-    const SHAPE: &str =
-        r#"the body must be empty or a JSON object such as {"reason": "ledger back after INC-42"}"#;
-    checked_reason(body, SHAPE).map(Some)
-}
-
-/// The discard body: `{"reason": "..."}`, a non-blank reason of at most [`MAX_REASON_CHARS`].
-fn parse_reason(body: &[u8]) -> Result<String, ApiError> {
-    const SHAPE: &str = r#"the body must be a JSON object such as {"reason": "duplicate of an award already corrected by hand"}"#;
-    checked_reason(body, SHAPE)
-}
-
-/// A review body's fields, as they came: the `reason` (any JSON), whether it came twice, and the
-/// first unknown field. Read as a JSON object only, so `["why"]` is not taken for a reason.
-struct ReviewBody {
-    reason: Option<Value>,
-    repeated: bool,
-    unknown: Option<String>,
-}
-
-impl<'de> serde::Deserialize<'de> for ReviewBody {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Fields;
-        impl<'de> serde::de::Visitor<'de> for Fields {
-            type Value = ReviewBody;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<ReviewBody, A::Error> {
-                let mut body = ReviewBody {
-                    reason: None,
-                    repeated: false,
-                    unknown: None,
-                };
-                while let Some(key) = map.next_key::<String>()? {
-                    if key == "reason" {
-                        body.repeated |= body.reason.is_some();
-                        body.reason = Some(map.next_value()?);
-                    } else {
-                        map.next_value::<serde::de::IgnoredAny>()?;
-                        body.unknown.get_or_insert(key);
-                    }
-                }
-                Ok(body)
-            }
-        }
-        deserializer.deserialize_map(Fields)
-    }
-}
-
-/// `{"reason": "..."}` with a reason that is there, once, and [`reason_text`]; `shape` says what
-/// the body should look like. Not JSON (or not UTF-8) is a 400; JSON of another shape a 422.
-fn checked_reason(body: &[u8], shape: &str) -> Result<String, ApiError> {
-    let fields: ReviewBody = serde_json::from_slice(body).map_err(|e| {
-        if e.is_data() {
-            ApiError::invalid_body(shape)
-        } else {
-            ApiError::invalid_json(shape)
-        }
-    })?;
-    if let Some(unknown) = &fields.unknown {
-        return Err(ApiError::invalid_body(format!(
-            "unknown field {}; {shape}",
-            shown(unknown)
-        )));
-    }
-    if fields.repeated {
-        return Err(ApiError::invalid_body(
-            "`reason` is given more than once; give it once",
-        ));
-    }
-    match fields.reason {
-        Some(Value::String(reason)) => reason_text(&reason).map_err(ApiError::invalid_body),
-        Some(_) => Err(ApiError::invalid_body("`reason` must be a string")),
-        None => Err(ApiError::invalid_body(
-            "`reason` is required: say why, for the next person who reads the letter",
-        )),
-    }
-}
-
-/// The reason as kept: trimmed; plain text (no NUL, no control character but tab and line
-/// breaks, so nothing in it can drive the terminal of whoever reads it with `dlq show`); with
-/// something visible in it; at most [`MAX_REASON_CHARS`] characters. The error says which.
-pub(super) fn reason_text(reason: &str) -> Result<String, String> {
-    let reason = reason.trim();
-    if reason.contains('\0') {
-        return Err("`reason` contains a NUL character; write it as plain text".into());
-    }
-    if let Some(c) = reason
-        .chars()
-        .find(|c| c.is_control() && !matches!(c, '\t' | '\n' | '\r'))
-    {
-        return Err(format!(
-            "`reason` contains the control character U+{:04X}; write it as plain text (tabs and \
-             line breaks are fine)",
-            u32::from(c)
-        ));
-    }
-    if !reason.chars().any(is_visible) {
-        return Err(
-            "`reason` is blank (only spaces or invisible characters): say why, for the next \
-             person who reads the letter"
-                .into(),
-        );
-    }
-    let chars = reason.chars().count();
-    if chars > MAX_REASON_CHARS {
-        return Err(format!(
-            "`reason` is {chars} characters; at most {MAX_REASON_CHARS} are kept, link to a \
-             ticket for more"
-        ));
-    }
-    Ok(reason.to_owned())
-}
-
-/// Whether `c` shows on a screen: not white space, not a control character, and not one of the
-/// characters that render as nothing: Unicode's default-ignorable code points (zero-width
-/// spaces and joiners, bidirectional controls, variation selectors, tags, Hangul fillers, …),
-/// the other format characters (Cf) and the blank braille pattern. The schema's
-/// `dead_letters_reason_visible` check rejects a subset of these as well.
-fn is_visible(c: char) -> bool {
-    !(c.is_whitespace()
-        || c.is_control()
-        || matches!(c,
-            '\u{00ad}' | '\u{034f}' | '\u{061c}' | '\u{0600}'..='\u{0605}' | '\u{06dd}'
-            | '\u{070f}' | '\u{0890}'..='\u{0891}' | '\u{08e2}' | '\u{115f}'..='\u{1160}'
-            | '\u{17b4}'..='\u{17b5}' | '\u{180b}'..='\u{180f}' | '\u{200b}'..='\u{200f}'
-            | '\u{2028}'..='\u{202f}' | '\u{205f}'..='\u{206f}' | '\u{2800}' | '\u{3164}'
-            | '\u{fe00}'..='\u{fe0f}' | '\u{feff}' | '\u{ffa0}' | '\u{fff0}'..='\u{fffb}'
-            | '\u{110bd}' | '\u{110cd}' | '\u{13430}'..='\u{1343f}' | '\u{1bca0}'..='\u{1bca3}'
-            | '\u{1d173}'..='\u{1d17a}' | '\u{e0000}'..='\u{e0fff}'))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reasons_are_required_non_blank_and_bounded() {
-        assert_eq!(
-            parse_reason(br#"{"reason": " fixed by hand "}"#).unwrap(),
-            "fixed by hand"
-        );
-        let long = format!(r#"{{"reason": "{}"}}"#, "x".repeat(MAX_REASON_CHARS + 1));
-        for (body, status) in [
-            (&b""[..], 400),
-            (b"reason=x", 400),
-            (b"[1]", 422),
-            (b"{}", 422),
-            (br#"{"reason": "  "}"#, 422),
-            ("{\"reason\": \"\u{200b}\u{200b}\"}".as_bytes(), 422),
-            ("{\"reason\": \" \u{feff}\u{2060} \"}".as_bytes(), 422),
-            (br#"{"reason": 7}"#, 422),
-            (br#"{"reason": "a\u0000b"}"#, 422),
-            (br#"{"reason": "x", "force": true}"#, 422),
-            (br#"{"reason": "x", "reason": "y"}"#, 422),
-            (br#"["x"]"#, 422),
-            (br#"{"reason": "\u0001\u0002\u0003\u0007"}"#, 422),
-            (br#"{"reason": "ok \u001b[2J"}"#, 422),
-            (
-                "{\"reason\": \"\u{2066}\u{e0041}\u{fe0f}\u{3164}\u{2800}\"}".as_bytes(),
-                422,
-            ),
-            (br#"{"reason": "x"} trailing"#, 400),
-            (b"\xff", 400),
-            (long.as_bytes(), 422),
-        ] {
-            assert_eq!(parse_reason(body).unwrap_err().status, status, "{body:?}");
-        }
-        assert_eq!(
-            parse_reason("{\"reason\": \"line one\\n\\tline two\"}".as_bytes()).unwrap(),
-            "line one\n\tline two"
-        );
-        assert_eq!(
-            bounded(&[b' '; MAX_BODY_BYTES + 1]).unwrap_err().status,
-            413
-        );
-    }
 }

@@ -16,10 +16,13 @@ mod error;
 mod handlers;
 pub mod lambda;
 pub mod list_query;
+mod reason;
+mod replay;
 
 pub use auth::{Caller, Scope};
 pub use error::ApiError;
-pub use handlers::{MAX_BODY_BYTES, MAX_REASON_CHARS};
+pub use handlers::MAX_BODY_BYTES;
+pub use reason::MAX_REASON_CHARS;
 
 use serde_json::Value;
 use shared::clock::Clock;
