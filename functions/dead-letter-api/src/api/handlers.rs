@@ -9,11 +9,12 @@ use super::error::ApiError;
 use super::list_query::{
     a_group_id, encode_cursor, encode_group_cursor, parse_group_query, parse_list_query, shown,
 };
+use super::pending::{lock_pending, not_found};
 use super::reason::{MAX_REASON_CHARS, parse_reason, parse_replay_reason};
 use super::replay::replay;
-use super::{Api, ApiRequest, ApiResponse, Operation, Route};
+use super::{Api, ApiRequest, ApiResponse, Operation, Route, ok};
 use serde_json::{Value, json};
-use shared::dead_letter::{self, LockedLetter, ReviewStatus, Verdict};
+use shared::dead_letter::{self, Verdict};
 use shared::ids::{ConsumerName, DeadLetterId, GroupId, JobId};
 
 /// The largest replay or discard body, in bytes: a reason of [`super::reason::MAX_REASON_CHARS`] characters,
@@ -107,10 +108,6 @@ async fn get_processed_job(
             ))
         })?;
     ok(json!({"processed_job": fence}))
-}
-
-pub(super) fn ok(body: Value) -> Result<ApiResponse, ApiError> {
-    Ok(ApiResponse { status: 200, body })
 }
 
 fn parse_id(id: Option<&str>) -> Result<DeadLetterId, ApiError> {
@@ -278,48 +275,4 @@ async fn withdraw(
     tracing::info!(letter = %id, pending_letter = pending.map(tracing::field::display),
         job_id = letter.job_id.map(tracing::field::display), actor, "queued replay withdrawn");
     ok(json!({ "letter": letter, "pending_letter": pending, "effect": effect }))
-}
-
-/// Locks the letter for review and requires it to be pending.
-pub(super) async fn lock_pending(
-    api: &Api,
-    route: &Route,
-    id: DeadLetterId,
-) -> Result<LockedLetter, ApiError> {
-    let locked = dead_letter::lock_letter(&api.pool, id, api.lock_wait)
-        .await
-        .map_err(|e| {
-            if dead_letter::is_lock_timeout(&e) {
-                ApiError::conflict(
-                    "review_in_progress",
-                    "another review of this letter is in progress; read it again in a moment",
-                )
-            } else {
-                ApiError::database(route.path, &e)
-            }
-        })?
-        .ok_or_else(|| not_found(id))?;
-    match locked.status() {
-        ReviewStatus::PendingReview => Ok(locked),
-        _ => {
-            let letter = &locked.letter;
-            Err(ApiError::conflict(
-                "not_pending",
-                format!(
-                    "the letter is already {} (by {} at {}); only a pending_review letter can be \
-                     replayed or discarded",
-                    letter.status,
-                    letter.reviewed_by.as_deref().unwrap_or("unknown"),
-                    letter
-                        .reviewed_at
-                        .map(|t| t.to_rfc3339())
-                        .unwrap_or_else(|| "an unknown time".into()),
-                ),
-            ))
-        }
-    }
-}
-
-pub(super) fn not_found(id: DeadLetterId) -> ApiError {
-    ApiError::not_found(format!("there is no dead letter {}", id.0))
 }

@@ -16,6 +16,7 @@ mod error;
 mod handlers;
 pub mod lambda;
 pub mod list_query;
+mod pending;
 mod reason;
 mod replay;
 
@@ -163,6 +164,11 @@ pub struct ApiResponse {
     pub status: u16,
     /// The JSON body.
     pub body: Value,
+}
+
+/// A 200 answer with `body`.
+fn ok(body: Value) -> Result<ApiResponse, ApiError> {
+    Ok(ApiResponse { status: 200, body })
 }
 
 impl From<ApiError> for ApiResponse {

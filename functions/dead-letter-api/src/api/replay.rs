@@ -5,8 +5,8 @@
 
 use super::edit::Edit;
 use super::error::ApiError;
-use super::handlers::{lock_pending, ok};
-use super::{Api, ApiResponse, Route};
+use super::pending::lock_pending;
+use super::{Api, ApiResponse, Route, ok};
 use serde_json::{Value, json};
 use shared::dead_letter::{self, DeadLetter, ErrorKind, LockedLetter, ReplayOutcome, Verdict};
 use shared::ids::{DeadLetterId, JobId};
