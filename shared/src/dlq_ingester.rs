@@ -13,9 +13,10 @@ use crate::clock::Clock;
 use crate::dead_letter::{
     ErrorKind, NewDeadLetter, Settled, record_unless_processed, record_without_settling,
 };
-use crate::envelope::Envelope;
+use crate::envelope::{Envelope, JobDigest, PartialIds, Poison};
 use crate::execution::{Ledger, ledger};
-use crate::fence::{fence_exists, settle_horizon};
+use crate::fence::{FenceError, fence_exists, settle_horizon};
+use crate::harness::IncomingMessage;
 use crate::ids::ConsumerName;
 use crate::metrics::{Metric, Metrics};
 use crate::sqs::{batch_response, incoming, sent_at};
@@ -90,24 +91,14 @@ impl DlqIngester {
         batch_response(failed)
     }
 
+    /// One DLQ message: read, judged (poison, unsettled, crashed or exhausted), written
+    /// through the fence, counted.
     async fn ingest_one(
         &self,
-        msg: &crate::harness::IncomingMessage,
+        msg: &IncomingMessage,
         sent_at: Option<DateTime<Utc>>,
-    ) -> Result<(), crate::fence::FenceError> {
-        let redriven = format!(
-            "redriven to the dead-letter queue after {} deliveries",
-            self.max_receive_count
-        );
+    ) -> Result<(), FenceError> {
         let now = self.clock.now();
-        // A FIFO message's time in its job queue before the move may not be in its send time:
-        // counted as the longest it can have been.
-        let before_the_move = if msg.message_group.is_some() {
-            self.queue_retention
-        } else {
-            Duration::ZERO
-        };
-        let age = sent_at.and_then(|sent| (now - sent).to_std().ok().map(|a| a + before_the_move));
         let fields: Vec<&str> = self.job_fields.iter().map(String::as_str).collect();
         let parsed = Envelope::<serde_json::Value>::parse_job(&msg.body, &fields);
         let digest = match &parsed {
@@ -120,68 +111,110 @@ impl DlqIngester {
             Err(poison) => poison.ids.clone(),
         };
         crate::telemetry::record_ids(&tracing::Span::current(), &carried);
-        let (ids, kind, attempts, error) = match parsed {
-            // Poison is never attempted: its letter says 1, however often crashes of its
-            // batch redelivered it.
-            Err(poison) => (
-                poison.ids,
-                ErrorKind::Poison,
-                1,
-                format!("{}; {redriven}", poison.reason),
-            ),
-            // Too old for its fence to be known still there: a committed job's fence may be
-            // swept, so the claim would find none and call it never committed.
-            Ok(envelope) if age.is_some_and(|a| a > settle_horizon(self.fence_ttl)) => (
-                envelope.ids(),
-                ErrorKind::Unsettled,
-                ledger(&self.pool, envelope.job_id, &self.consumer)
-                    .await?
-                    .executions
-                    .max(1),
-                format!(
-                    "{redriven}, {} s after it was sent, past the {} s within which its fence \
-                     settles whether the job committed (FENCE_TTL_SECONDS less a day): not \
-                     replayable; check the effect by hand, then discard this letter",
-                    age.unwrap_or_default().as_secs(),
-                    settle_horizon(self.fence_ttl).as_secs()
-                ),
-            ),
-            Ok(envelope) => {
-                let ledger: Ledger = ledger(&self.pool, envelope.job_id, &self.consumer).await?;
-                let (kind, error) = ledger.verdict(self.max_attempts, &redriven);
-                (envelope.ids(), kind, ledger.executions, error)
-            }
-        };
+        let age = self.age(msg, sent_at, now);
+        let judged = self.judge(parsed, age).await?;
         let letter = NewDeadLetter {
-            job_id: ids.job_id,
-            tenant_id: ids.tenant_id,
+            job_id: judged.ids.job_id,
+            tenant_id: judged.ids.tenant_id,
             consumer: &self.consumer,
             queue: &self.job_queue,
             message_id: &msg.message_id,
             body: &msg.body,
-            attempts,
-            kind,
-            last_error: &error,
-            correlation_id: ids.correlation_id.as_deref(),
+            attempts: judged.attempts,
+            kind: judged.kind,
+            last_error: &judged.error,
+            correlation_id: judged.ids.correlation_id.as_deref(),
             replay_of: msg.replay_of,
             message_group: msg.message_group.as_deref(),
             digest_fields: &fields,
         };
-        let settled = if kind == ErrorKind::Unsettled {
-            // A fence still there says the job committed; its absence says nothing any more.
-            let job = ids.job_id.expect("an envelope has a job id");
-            if fence_exists(&self.pool, job, &self.consumer).await? {
-                Settled::AlreadyProcessed
-            } else {
-                let recorded = record_without_settling(&self.pool, &letter, digest.as_ref(), now);
-                Settled::Recorded(recorded.await?)
+        let settled = self.write(&letter, digest.as_ref(), now).await?;
+        self.count(settled, judged.kind);
+        Ok(())
+    }
+
+    /// How long ago the message was first sent. A FIFO message's time in its job queue before
+    /// the move may not be in its send time: counted as the longest it can have been.
+    fn age(
+        &self,
+        msg: &IncomingMessage,
+        sent_at: Option<DateTime<Utc>>,
+        now: DateTime<Utc>,
+    ) -> Option<Duration> {
+        let before_the_move = match msg.message_group {
+            Some(_) => self.queue_retention,
+            None => Duration::ZERO,
+        };
+        sent_at.and_then(|sent| (now - sent).to_std().ok().map(|a| a + before_the_move))
+    }
+
+    /// What the letter says: its ids, kind, attempts and error.
+    async fn judge(
+        &self,
+        parsed: Result<Envelope<serde_json::Value>, Poison>,
+        age: Option<Duration>,
+    ) -> Result<Judged, FenceError> {
+        let redriven = format!(
+            "redriven to the dead-letter queue after {} deliveries",
+            self.max_receive_count
+        );
+        let horizon = settle_horizon(self.fence_ttl);
+        Ok(match parsed {
+            // Poison is never attempted: its letter says 1, however often crashes of its
+            // batch redelivered it.
+            Err(poison) => Judged {
+                error: format!("{}; {redriven}", poison.reason),
+                ids: poison.ids,
+                kind: ErrorKind::Poison,
+                attempts: 1,
+            },
+            // Too old for its fence to be known still there: a committed job's fence may be
+            // swept, so the claim would find none and call it never committed.
+            Ok(envelope) if age.is_some_and(|a| a > horizon) => Judged {
+                ids: envelope.ids(),
+                kind: ErrorKind::Unsettled,
+                attempts: ledger(&self.pool, envelope.job_id, &self.consumer)
+                    .await?
+                    .executions
+                    .max(1),
+                error: unsettled(&redriven, age.unwrap_or_default(), horizon),
+            },
+            Ok(envelope) => {
+                let ledger: Ledger = ledger(&self.pool, envelope.job_id, &self.consumer).await?;
+                let (kind, error) = ledger.verdict(self.max_attempts, &redriven);
+                Judged {
+                    ids: envelope.ids(),
+                    kind,
+                    attempts: ledger.executions,
+                    error,
+                }
             }
-        } else {
+        })
+    }
+
+    /// Writes the letter through the job's fence: none if the job committed.
+    async fn write(
+        &self,
+        letter: &NewDeadLetter<'_>,
+        digest: Option<&JobDigest>,
+        now: DateTime<Utc>,
+    ) -> Result<Settled, FenceError> {
+        if letter.kind != ErrorKind::Unsettled {
             // With the job's digest, as the harness takes it: another job committed under the
             // id makes this a conflict, never a letter closed by that job's commit.
             let wait = self.settle_wait;
-            record_unless_processed(&self.pool, &letter, digest.as_ref(), now, wait).await?
-        };
+            return Ok(record_unless_processed(&self.pool, letter, digest, now, wait).await?);
+        }
+        // A fence still there says the job committed; its absence says nothing any more.
+        let job = letter.job_id.expect("an envelope has a job id");
+        if fence_exists(&self.pool, job, &self.consumer).await? {
+            return Ok(Settled::AlreadyProcessed);
+        }
+        let recorded = record_without_settling(&self.pool, letter, digest, now);
+        Ok(Settled::Recorded(recorded.await?))
+    }
+
+    fn count(&self, settled: Settled, kind: ErrorKind) {
         match settled {
             Settled::AlreadyProcessed => {
                 self.metrics.increment(Metric::RedrivenAlreadyProcessed);
@@ -197,6 +230,24 @@ impl DlqIngester {
                 tracing::warn!(letter = %recorded.id(), %kind, "backstop dead letter of another job under a committed id");
             }
         }
-        Ok(())
     }
+}
+
+/// Why a copy too old for its fence is not replayable.
+fn unsettled(redriven: &str, age: Duration, horizon: Duration) -> String {
+    format!(
+        "{redriven}, {} s after it was sent, past the {} s within which its fence settles \
+         whether the job committed (FENCE_TTL_SECONDS less a day): not replayable; check the \
+         effect by hand, then discard this letter",
+        age.as_secs(),
+        horizon.as_secs()
+    )
+}
+
+/// What a DLQ message's letter says.
+struct Judged {
+    ids: PartialIds,
+    kind: ErrorKind,
+    attempts: u32,
+    error: String,
 }
