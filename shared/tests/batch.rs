@@ -346,13 +346,13 @@ async fn a_batch_whose_work_commits_the_transaction_itself_doubles_nothing(pool:
     assert_eq!(harness.metrics().get(Metric::BatchFellBack), 1);
 }
 
-/// Issue 22, hole 6: the batch's failed transaction was dropped, and its `ROLLBACK` went out
+/// Issue 22: the batch's failed transaction was dropped, and its `ROLLBACK` went out
 /// later from the pool, so the one-by-one fallback could meet the batch's own uncommitted
 /// fences and hand a job back as contended (seen 6 times in 520 jobs with a 1 ms lock wait).
 /// The batch is now rolled back before its jobs run alone: with a 1 ms lock wait, no job of a
 /// batch that fell back is ever contended.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
-async fn hole6_a_batch_that_falls_back_is_rolled_back_before_its_jobs_run_one_by_one(pool: PgPool) {
+async fn a_batch_that_falls_back_is_rolled_back_before_its_jobs_run_one_by_one(pool: PgPool) {
     let settings = HarnessSettings {
         commit: CommitMode::Batch,
         lock_timeout: std::time::Duration::from_millis(1),
@@ -387,7 +387,7 @@ async fn hole6_a_batch_that_falls_back_is_rolled_back_before_its_jobs_run_one_by
 /// same batch) ran twice and was charged two executions for one failure. It now runs once, by
 /// its first record; the copy is handed back with the same delay, uncharged, in both modes.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
-async fn hole7_the_same_job_twice_in_one_sqs_batch_is_charged_one_execution(pool: PgPool) {
+async fn the_same_job_twice_in_one_sqs_batch_is_charged_one_execution(pool: PgPool) {
     refuse_account_boom(&pool).await;
     for mode in [CommitMode::PerJob, CommitMode::Batch] {
         let harness = harness_in(&pool, award_points(), mode);

@@ -1,4 +1,4 @@
-//! Issue 22, hole 8: a different job under a reused job id. A producer bug that reuses a
+//! Issue 22: a different job under a reused job id. A producer bug that reuses a
 //! `job_id` with another payload was acked as a duplicate: the second job never happened and
 //! nothing recorded it. The fence now keeps a digest of what makes up the job (the payload, or
 //! the fields the consumer names); a copy whose digest differs becomes a `conflict` letter (no
@@ -38,9 +38,7 @@ async fn record_failed_copy(pool: &PgPool, job_id: JobId, body: &str) -> Settled
 }
 
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
-async fn hole8_a_reused_job_id_with_another_payload_is_a_conflict_letter_on_every_path(
-    pool: PgPool,
-) {
+async fn a_reused_job_id_with_another_payload_is_a_conflict_letter_on_every_path(pool: PgPool) {
     for (mode, receive_count) in [
         (CommitMode::PerJob, 1),
         (CommitMode::PerJob, 2),
@@ -112,7 +110,7 @@ impl Consumer for Transfer {
 }
 
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
-async fn hole8_only_the_fields_a_consumer_names_make_up_its_job(pool: PgPool) {
+async fn only_the_fields_a_consumer_names_make_up_its_job(pool: PgPool) {
     let harness = harness_in(&pool, Transfer(reference_name()), CommitMode::PerJob);
     let envelope = |payload: Value| {
         json!({"job_id": JobId(Uuid::from_u128(1)), "tenant_id": TenantId(Uuid::from_u128(2)),
@@ -144,9 +142,7 @@ async fn hole8_only_the_fields_a_consumer_names_make_up_its_job(pool: PgPool) {
 /// committed through another delivery": X never ran, and its letter said it had. The letter
 /// keeps X's digest now, and Y's commit closes only letters of the same job.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
-async fn hole8_a_commit_of_another_job_under_the_id_leaves_the_first_jobs_letter_pending(
-    pool: PgPool,
-) {
+async fn a_commit_of_another_job_under_the_id_leaves_the_first_jobs_letter_pending(pool: PgPool) {
     for mode in [CommitMode::PerJob, CommitMode::Batch] {
         let harness = harness_in(&pool, award_points(), mode);
         let (job_id, x) = job(award(0)); // poison: points must be positive
@@ -196,9 +192,7 @@ async fn hole8_a_commit_of_another_job_under_the_id_leaves_the_first_jobs_letter
 /// racing the other job's commit, a lost `COMMIT` reply): before, the claim found the fence and
 /// acked the failed job with no letter at all. It is a `conflict` letter now.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
-async fn hole8_a_letter_settled_through_another_jobs_fence_is_a_conflict_not_a_silence(
-    pool: PgPool,
-) {
+async fn a_letter_settled_through_another_jobs_fence_is_a_conflict_not_a_silence(pool: PgPool) {
     let harness = harness(&pool, award_points());
     let (job_id, y) = job(award(7));
     assert_eq!(

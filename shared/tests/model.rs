@@ -501,7 +501,7 @@ fn model_histories_keep_the_promises() {
 /// Issue 34's examples as histories of the model, through the same world and checker: each
 /// must keep every promise (they are the histories the random ones should find first).
 #[test]
-fn model_issue_34_examples_keep_the_promises() {
+fn model_hand_written_histories_keep_the_promises() {
     use Payload::{BadPoints, Flaky, Good};
     use Step::{Deliver, EditReplay, ReplayRefused, Rounds, Send, SendQueued, Withdraw};
     let send = |slot, variant, spelling| Send {

@@ -1,5 +1,5 @@
 //! Issue 13 at the library level: every dead letter is a true record, nothing is acked that did
-//! not commit its fence, and attempts are executions. Each test is named by the hole it closes
+//! not commit its fence, and attempts are executions. Each test is named for what it proves
 //! and failed on the code before the fix (see the closing note of issue 13).
 
 use consumer::{AwardPoints, PointsAward, count_awards, insert_award};
@@ -9,7 +9,7 @@ use shared::dead_letter::ErrorKind;
 use shared::fence::fence_exists;
 use shared::harness::{CommitMode, HarnessSettings, IncomingMessage, RecordOutcome};
 use shared::ids::{ConsumerName, DeadLetterId, JobId};
-use shared::sweeper::sweep;
+use shared::upkeep::sweep::sweep;
 use shared_testkit::commit_cutter::{Cut, pools_through};
 use shared_testkit::reference::*;
 use shared_testkit::*;
@@ -73,12 +73,10 @@ fn swallows_sql_error() -> impl Consumer<Payload = PointsAward> {
     })
 }
 
-/// Hole 1: the over-budget path read the fence with a query that cannot see a copy still inside
+/// The over-budget path read the fence with a query that cannot see a copy still inside
 /// its transaction, and wrote a `crashed` letter for a job that then committed.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
-async fn hole1_an_over_budget_delivery_waits_for_an_in_flight_copy_and_writes_no_letter(
-    pool: PgPool,
-) {
+async fn an_over_budget_delivery_waits_for_an_in_flight_copy_and_writes_no_letter(pool: PgPool) {
     let harness = harness(&pool, Counting::new(award_points()));
     let (job_id, body) = job(award(3));
     charge_executions(&pool, job_id, &reference_name(), 5, None).await;
@@ -99,11 +97,11 @@ async fn hole1_an_over_budget_delivery_waits_for_an_in_flight_copy_and_writes_no
     assert_eq!(count_awards(&pool, job_id).await.unwrap(), 1);
 }
 
-/// Hole 1: a COMMIT whose reply is lost on the last attempt became an `exhausted` letter,
+/// A COMMIT whose reply is lost on the last attempt became an `exhausted` letter,
 /// although the job had committed. A proxy forwards the COMMIT and drops the connection before
 /// the reply: the fence settles that it committed.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
-async fn hole1_a_commit_whose_reply_is_lost_is_settled_by_the_fence_as_processed(
+async fn a_commit_whose_reply_is_lost_is_settled_by_the_fence_as_processed(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
@@ -119,7 +117,7 @@ async fn hole1_a_commit_whose_reply_is_lost_is_settled_by_the_fence_as_processed
 /// The other side of the same cut: a COMMIT that never reached the server did not commit, and
 /// on the last attempt that is an honest `exhausted` letter, with the fence free for a replay.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
-async fn hole1_a_commit_lost_before_the_server_is_a_failure_and_its_letter_is_true(
+async fn a_commit_lost_before_the_server_is_a_failure_and_its_letter_is_true(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
@@ -143,11 +141,11 @@ async fn hole1_a_commit_lost_before_the_server_is_a_failure_and_its_letter_is_tr
     );
 }
 
-/// Hole 1: a permanent failure whose acknowledgement was lost ran again, succeeded, and left
+/// A permanent failure whose acknowledgement was lost ran again, succeeded, and left
 /// its letter pending for a job that had committed. Its message now finds its letter and is
 /// acked without running.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
-async fn hole1_a_redelivered_permanent_failure_is_acked_by_its_letter_without_running_again(
+async fn a_redelivered_permanent_failure_is_acked_by_its_letter_without_running_again(
     pool: PgPool,
 ) {
     let harness = harness(&pool, PermanentOnce::new());
@@ -177,11 +175,11 @@ async fn hole1_a_redelivered_permanent_failure_is_acked_by_its_letter_without_ru
     );
 }
 
-/// Hole 1: two messages with one job id: one fails for good, the other later succeeds. The
+/// Two messages with one job id: one fails for good, the other later succeeds. The
 /// letter written for the first is closed in the commit of the second, so no letter stays
 /// pending for a job whose effect exists.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
-async fn hole1_a_letter_pending_for_a_job_is_closed_when_another_copy_commits_it(pool: PgPool) {
+async fn a_letter_pending_for_a_job_is_closed_when_another_copy_commits_it(pool: PgPool) {
     let harness = harness(&pool, PermanentOnce::new());
     let (job_id, body) = job(award(2));
     let failed = message(&body, 1);
@@ -201,10 +199,10 @@ async fn hole1_a_letter_pending_for_a_job_is_closed_when_another_copy_commits_it
     assert!(reason.contains(&other.message_id), "{reason}");
 }
 
-/// Hole 1: the fence of a job with a letter pending review is never swept, however old, so a
+/// The fence of a job with a letter pending review is never swept, however old, so a
 /// replay of that letter finds the job processed and sends nothing. Once reviewed, it goes.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
-async fn hole1_the_fence_of_a_job_with_a_pending_letter_outlives_its_ttl(pool: PgPool) {
+async fn the_fence_of_a_job_with_a_pending_letter_outlives_its_ttl(pool: PgPool) {
     let harness = harness(&pool, award_points());
     let (job_id, body) = job(award(1));
     assert_eq!(
@@ -246,11 +244,11 @@ async fn hole1_the_fence_of_a_job_with_a_pending_letter_outlives_its_ttl(pool: P
     assert_eq!(sweep(&pool, &clock, SWEEP, None).await.unwrap().deleted, 1);
 }
 
-/// Hole 2: a handler that ignored an SQL error and returned Ok left its transaction aborted;
+/// A handler that ignored an SQL error and returned Ok left its transaction aborted;
 /// PostgreSQL answered COMMIT with a silent ROLLBACK and the harness acked `Processed` with
 /// nothing committed. Now it is a transient failure with a clear error, then a letter.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
-async fn hole2_a_handler_returning_ok_from_an_aborted_transaction_is_retried_then_dead_lettered(
+async fn a_handler_returning_ok_from_an_aborted_transaction_is_retried_then_dead_lettered(
     pool: PgPool,
 ) {
     let harness = harness(&pool, swallows_sql_error());
@@ -285,10 +283,10 @@ async fn hole2_a_handler_returning_ok_from_an_aborted_transaction_is_retried_the
     assert_eq!(letters(&pool, job_id).await[0].attempts, 5);
 }
 
-/// Hole 3: a `replay_of` attribute naming no letter broke the letter's foreign key, so neither
+/// A `replay_of` attribute naming no letter broke the letter's foreign key, so neither
 /// the consumer nor the ingester could record the failure. Any producer can set it.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
-async fn hole3_a_replay_of_naming_no_letter_still_gets_its_letter(pool: PgPool) {
+async fn a_replay_of_naming_no_letter_still_gets_its_letter(pool: PgPool) {
     let harness = harness(&pool, award_points());
     let (job_id, body) = job(json!({"account_id": "a", "points": -1}));
     let msg = IncomingMessage {
@@ -305,10 +303,10 @@ async fn hole3_a_replay_of_naming_no_letter_still_gets_its_letter(pool: PgPool) 
     assert_eq!(letters(&pool, job_id).await[0].replay_of, None);
 }
 
-/// Hole 5: SQS receives are not executions. A delivery handed back (deadline, contention) or
+/// SQS receives are not executions. A delivery handed back (deadline, contention) or
 /// delivered many times by crashes of its batch-mates has not run: it runs as attempt 1.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
-async fn hole5_receives_that_ran_nothing_spend_no_attempts(pool: PgPool) {
+async fn receives_that_ran_nothing_spend_no_attempts(pool: PgPool) {
     let harness = harness(
         &pool,
         Counting::failing(award_points(), Fault::TransientUntilAttempt(2)),
@@ -327,9 +325,9 @@ async fn hole5_receives_that_ran_nothing_spend_no_attempts(pool: PgPool) {
     assert!(letters(&pool, job_id).await.is_empty());
 }
 
-/// Hole 5: a contended fence means the execution did not run: its charge is taken back.
+/// A contended fence means the execution did not run: its charge is taken back.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
-async fn hole5_a_contended_fence_charges_no_execution(pool: PgPool) {
+async fn a_contended_fence_charges_no_execution(pool: PgPool) {
     let settings = HarnessSettings {
         lock_timeout: Duration::from_millis(100),
         ..settings()
@@ -358,10 +356,10 @@ async fn hole5_a_contended_fence_charges_no_execution(pool: PgPool) {
     );
 }
 
-/// Hole 6: a letter's payload is the body as received, number for number (it went through
+/// A letter's payload is the body as received, number for number (it went through
 /// f64: 123456789012345678901234567890 was stored as 123456789012345680000000000000).
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
-async fn hole6_a_letter_keeps_every_number_of_the_body_as_received(pool: PgPool) {
+async fn a_letter_keeps_every_number_of_the_body_as_received(pool: PgPool) {
     let harness = harness(&pool, award_points());
     let job_id = JobId(Uuid::new_v4());
     let body = format!(
@@ -398,10 +396,10 @@ async fn hole6_a_letter_keeps_every_number_of_the_body_as_received(pool: PgPool)
     );
 }
 
-/// Hole 6: a consumer's payload type gets exact numbers where its fields can hold them: an
+/// A consumer's payload type gets exact numbers where its fields can hold them: an
 /// amount as a decimal keeps every digit an f64 would lose.
 #[test]
-fn hole6_a_decimal_amount_reaches_the_payload_type_exactly() {
+fn a_decimal_amount_reaches_the_payload_type_exactly() {
     #[derive(serde::Deserialize)]
     struct Payment {
         amount: rust_decimal::Decimal,
@@ -415,9 +413,9 @@ fn hole6_a_decimal_amount_reaches_the_payload_type_exactly() {
     assert_eq!(envelope.payload.amount.to_string(), "12345678901234567.89");
 }
 
-/// Hole 7: the sweeper needed two connections and timed out with `DATABASE_POOL_SIZE=1`.
+/// The sweep needed two connections and timed out with `DATABASE_POOL_SIZE=1`.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
-async fn hole7_the_sweeper_runs_on_a_pool_of_one_connection(
+async fn the_sweep_runs_on_a_pool_of_one_connection(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
@@ -438,10 +436,10 @@ async fn hole7_the_sweeper_runs_on_a_pool_of_one_connection(
     assert_eq!(report.deleted, 1);
 }
 
-/// Hole 7: a discard reason made only of invisible characters is no reason; the schema itself
+/// A discard reason made only of invisible characters is no reason; the schema itself
 /// rejects it, whatever wrote it.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
-async fn hole7_the_schema_rejects_a_discard_reason_of_invisible_characters(pool: PgPool) {
+async fn the_schema_rejects_a_discard_reason_of_invisible_characters(pool: PgPool) {
     let harness = harness(&pool, award_points());
     let (job_id, body) = job(json!({"account_id": "a", "points": -1}));
     harness.process(&message(&body, 1)).await;

@@ -283,9 +283,7 @@ async fn a_poison_letter_without_a_job_id_cannot_be_replayed(pool: PgPool) {
 /// now records itself first: if the queue then refuses the message, the letter says `queued`,
 /// no discard can close it, and the scheduled run sends it once the queue takes it.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
-async fn a_replay_is_recorded_before_it_is_sent_and_a_refused_send_is_sent_later(
-    pool: PgPool,
-) {
+async fn a_replay_is_recorded_before_it_is_sent_and_a_refused_send_is_sent_later(pool: PgPool) {
     let (pool, apis) = setup(pool).await;
     let queue = format!("late-{}", &Uuid::new_v4().simple().to_string()[..12]);
     let (id, _) = seed_letter(&pool, &queue, ErrorKind::Exhausted).await;

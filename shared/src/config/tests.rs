@@ -61,7 +61,7 @@ fn a_ttl_under_the_floor_is_rejected_naming_the_variable() {
 /// counts the DLQ's retention and a redrive back to the source, and every function that
 /// touches fences refuses a TTL under it, naming the variable.
 #[test]
-fn hole2_the_ttl_floor_counts_the_dlq_retention_and_a_redrive_back_to_the_source() {
+fn the_ttl_floor_counts_the_dlq_retention_and_a_redrive_back_to_the_source() {
     // The old defaults: the DLQ at 14 days, the fence at 7.
     let err = load(&[
         (DLQ_RETENTION_SECONDS, "1209600"),
