@@ -11,7 +11,7 @@
 //!   a time, fewest executions first, so a crash is charged to the job that was running.
 
 use super::group::WorkOrder;
-use super::life::{Parsed, Record, digest_of, key_of};
+use super::parsed::{Parsed, Record, digest_of, key_of};
 use super::{CommitMode, Harness, IncomingMessage, RecordOutcome};
 use crate::consumer::Consumer;
 use crate::envelope::{JobDigest, PartialIds};
@@ -93,7 +93,7 @@ impl<C: Consumer> Harness<C> {
         }
         let start = |(i, parsed): Record<C::Payload>| async move {
             if !may_start() {
-                self.unstarted(&msgs[i], &super::life::ids_of(&parsed));
+                self.unstarted(&msgs[i], &super::parsed::ids_of(&parsed));
                 return (i, None);
             }
             (i, Some(self.process_parsed(&msgs[i], parsed).await))
@@ -166,7 +166,7 @@ impl<C: Consumer> Harness<C> {
                     && digest == first_digest
                     && msg.replay_of == msgs[first].replay_of
                 {
-                    plan.copies.push((i, first, super::life::ids_of(&parsed)));
+                    plan.copies.push((i, first, super::parsed::ids_of(&parsed)));
                 } else {
                     plan.follows.insert(i, first);
                     plan.later.push((i, parsed));
@@ -193,7 +193,7 @@ impl<C: Consumer> Harness<C> {
         parsed: Parsed<C::Payload>,
         committed: Option<&JobDigest>,
     ) -> Option<RecordOutcome> {
-        let ids = super::life::ids_of(&parsed);
+        let ids = super::parsed::ids_of(&parsed);
         match digest_of(&parsed) {
             Some(digest) if conflicts(committed, &digest) => {
                 plan.conflicting.push((i, ids, digest));

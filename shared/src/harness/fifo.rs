@@ -21,7 +21,7 @@
 //!   delivery order; what it does not commit runs as above, in order.
 
 use super::group::WorkOrder;
-use super::life::{Parsed, Record, ids_of};
+use super::parsed::{Parsed, Record, ids_of};
 use super::{CommitMode, Harness, IncomingMessage, RecordOutcome};
 use crate::consumer::Consumer;
 use crate::envelope::{JobDigest, PartialIds};

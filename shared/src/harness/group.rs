@@ -12,7 +12,7 @@
 //!   retries and letter are the per-job ones; nothing is charged for the group's attempt.
 
 use super::attempt::{Committed, Jobs, Unfinished};
-use super::life::{ParsedJob, Record};
+use super::parsed::{ParsedJob, Record};
 use super::{Harness, RecordOutcome};
 use crate::consumer::{Consumer, Job};
 use crate::metrics::Metric;

@@ -19,7 +19,7 @@ use crate::envelope::PartialIds;
 use crate::metrics::Metrics;
 use crate::paging::Alerter;
 use crate::retry::RetryPolicy;
-use life::Parsed;
+use parsed::Parsed;
 use rand::rngs::StdRng;
 use sqlx::PgPool;
 use std::sync::{Arc, Mutex};
@@ -32,8 +32,10 @@ mod fifo;
 mod group;
 mod lanes;
 mod letter;
+mod failure;
 mod life;
 mod outcome;
+mod parsed;
 pub use crate::config::CommitMode;
 pub use outcome::{IncomingMessage, RecordOutcome};
 
@@ -162,7 +164,7 @@ impl<C: Consumer> Harness<C> {
         parsed: Parsed<C::Payload>,
     ) -> RecordOutcome {
         // Every line logged while the job runs, the handler's own included, carries these.
-        let span = self.span(msg, &life::ids_of(&parsed));
+        let span = self.span(msg, &parsed::ids_of(&parsed));
         let started = self.clock.now();
         let outcome = self.live(msg, parsed).instrument(span.clone()).await;
         self.observe_duration_since(started);
