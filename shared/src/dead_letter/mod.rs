@@ -21,6 +21,7 @@
 mod groups;
 mod kinds;
 mod letter;
+mod letter_list;
 mod list;
 mod record;
 mod review;
@@ -38,10 +39,10 @@ pub use letter::{
 pub(crate) use letter::{MAX_ERROR_BYTES, storable_error};
 pub(crate) use record::{CONFLICT_ERROR, record_without_settling};
 pub use record::{Recorded, Settled, record_dead_letter, record_unless_processed};
+pub use letter_list::{LetterSummary, ListFilter, Position, id_prefix_range, list_letters};
 pub use review::{
-    LetterSummary, ListFilter, LockedLetter, Position, Verdict, Withdrawal, fence_is_another_job,
-    id_prefix_range, is_lock_timeout, letter_fence_exists, list_letters, lock_letter,
-    queued_replays, record_replay_sent, withdraw_replay,
+    LockedLetter, Verdict, Withdrawal, fence_is_another_job, is_lock_timeout,
+    letter_fence_exists, lock_letter, queued_replays, record_replay_sent, withdraw_replay,
 };
 
 /// The most bytes an identifier keeps in a letter's indexed columns.
