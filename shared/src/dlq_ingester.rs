@@ -203,7 +203,7 @@ impl DlqIngester {
             // With the job's digest, as the harness takes it: another job committed under the
             // id makes this a conflict, never a letter closed by that job's commit.
             let wait = self.settle_wait;
-            return Ok(record_unless_processed(&self.pool, letter, digest, now, wait).await?);
+            return record_unless_processed(&self.pool, letter, digest, now, wait).await;
         }
         // A fence still there says the job committed; its absence says nothing any more.
         let job = letter.job_id.expect("an envelope has a job id");

@@ -37,12 +37,12 @@ pub use letter::{
     DeadLetter, LetterHead, NewDeadLetter, letter, letter_for_message, letters_for_job, replays_of,
 };
 pub(crate) use letter::{MAX_ERROR_BYTES, storable_error};
+pub use letter_list::{LetterSummary, ListFilter, Position, id_prefix_range, list_letters};
 pub(crate) use record::{CONFLICT_ERROR, record_without_settling};
 pub use record::{Recorded, Settled, record_dead_letter, record_unless_processed};
-pub use letter_list::{LetterSummary, ListFilter, Position, id_prefix_range, list_letters};
 pub use review::{
-    LockedLetter, Verdict, Withdrawal, fence_is_another_job, is_lock_timeout,
-    letter_fence_exists, lock_letter, queued_replays, record_replay_sent, withdraw_replay,
+    LockedLetter, Verdict, Withdrawal, fence_is_another_job, is_lock_timeout, letter_fence_exists,
+    lock_letter, queued_replays, record_replay_sent, withdraw_replay,
 };
 
 /// The most bytes an identifier keeps in a letter's indexed columns.

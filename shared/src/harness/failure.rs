@@ -1,9 +1,9 @@
 //! The steps after a job's transaction: settle what its end means, charge a failure to the
 //! ledger, and decide between a retry and a dead letter.
 
-use super::life::{Attempt, Step, Stop};
 use super::attempt::{Committed, Unfinished};
 use super::letter::Settle;
+use super::life::{Attempt, Step, Stop};
 use super::{Harness, IncomingMessage, RecordOutcome};
 use crate::consumer::{Consumer, Job, ProcessError};
 use crate::decision::AfterFailure;

@@ -4,8 +4,8 @@
 //! the steps after the transaction (settle, charge, decide) in `failure.rs`.
 
 use super::attempt::Jobs;
-use super::parsed::{Parsed, ParsedJob};
 use super::letter::Settle;
+use super::parsed::{Parsed, ParsedJob};
 use super::{Harness, IncomingMessage, RecordOutcome};
 use crate::consumer::{Consumer, Job};
 use crate::dead_letter::{ErrorKind, Recorded};

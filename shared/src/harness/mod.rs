@@ -28,11 +28,11 @@ use tracing::Instrument;
 
 mod attempt;
 mod batch;
+mod failure;
 mod fifo;
 mod group;
 mod lanes;
 mod letter;
-mod failure;
 mod life;
 mod outcome;
 mod parsed;

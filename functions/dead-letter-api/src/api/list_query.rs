@@ -7,14 +7,17 @@
 //! a time PostgreSQL can store), so nothing an operator types reaches an index comparison or a
 //! typed column out of range. A refusal quotes at most [`SHOWN_CHARS`] of the value.
 
+pub use super::cursor::{decode_cursor, decode_group_cursor, encode_cursor, encode_group_cursor};
 use super::error::ApiError;
-use base64::Engine;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use chrono::{DateTime, Utc};
+use super::values::*;
+pub use super::values::{
+    DEFAULT_LIMIT, MAX_CURSOR_CHARS, MAX_LIMIT, MAX_QUEUE_CHARS, MAX_TEXT_BYTES, PG_MIN_MICROS,
+    SHOWN_CHARS, a_group_id, shown,
+};
 use shared::dead_letter::{
     ErrorKind, GroupFilter, GroupPosition, GroupStatus, ListFilter, Position, ReviewStatus,
 };
-use shared::ids::{ConsumerName, GroupId, JobId, TenantId};
+use shared::ids::{JobId, TenantId};
 
 /// The query parameters the list endpoint accepts (the OpenAPI document lists the same).
 pub const LIST_PARAMETERS: [&str; 14] = [
@@ -43,23 +46,6 @@ pub const GROUP_PARAMETERS: [&str; 6] = [
     "limit",
     "cursor",
 ];
-
-/// Page size when `limit` is not given.
-pub const DEFAULT_LIMIT: u32 = 50;
-/// The largest `limit`.
-pub const MAX_LIMIT: u32 = 200;
-/// The longest queue name: SQS allows 80 characters of `A-Z a-z 0-9 - _` (`.fifo` included).
-pub const MAX_QUEUE_CHARS: usize = 80;
-/// The longest correlation id or message id filter, in bytes: a letter keeps at most this much
-/// of a correlation id (cut at a character boundary), so a longer filter could never match.
-pub const MAX_TEXT_BYTES: usize = 256;
-/// The longest cursor: the API's own are under 100 characters.
-pub const MAX_CURSOR_CHARS: usize = 256;
-/// The characters of a refused value a message quotes.
-pub const SHOWN_CHARS: usize = 40;
-/// PostgreSQL's earliest `timestamptz` (4714-11-24 00:00:00 UTC BC) in Unix microseconds. Its
-/// latest (294276 AD) is later than any time `chrono` holds, so only this end needs a check.
-pub const PG_MIN_MICROS: i64 = -210_866_803_200_000_000;
 
 /// A validated list request.
 #[derive(Debug, Clone, PartialEq)]
@@ -174,221 +160,12 @@ pub fn parse_group_query(pairs: &[(String, String)]) -> Result<GroupQuery, ApiEr
     Ok(query)
 }
 
-/// A group id as a path or query parameter names it: a positive whole number.
-pub fn a_group_id(name: &str, value: &str) -> Result<GroupId, ApiError> {
-    match value.parse::<i64>() {
-        Ok(n) if n > 0 => Ok(GroupId(n)),
-        _ => Err(ApiError::invalid_parameter(format!(
-            "`{name}` must be a group id, a positive whole number such as 42, got {}",
-            shown(value)
-        ))),
-    }
-}
-
-/// `value` quoted for a message: escaped, and cut to [`SHOWN_CHARS`] characters.
-pub fn shown(value: &str) -> String {
-    let count = value.chars().count();
-    let head: String = value.chars().take(SHOWN_CHARS).collect();
-    if count > SHOWN_CHARS {
-        format!("{head:?}… ({count} characters)")
-    } else {
-        format!("{head:?}")
-    }
-}
-
-fn a_uuid(name: &str, value: &str) -> Result<uuid::Uuid, ApiError> {
-    uuid::Uuid::try_parse(value).map_err(|_| {
-        ApiError::invalid_parameter(format!(
-            "`{name}` must be a UUID such as 0b7e5f6e-2c4d-4f7a-9d1e-3a5b7c9d1e2f, got {}",
-            shown(value)
-        ))
-    })
-}
-
-/// A letter id's first hex digits (dashes allowed), as `git` takes a commit's.
-fn an_id_prefix(name: &str, value: &str) -> Result<(uuid::Uuid, uuid::Uuid), ApiError> {
-    shared::dead_letter::id_prefix_range(value).ok_or_else(|| {
-        ApiError::invalid_parameter(format!(
-            "`{name}` must be the first 1 to 32 hex digits of a letter id (dashes allowed), such \
-             as 481e82ee, got {}",
-            shown(value)
-        ))
-    })
-}
-
-fn statuses() -> Vec<&'static str> {
-    ReviewStatus::ALL.iter().map(|s| s.as_str()).collect()
-}
-
-fn kinds() -> Vec<&'static str> {
-    ErrorKind::ALL.iter().map(|k| k.as_str()).collect()
-}
-
-fn one_of<T>(
-    name: &str,
-    value: &str,
-    parse: fn(&str) -> Option<T>,
-    allowed: &[&str],
-) -> Result<T, ApiError> {
-    parse(value).ok_or_else(|| {
-        ApiError::invalid_parameter(format!(
-            "`{name}` must be one of {}, got {}",
-            allowed.join(", "),
-            shown(value)
-        ))
-    })
-}
-
-/// A queue name as SQS allows it: 1 to 80 of `A-Z a-z 0-9 - _`, a FIFO queue's `.fifo` suffix.
-fn a_queue(name: &str, value: &str) -> Result<String, ApiError> {
-    let stem = value.strip_suffix(".fifo").unwrap_or(value);
-    let valid = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
-    if stem.is_empty() || value.len() > MAX_QUEUE_CHARS || !stem.chars().all(valid) {
-        return Err(ApiError::invalid_parameter(format!(
-            "`{name}` must be a queue name, 1 to {MAX_QUEUE_CHARS} characters of A-Z, a-z, 0-9, \
-             '-' and '_' (a FIFO queue's ending in .fifo), got {}",
-            shown(value)
-        )));
-    }
-    Ok(value.to_owned())
-}
-
-/// A consumer name as [`ConsumerName`] validates it (1 to 128 of `a-z 0-9 . _ -`).
-fn a_consumer(name: &str, value: &str) -> Result<String, ApiError> {
-    ConsumerName::new(value)
-        .map(|c| c.as_str().to_owned())
-        .map_err(|_| {
-            ApiError::invalid_parameter(format!(
-                "`{name}` must be a consumer name, 1 to 128 characters of a-z, 0-9, '.', '_' \
-                 and '-', got {}",
-                shown(value)
-            ))
-        })
-}
-
-/// An id as text (a correlation id, an SQS message id): not blank, no control characters, at
-/// most [`MAX_TEXT_BYTES`] bytes of UTF-8.
-fn a_text(name: &str, value: &str) -> Result<String, ApiError> {
-    if value.trim().is_empty()
-        || value.len() > MAX_TEXT_BYTES
-        || value.chars().any(char::is_control)
-    {
-        return Err(ApiError::invalid_parameter(format!(
-            "`{name}` must be 1 to {MAX_TEXT_BYTES} bytes of printable text (a letter keeps at \
-             most {MAX_TEXT_BYTES} bytes of it), got {} of {} bytes",
-            shown(value),
-            value.len()
-        )));
-    }
-    Ok(value.to_owned())
-}
-
-/// Whether PostgreSQL's `timestamptz` can hold `t`.
-fn storable(t: DateTime<Utc>) -> bool {
-    t.timestamp_micros() >= PG_MIN_MICROS
-}
-
-fn a_time(name: &str, value: &str) -> Result<DateTime<Utc>, ApiError> {
-    DateTime::parse_from_rfc3339(value)
-        .ok()
-        .map(|t| t.with_timezone(&Utc))
-        .filter(|t| storable(*t))
-        .ok_or_else(|| {
-            ApiError::invalid_parameter(format!(
-                "`{name}` must be an RFC 3339 time such as 2026-11-30T08:00:00Z, got {}",
-                shown(value)
-            ))
-        })
-}
-
-fn a_limit(value: &str) -> Result<u32, ApiError> {
-    match value.parse::<u32>() {
-        Ok(n) if (1..=MAX_LIMIT).contains(&n) => Ok(n),
-        _ => Err(ApiError::invalid_parameter(format!(
-            "`limit` must be a whole number from 1 to {MAX_LIMIT}, got {}",
-            shown(value)
-        ))),
-    }
-}
-
-const CURSOR_VERSION: &str = "v1";
-const GROUP_CURSOR_VERSION: &str = "g1";
-
-/// The opaque cursor for the group page after `position`.
-pub fn encode_group_cursor(position: GroupPosition) -> String {
-    let raw = format!(
-        "{GROUP_CURSOR_VERSION}|{}|{}",
-        position.last_letter_at.timestamp_micros(),
-        position.id
-    );
-    URL_SAFE_NO_PAD.encode(raw)
-}
-
-/// The position a cursor from [`encode_group_cursor`] stands for.
-pub fn decode_group_cursor(cursor: &str) -> Result<GroupPosition, ApiError> {
-    let (micros, id) = cursor_parts(cursor, GROUP_CURSOR_VERSION)?;
-    let id = a_group_id("cursor", &id).map_err(|_| bad_cursor())?;
-    Ok(GroupPosition {
-        last_letter_at: micros,
-        id,
-    })
-}
-
-fn bad_cursor() -> ApiError {
-    ApiError::invalid_parameter(
-        "`cursor` is not one this API issued; pass `next_cursor` from a previous page unchanged",
-    )
-}
-
-/// A cursor's time and id, if it is one of `version` and its time is one PostgreSQL can hold.
-fn cursor_parts(cursor: &str, version: &str) -> Result<(DateTime<Utc>, String), ApiError> {
-    if cursor.len() > MAX_CURSOR_CHARS {
-        return Err(bad_cursor());
-    }
-    let raw = URL_SAFE_NO_PAD.decode(cursor).map_err(|_| bad_cursor())?;
-    let raw = String::from_utf8(raw).map_err(|_| bad_cursor())?;
-    let mut parts = raw.split('|');
-    let (Some(v), Some(micros), Some(id), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return Err(bad_cursor());
-    };
-    if v != version {
-        return Err(bad_cursor());
-    }
-    let digits = micros.strip_prefix('-').unwrap_or(micros);
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(bad_cursor());
-    }
-    let at = micros
-        .parse()
-        .ok()
-        .and_then(DateTime::from_timestamp_micros)
-        .filter(|t| storable(*t))
-        .ok_or_else(bad_cursor)?;
-    Ok((at, id.to_owned()))
-}
-
-/// The opaque cursor for the page after `position`.
-pub fn encode_cursor(position: Position) -> String {
-    let raw = format!(
-        "{CURSOR_VERSION}|{}|{}",
-        position.created_at.timestamp_micros(),
-        position.id
-    );
-    URL_SAFE_NO_PAD.encode(raw)
-}
-
-/// The position a cursor from [`encode_cursor`] stands for.
-pub fn decode_cursor(cursor: &str) -> Result<Position, ApiError> {
-    let (created_at, id) = cursor_parts(cursor, CURSOR_VERSION)?;
-    let id = uuid::Uuid::try_parse(&id).map_err(|_| bad_cursor())?;
-    Ok(Position { created_at, id })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use base64::Engine;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use chrono::DateTime;
 
     fn q(pairs: &[(&str, &str)]) -> Result<ListQuery, ApiError> {
         let owned: Vec<_> = pairs
