@@ -20,6 +20,7 @@
 //! - in batch mode each group's leading new jobs join one commit group, its work seeing them in
 //!   delivery order; what it does not commit runs as above, in order.
 
+use super::batch::Plan;
 use super::group::WorkOrder;
 use super::parsed::{Parsed, Record, ids_of};
 use super::{CommitMode, Harness, IncomingMessage, RecordOutcome};
@@ -46,6 +47,39 @@ enum Step<P> {
 /// One message group's records still to settle, in delivery order.
 type Group<P> = Vec<(usize, Step<P>)>;
 
+/// Each record's step, by its index, as the batch's plan sorted them.
+fn steps_of<P>(plan: Plan<P>, len: usize) -> Vec<Option<Step<P>>> {
+    let mut steps: Vec<Option<Step<P>>> = (0..len).map(|_| None).collect();
+    for (i, parsed) in plan.fresh.into_iter().chain(plan.repeats) {
+        steps[i] = Some(Step::Run(parsed));
+    }
+    for (i, parsed) in plan.later {
+        steps[i] = Some(Step::Alone(parsed, plan.follows.get(&i).copied()));
+    }
+    for (i, ids, digest) in plan.conflicting {
+        steps[i] = Some(Step::Conflict(ids, digest));
+    }
+    for (i, first, ids) in plan.copies {
+        steps[i] = Some(Step::CopyOf(first, ids));
+    }
+    steps
+}
+
+/// The message groups' records still to settle (the steps not taken yet), in delivery order;
+/// groups with none left out.
+fn groups_to_settle<P>(order: &[Vec<usize>], steps: &mut [Option<Step<P>>]) -> Vec<Group<P>> {
+    order
+        .iter()
+        .map(|members| {
+            let members = members.iter();
+            members
+                .filter_map(|&i| steps[i].take().map(|step| (i, step)))
+                .collect()
+        })
+        .filter(|group: &Group<P>| !group.is_empty())
+        .collect()
+}
+
 impl<C: Consumer> Harness<C> {
     /// [`Harness::process_batch`] for a batch whose records carry message groups: the
     /// duplicates found in one statement as ever, then each group in order (see the module's
@@ -58,37 +92,17 @@ impl<C: Consumer> Harness<C> {
     ) -> Vec<Option<RecordOutcome>> {
         let mut outcomes: Vec<Option<RecordOutcome>> = vec![None; msgs.len()];
         let plan = self.plan(msgs, &mut outcomes).await;
-        let mut steps: Vec<Option<Step<C::Payload>>> = msgs.iter().map(|_| None).collect();
         let one_job_in_two_records = !plan.copies.is_empty() || !plan.later.is_empty();
-        for (i, parsed) in plan.fresh.into_iter().chain(plan.repeats) {
-            steps[i] = Some(Step::Run(parsed));
-        }
-        for (i, parsed) in plan.later {
-            steps[i] = Some(Step::Alone(parsed, plan.follows.get(&i).copied()));
-        }
-        for (i, ids, digest) in plan.conflicting {
-            steps[i] = Some(Step::Conflict(ids, digest));
-        }
-        for (i, first, ids) in plan.copies {
-            steps[i] = Some(Step::CopyOf(first, ids));
-        }
-        let settled_so_far = std::sync::Mutex::new(vec![None; msgs.len()]);
+        let keys = plan.keys.clone();
+        let mut steps = steps_of(plan, msgs.len());
         let order = groups(msgs);
         if self.settings.commit == CommitMode::Batch && may_start() {
             self.commit_leading(&order, &mut steps, &mut outcomes, msgs)
                 .await;
         }
-        let groups: Vec<Group<C::Payload>> = order
-            .iter()
-            .map(|members| {
-                members
-                    .iter()
-                    .filter_map(|&i| steps[i].take().map(|step| (i, step)))
-                    .collect()
-            })
-            .filter(|group: &Group<C::Payload>| !group.is_empty())
-            .collect();
+        let groups = groups_to_settle(&order, &mut steps);
         let first_deliveries = msgs.iter().all(|m| m.receive_count == 1);
+        let settled_so_far = std::sync::Mutex::new(vec![None; msgs.len()]);
         let settled: Vec<Vec<(usize, Option<RecordOutcome>)>> =
             if first_deliveries && !one_job_in_two_records {
                 futures_util::stream::iter(groups)
@@ -102,7 +116,7 @@ impl<C: Consumer> Harness<C> {
                 let groups = if first_deliveries {
                     groups
                 } else {
-                    self.least_run_groups_first(msgs, &plan.keys, groups).await
+                    self.least_run_groups_first(msgs, &keys, groups).await
                 };
                 let mut settled = Vec::new();
                 for group in groups {

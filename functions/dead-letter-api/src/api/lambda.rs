@@ -23,37 +23,8 @@ use serde_json::{Value, json};
 /// claims): [`Api::handle_unless`] routes and authorizes the request, then refuses it with that.
 pub fn api_request(event: &Value) -> (ApiRequest, Option<ApiError>) {
     let text = |pointer: &str| event.pointer(pointer).and_then(Value::as_str);
-    let mut problem = None;
-    let query = match (
-        event.get("rawQueryString"),
-        event.get("queryStringParameters"),
-    ) {
-        (Some(Value::String(raw)), _) => parse_query_string(raw).unwrap_or_else(|e| {
-            problem = Some(e);
-            Vec::new()
-        }),
-        (_, Some(Value::Object(pairs))) => pairs
-            .iter()
-            .map(|(k, v)| {
-                (
-                    k.clone(),
-                    v.as_str().map_or_else(|| v.to_string(), str::to_owned),
-                )
-            })
-            .collect(),
-        _ => Vec::new(),
-    };
-    let body = text("/body").unwrap_or_default();
-    let body = if event.get("isBase64Encoded") == Some(&Value::Bool(true)) {
-        STANDARD.decode(body).unwrap_or_else(|_| {
-            problem.get_or_insert_with(|| {
-                ApiError::invalid_json("the body is marked isBase64Encoded but is not base64")
-            });
-            Vec::new()
-        })
-    } else {
-        body.as_bytes().to_vec()
-    };
+    let (query, bad_query) = query_of(event);
+    let (body, bad_body) = body_of(event);
     let request = ApiRequest {
         method: text("/requestContext/http/method")
             .unwrap_or_default()
@@ -66,7 +37,46 @@ pub fn api_request(event: &Value) -> (ApiRequest, Option<ApiError>) {
         body,
         caller: event.pointer("/requestContext/authorizer/jwt").map(caller),
     };
-    (request, problem)
+    (request, bad_query.or(bad_body))
+}
+
+/// The query pairs: from the raw query string (strictly decoded), else the gateway's map.
+fn query_of(event: &Value) -> (Vec<(String, String)>, Option<ApiError>) {
+    match (
+        event.get("rawQueryString"),
+        event.get("queryStringParameters"),
+    ) {
+        (Some(Value::String(raw)), _) => match parse_query_string(raw) {
+            Ok(pairs) => (pairs, None),
+            Err(e) => (Vec::new(), Some(e)),
+        },
+        (_, Some(Value::Object(pairs))) => {
+            let text = |v: &Value| v.as_str().map_or_else(|| v.to_string(), str::to_owned);
+            (
+                pairs.iter().map(|(k, v)| (k.clone(), text(v))).collect(),
+                None,
+            )
+        }
+        _ => (Vec::new(), None),
+    }
+}
+
+/// The body's bytes, base64-decoded if the event says it is base64.
+fn body_of(event: &Value) -> (Vec<u8>, Option<ApiError>) {
+    let body = event
+        .get("body")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    if event.get("isBase64Encoded") != Some(&Value::Bool(true)) {
+        return (body.as_bytes().to_vec(), None);
+    }
+    match STANDARD.decode(body) {
+        Ok(bytes) => (bytes, None),
+        Err(_) => {
+            let why = "the body is marked isBase64Encoded but is not base64";
+            (Vec::new(), Some(ApiError::invalid_json(why)))
+        }
+    }
 }
 
 /// The caller the JWT authorizer verified: its claims (strings, as API Gateway passes them)

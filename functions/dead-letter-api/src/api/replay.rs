@@ -214,17 +214,7 @@ async fn send(
     let id = letter.id;
     match replayer.send(&letter).await {
         Ok(sent) => {
-            let now = api.clock.now();
-            let recorded = dead_letter::record_replay_sent(&api.pool, id, &sent.message_id, now);
-            let letter = match recorded.await {
-                Ok(updated) => updated.unwrap_or(letter),
-                Err(e) => {
-                    tracing::error!(letter = %id, message_id = %sent.message_id, error = %e,
-                        "replay sent, but recording its message id failed; the scheduled run \
-                         may send it again (the fence makes that harmless)");
-                    letter
-                }
-            };
+            let letter = record_sent(api, letter, &sent.message_id).await;
             let effect =
                 "sent: the job has no fence yet, so the consumer will run it, at most once";
             (
@@ -249,6 +239,21 @@ async fn send(
                     effect,
                 },
             )
+        }
+    }
+}
+
+/// Records the message id a sent replay got; the letter as it is then.
+async fn record_sent(api: &Api, letter: DeadLetter, message_id: &str) -> DeadLetter {
+    let id = letter.id;
+    let recorded = dead_letter::record_replay_sent(&api.pool, id, message_id, api.clock.now());
+    match recorded.await {
+        Ok(updated) => updated.unwrap_or(letter),
+        Err(e) => {
+            tracing::error!(letter = %id, message_id, error = %e,
+                "replay sent, but recording its message id failed; the scheduled run may send \
+                 it again (the fence makes that harmless)");
+            letter
         }
     }
 }
