@@ -193,6 +193,42 @@ ensure_cargo_lambda() {
   export PATH="$TOOLS/lambda-venv/bin:$PATH"
 }
 
+# sqlx-cli at the version of the sqlx the workspace builds (Cargo.lock), from crates.io into
+# .tools/sqlx (once; a few minutes); puts `sqlx` and `cargo sqlx` first on PATH.
+ensure_sqlx_cli() {
+  local version installed
+  version=$(sed -n '/^name = "sqlx"$/{n;s/^version = "\(.*\)"$/\1/p;}' Cargo.lock)
+  [ -n "$version" ] || die "found no sqlx in Cargo.lock"
+  installed=$("$TOOLS/sqlx/bin/sqlx" --version 2>/dev/null || true)
+  if [ "$installed" != "sqlx-cli $version" ]; then
+    step "Installing sqlx-cli $version into .tools/sqlx (once; a few minutes; log: .tools/sqlx-install.log)"
+    mkdir -p "$TOOLS"
+    cargo install sqlx-cli --version "$version" --no-default-features --features postgres,rustls \
+      --locked --root "$TOOLS/sqlx" >"$TOOLS/sqlx-install.log" 2>&1 ||
+      die "cargo install sqlx-cli $version failed; see .tools/sqlx-install.log"
+  fi
+  export PATH="$TOOLS/sqlx/bin:$PATH"
+}
+
+# The query data sqlx's macros build from (.sqlx/; offline builds: .cargo/config.toml), written
+# by `cargo sqlx prepare` from the database SQLX_DATABASE on DATABASE_URL's server, dropped and
+# migrated anew (core's migrations, then each consumer's). `sqlx_prepare --check` only compares.
+SQLX_DATABASE=sqlx_offline
+sqlx_prepare() {
+  ensure_sqlx_cli
+  PGOPTIONS='-c client_min_messages=warning' psql "$DATABASE_URL" -qc "DROP DATABASE IF EXISTS \"$SQLX_DATABASE\"" >/dev/null ||
+    die "could not drop database $SQLX_DATABASE"
+  local url source
+  url=$(database_url_for "$SQLX_DATABASE") || exit 1
+  for source in migrations functions/*/migrations; do
+    [ -d "$source" ] || continue
+    # --ignore-missing: the sources share one migrations table.
+    sqlx migrate run --ignore-missing --source "$source" --database-url "$url" >/dev/null ||
+      die "could not apply $source to database $SQLX_DATABASE"
+  done
+  cargo sqlx prepare --workspace "$@" --database-url "$url" -- --all-targets
+}
+
 # PgBouncer >= 1.21 (the first to carry named prepared statements across a transaction pool,
 # max_prepared_statements), the local analog of RDS Proxy's multiplexing. Debian 12 ships 1.18,
 # so this builds the release Debian 13 ships, from Debian's source package with its security

@@ -13,6 +13,12 @@ ensure_sqs_api
 step "Checking formatting (cargo fmt --check)"
 cargo fmt --all -- --check || die "code is not formatted: run cargo fmt --all"
 
+step "Checking sqlx's query data (.sqlx/) against the SQL (cargo sqlx prepare --check)"
+sqlx_prepare --check ||
+  die "the query data in .sqlx/ does not match the SQL of the query macros (or the build failed: see above); write it again with
+    bash -c 'source scripts/lib.sh && ensure_postgres && sqlx_prepare'
+  and commit .sqlx/"
+
 # template.yaml and the nested templates its consumers use (templates/), each a template of its own.
 TEMPLATES=(template.yaml templates/*.yaml)
 ensure_cfn_lint

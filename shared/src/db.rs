@@ -147,7 +147,7 @@ impl Database {
         // dropped, then a new one (and once more after reading the credentials again).
         let tries = self.pool.size() + 2;
         for _ in 0..tries {
-            match sqlx::query("SELECT 1").execute(&self.pool).await {
+            match sqlx::query!("SELECT 1 AS one").fetch_one(&self.pool).await {
                 Ok(_) => return Ok(()),
                 Err(e) if is_rejected_credentials(&e) && !refreshed => {
                     let Some(credentials) = &self.credentials else {

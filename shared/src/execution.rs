@@ -75,31 +75,8 @@ impl Ledger {
     }
 }
 
-/// The statement behind [`start_execution`]: what the fence, the letters and the ledger say of
-/// the job, and the execution's charge when none of them stops it.
-const START_EXECUTION: &str = "WITH fence AS (
-             SELECT EXISTS (SELECT 1 FROM core.processed_jobs WHERE job_id = $1 AND consumer = $2) AS done,
-                    (SELECT payload_digest FROM core.processed_jobs WHERE job_id = $1 AND consumer = $2) AS digest),
-         letter AS (
-             SELECT id, error_kind FROM core.dead_letters WHERE consumer = $2 AND message_id = $3),
-         ledger AS (
-             SELECT executions, last_error FROM core.job_executions WHERE job_id = $1 AND consumer = $2),
-         mark AS (
-             INSERT INTO core.job_executions AS e (job_id, consumer, executions, updated_at)
-             SELECT $1, $2, 1, $5
-             WHERE NOT (SELECT done FROM fence) AND NOT EXISTS (SELECT 1 FROM letter)
-               AND coalesce((SELECT executions FROM ledger), 0) < $4
-             ON CONFLICT (job_id, consumer) DO UPDATE
-                 SET executions = e.executions + 1, last_error = NULL, updated_at = $5
-                 WHERE e.executions < $4
-             RETURNING executions)
-         SELECT (SELECT done FROM fence), (SELECT digest FROM fence),
-                (SELECT id FROM letter), (SELECT error_kind FROM letter),
-                (SELECT executions FROM ledger), (SELECT last_error FROM ledger),
-                (SELECT executions FROM mark)";
-
-/// What [`START_EXECUTION`] returns: the fence (done, digest), this message's letter (id, kind),
-/// the ledger (executions, last error), and the execution charged (if it was).
+/// What [`start_execution`]'s statement returns: the fence (done, digest), this message's letter
+/// (id, kind), the ledger (executions, last error), and the execution charged (if it was).
 type StartRow = (
     bool,
     Option<Vec<u8>>,
@@ -121,20 +98,55 @@ pub async fn start_execution(
     max_attempts: u32,
     now: DateTime<Utc>,
 ) -> sqlx::Result<Start> {
-    let row: StartRow = sqlx::query_as(START_EXECUTION)
-        .bind(job_id.0)
-        .bind(consumer.as_str())
-        // As the letter keeps it (see `bounded_id`), so a long id finds its letter.
-        .bind(&*crate::ids::bounded_id(message_id, "message"))
-        .bind(i32::try_from(max_attempts).unwrap_or(i32::MAX))
-        .bind(now)
-        .fetch_one(db)
-        .await?;
-    Ok(start_of(row))
+    // As the letter keeps it (see `bounded_id`), so a long id finds its letter.
+    let message_id = crate::ids::bounded_id(message_id, "message");
+    // What the fence, the letters and the ledger say of the job, and the execution's charge
+    // when none of them stops it.
+    let row = sqlx::query!(
+        r#"WITH fence AS (
+             SELECT EXISTS (SELECT 1 FROM core.processed_jobs WHERE job_id = $1 AND consumer = $2) AS done,
+                    (SELECT payload_digest FROM core.processed_jobs WHERE job_id = $1 AND consumer = $2) AS digest),
+         letter AS (
+             SELECT id, error_kind FROM core.dead_letters WHERE consumer = $2 AND message_id = $3),
+         ledger AS (
+             SELECT executions, last_error FROM core.job_executions WHERE job_id = $1 AND consumer = $2),
+         mark AS (
+             INSERT INTO core.job_executions AS e (job_id, consumer, executions, updated_at)
+             SELECT $1, $2, 1, $5
+             WHERE NOT (SELECT done FROM fence) AND NOT EXISTS (SELECT 1 FROM letter)
+               AND coalesce((SELECT executions FROM ledger), 0) < $4
+             ON CONFLICT (job_id, consumer) DO UPDATE
+                 SET executions = e.executions + 1, last_error = NULL, updated_at = $5
+                 WHERE e.executions < $4
+             RETURNING executions)
+         SELECT (SELECT done FROM fence) AS "done!",
+                (SELECT digest FROM fence) AS "digest?",
+                (SELECT id FROM letter) AS "letter?",
+                (SELECT error_kind FROM letter) AS "letter_kind?",
+                (SELECT executions FROM ledger) AS "executions?",
+                (SELECT last_error FROM ledger) AS "last_error?",
+                (SELECT executions FROM mark) AS "charged?""#,
+        job_id.0,
+        consumer.as_str(),
+        &*message_id,
+        i32::try_from(max_attempts).unwrap_or(i32::MAX),
+        now,
+    )
+    .fetch_one(db)
+    .await?;
+    Ok(start_of((
+        row.done,
+        row.digest,
+        row.letter,
+        row.letter_kind,
+        row.executions,
+        row.last_error,
+        row.charged,
+    )))
 }
 
-/// What the row of [`START_EXECUTION`] says, in the order it is decided: done, lettered, run,
-/// over budget.
+/// What the row of [`start_execution`]'s statement says, in the order it is decided: done,
+/// lettered, run, over budget.
 fn start_of(row: StartRow) -> Start {
     let (processed, digest, letter, letter_kind, executions, last_error, charged) = row;
     if processed {
@@ -167,12 +179,12 @@ pub async fn uncharge(
     job_id: JobId,
     consumer: &ConsumerName,
 ) -> sqlx::Result<()> {
-    sqlx::query(
+    sqlx::query!(
         "UPDATE core.job_executions SET executions = greatest(executions - 1, 0)
          WHERE job_id = $1 AND consumer = $2",
+        job_id.0,
+        consumer.as_str(),
     )
-    .bind(job_id.0)
-    .bind(consumer.as_str())
     .execute(db)
     .await
     .map(drop)
@@ -189,19 +201,20 @@ pub async fn record_failure(
     error: &str,
     now: DateTime<Utc>,
 ) -> sqlx::Result<u32> {
-    let executions: i32 = sqlx::query_scalar(
+    let error = crate::dead_letter::storable_error(error);
+    let executions: i32 = sqlx::query_scalar!(
         "INSERT INTO core.job_executions AS e (job_id, consumer, executions, last_error, updated_at)
          VALUES ($1, $2, 1, $3, $5)
          ON CONFLICT (job_id, consumer) DO UPDATE
              SET executions = e.executions + CASE WHEN $4 THEN 0 ELSE 1 END,
                  last_error = $3, updated_at = $5
          RETURNING executions",
+        job_id.0,
+        consumer.as_str(),
+        &*error,
+        charged,
+        now,
     )
-    .bind(job_id.0)
-    .bind(consumer.as_str())
-    .bind(crate::dead_letter::storable_error(error).as_ref())
-    .bind(charged)
-    .bind(now)
     .fetch_one(db)
     .await?;
     Ok(executions.max(1) as u32)
@@ -213,14 +226,25 @@ pub async fn ledger(
     job_id: JobId,
     consumer: &ConsumerName,
 ) -> sqlx::Result<Ledger> {
-    Ok(sqlx::query_as(
+    let Some(row) = sqlx::query!(
         "SELECT executions, last_error FROM core.job_executions WHERE job_id = $1 AND consumer = $2",
+        job_id.0,
+        consumer.as_str(),
     )
-    .bind(job_id.0)
-    .bind(consumer.as_str())
     .fetch_optional(db)
     .await?
-    .unwrap_or_default())
+    else {
+        return Ok(Ledger::default());
+    };
+    // As `Ledger`'s `FromRow` reads it: a count that is no `u32` is a decode error.
+    let executions = u32::try_from(row.executions).map_err(|e| sqlx::Error::ColumnDecode {
+        index: "executions".into(),
+        source: Box::new(e),
+    })?;
+    Ok(Ledger {
+        executions,
+        last_error: row.last_error,
+    })
 }
 
 /// The executions charged to each of `jobs` (absent: none), for ordering a batch's repeat
@@ -231,17 +255,17 @@ pub async fn executions_of(
     jobs: &[JobId],
 ) -> sqlx::Result<HashMap<JobId, u32>> {
     let ids: Vec<Uuid> = jobs.iter().map(|j| j.0).collect();
-    let rows: Vec<(Uuid, i32)> = sqlx::query_as(
+    let rows = sqlx::query!(
         "SELECT job_id, executions FROM core.job_executions
          WHERE consumer = $1 AND job_id = ANY($2)",
+        consumer.as_str(),
+        &ids,
     )
-    .bind(consumer.as_str())
-    .bind(&ids)
     .fetch_all(db)
     .await?;
     Ok(rows
         .into_iter()
-        .map(|(job, n)| (JobId(job), n.max(0) as u32))
+        .map(|r| (JobId(r.job_id), r.executions.max(0) as u32))
         .collect())
 }
 
@@ -252,12 +276,12 @@ pub async fn sweep_stale_ledgers(
     before: DateTime<Utc>,
     limit: i64,
 ) -> sqlx::Result<u64> {
-    sqlx::query(
+    sqlx::query!(
         "DELETE FROM core.job_executions WHERE ctid IN (
              SELECT ctid FROM core.job_executions WHERE updated_at < $1 ORDER BY updated_at LIMIT $2)",
+        before,
+        limit,
     )
-    .bind(before)
-    .bind(limit)
     .execute(db)
     .await
     .map(|r| r.rows_affected())

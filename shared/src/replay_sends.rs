@@ -55,10 +55,15 @@ pub async fn send_state(
     db: impl PgExecutor<'_>,
     letter: DeadLetterId,
 ) -> sqlx::Result<Option<SendState>> {
-    sqlx::query_as("SELECT * FROM core.replay_sends WHERE letter_id = $1")
-        .bind(letter.0)
-        .fetch_optional(db)
-        .await
+    sqlx::query_as!(
+        SendState,
+        r#"SELECT letter_id AS "letter_id: DeadLetterId", queue, queued_at, next_attempt_at,
+                  attempts, last_error, last_attempt_at
+           FROM core.replay_sends WHERE letter_id = $1"#,
+        letter.0,
+    )
+    .fetch_optional(db)
+    .await
 }
 
 /// A queued replay due for a send, with its letter.
@@ -97,6 +102,7 @@ pub(crate) async fn due_replays(
     except_queues: &[String],
     limit: i64,
 ) -> sqlx::Result<Vec<DueReplay>> {
+    // Dynamic: `DueReplay` reads its letter by `#[sqlx(flatten)]`, which `query_as!` cannot fill.
     sqlx::query_as(
         "SELECT d.*, s.attempts AS send_attempts, s.next_attempt_at AS send_due_at
          FROM core.replay_sends s JOIN core.dead_letters d ON d.id = s.letter_id
@@ -127,16 +133,17 @@ pub(crate) async fn record_send_refused(
     now: DateTime<Utc>,
 ) -> sqlx::Result<()> {
     let next = now + chrono::Duration::from_std(send_backoff(attempts)).unwrap_or_default();
-    sqlx::query(
+    let error = crate::dead_letter::storable_error(error);
+    sqlx::query!(
         "UPDATE core.replay_sends
          SET attempts = $2, last_error = $3, last_attempt_at = $4, next_attempt_at = $5
          WHERE letter_id = $1",
+        letter.0,
+        i32::try_from(attempts).unwrap_or(i32::MAX),
+        &*error,
+        now,
+        next,
     )
-    .bind(letter.0)
-    .bind(i32::try_from(attempts).unwrap_or(i32::MAX))
-    .bind(crate::dead_letter::storable_error(error).as_ref())
-    .bind(now)
-    .bind(next)
     .execute(db)
     .await
     .map(drop)
@@ -160,17 +167,19 @@ pub async fn unsent(
     now: DateTime<Utc>,
     bound: Duration,
 ) -> sqlx::Result<Unsent> {
-    let (queued, overdue, oldest): (i64, i64, Option<DateTime<Utc>>) = sqlx::query_as(
-        "SELECT count(*), count(*) FILTER (WHERE queued_at < $1), min(queued_at)
-         FROM core.replay_sends",
+    let row = sqlx::query!(
+        r#"SELECT count(*) AS "queued!", count(*) FILTER (WHERE queued_at < $1) AS "overdue!",
+                  min(queued_at) AS "oldest?"
+           FROM core.replay_sends"#,
+        overdue_before(now, bound),
     )
-    .bind(overdue_before(now, bound))
     .fetch_one(db)
     .await?;
     Ok(Unsent {
-        queued,
-        overdue,
-        oldest: oldest
+        queued: row.queued,
+        overdue: row.overdue,
+        oldest: row
+            .oldest
             .and_then(|t| (now - t).to_std().ok())
             .unwrap_or_default(),
     })
@@ -183,7 +192,7 @@ pub(crate) fn overdue_before(now: DateTime<Utc>, bound: Duration) -> DateTime<Ut
 }
 
 /// The replays of one queue unsent past the bound.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct UnsentQueue {
     /// The queue.
     pub queue: String,

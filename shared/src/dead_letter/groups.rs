@@ -182,6 +182,7 @@ pub async fn list_groups(
     after: Option<GroupPosition>,
     limit: u32,
 ) -> sqlx::Result<Vec<Group>> {
+    // Dynamic: only the filters that are set, so each combination gets a plan for its own index.
     let q = QueryBuilder::<Postgres>::new(format!(
         "SELECT {COLUMNS} FROM core.dead_letter_groups WHERE true"
     ));
@@ -202,6 +203,7 @@ pub async fn list_groups(
 
 /// One group, if it exists.
 pub async fn group(db: impl PgExecutor<'_>, id: GroupId) -> sqlx::Result<Option<Group>> {
+    // Dynamic: a `GroupRow` by the one column list (`COLUMNS`) its every read shares.
     let row: Option<GroupRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT {COLUMNS} FROM core.dead_letter_groups WHERE id = $1"
     )))
@@ -219,17 +221,17 @@ pub async fn groups_of_failed_replays(
     db: impl PgExecutor<'_>,
     id: GroupId,
 ) -> sqlx::Result<Vec<(GroupId, i64)>> {
-    let rows: Vec<(i64, i64)> = sqlx::query_as(
-        "SELECT again.group_id, count(*)
+    let rows = sqlx::query!(
+        r#"SELECT again.group_id AS "group_id!: GroupId", count(*) AS "letters!"
          FROM core.dead_letters replayed
          JOIN core.dead_letters again ON again.replay_of = replayed.id
          WHERE replayed.group_id = $1 AND again.group_id IS NOT NULL AND again.group_id <> $1
-         GROUP BY again.group_id ORDER BY again.group_id",
+         GROUP BY again.group_id ORDER BY again.group_id"#,
+        id.0,
     )
-    .bind(id.0)
     .fetch_all(db)
     .await?;
-    Ok(rows.into_iter().map(|(g, n)| (GroupId(g), n)).collect())
+    Ok(rows.into_iter().map(|r| (r.group_id, r.letters)).collect())
 }
 
 /// The group a letter belongs to (none for a letter written before groups existed).
@@ -237,6 +239,7 @@ pub async fn group_of_letter(
     db: impl PgExecutor<'_>,
     letter: DeadLetterId,
 ) -> sqlx::Result<Option<Group>> {
+    // Dynamic: a `GroupRow` by the one column list (`COLUMNS`) its every read shares.
     let row: Option<GroupRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT {COLUMNS} FROM core.dead_letter_groups
          WHERE id = (SELECT group_id FROM core.dead_letters WHERE id = $1)"
@@ -263,16 +266,19 @@ pub(crate) async fn delivery_backlog(
     db: impl PgExecutor<'_>,
     now: DateTime<Utc>,
 ) -> sqlx::Result<DeliveryBacklog> {
-    let (groups, since): (i64, Option<DateTime<Utc>>) = sqlx::query_as(
-        "SELECT count(*), min(CASE WHEN incident_id IS NULL THEN first_letter_at ELSE resolved_at END)
+    let row = sqlx::query!(
+        r#"SELECT count(*) AS "groups!",
+                min(CASE WHEN incident_id IS NULL THEN first_letter_at ELSE resolved_at END)
+                    AS "since?"
          FROM core.dead_letter_groups
-         WHERE needs_delivery AND (incident_id IS NULL OR resolved_at IS NOT NULL)",
+         WHERE needs_delivery AND (incident_id IS NULL OR resolved_at IS NOT NULL)"#,
     )
     .fetch_one(db)
     .await?;
     Ok(DeliveryBacklog {
-        groups,
-        oldest: since
+        groups: row.groups,
+        oldest: row
+            .since
             .and_then(|t| (now - t).to_std().ok())
             .unwrap_or_default(),
     })
@@ -283,14 +289,15 @@ pub async fn pending_review(
     db: impl PgExecutor<'_>,
     now: DateTime<Utc>,
 ) -> sqlx::Result<(i64, Duration)> {
-    let (pending, oldest): (i64, Option<DateTime<Utc>>) = sqlx::query_as(
-        "SELECT count(*), min(created_at) FROM core.dead_letters WHERE status = 'pending_review'",
+    let row = sqlx::query!(
+        r#"SELECT count(*) AS "pending!", min(created_at) AS "oldest?"
+         FROM core.dead_letters WHERE status = 'pending_review'"#,
     )
     .fetch_one(db)
     .await?;
     Ok((
-        pending,
-        oldest
+        row.pending,
+        row.oldest
             .and_then(|t| (now - t).to_std().ok())
             .unwrap_or_default(),
     ))

@@ -152,6 +152,7 @@ pub async fn letters_for_job(
     job_id: JobId,
     consumer: &ConsumerName,
 ) -> sqlx::Result<Vec<DeadLetter>> {
+    // Dynamic: `DeadLetter` reads its head by `#[sqlx(flatten)]`, which `query_as!` cannot fill.
     sqlx::query_as(
         "SELECT * FROM core.dead_letters WHERE job_id = $1 AND consumer = $2
          ORDER BY created_at, id",
@@ -168,6 +169,7 @@ pub async fn letter_for_message(
     consumer: &ConsumerName,
     message_id: &str,
 ) -> sqlx::Result<Option<DeadLetter>> {
+    // Dynamic: `DeadLetter` reads its head by `#[sqlx(flatten)]`, which `query_as!` cannot fill.
     sqlx::query_as("SELECT * FROM core.dead_letters WHERE consumer = $1 AND message_id = $2")
         .bind(consumer.as_str())
         .bind(&*bounded_id(message_id, "message"))
@@ -177,6 +179,7 @@ pub async fn letter_for_message(
 
 /// One letter, whole, if it exists.
 pub async fn letter(db: impl PgExecutor<'_>, id: DeadLetterId) -> sqlx::Result<Option<DeadLetter>> {
+    // Dynamic: `DeadLetter` reads its head by `#[sqlx(flatten)]`, which `query_as!` cannot fill.
     sqlx::query_as("SELECT * FROM core.dead_letters WHERE id = $1")
         .bind(id.0)
         .fetch_optional(db)
@@ -201,10 +204,10 @@ impl DeadLetter {
 
 /// The letters written when replays of `id` failed again, oldest first.
 pub async fn replays_of(db: impl PgExecutor<'_>, id: DeadLetterId) -> sqlx::Result<Vec<Uuid>> {
-    sqlx::query_scalar(
+    sqlx::query_scalar!(
         "SELECT id FROM core.dead_letters WHERE replay_of = $1 ORDER BY created_at, id",
+        id.0,
     )
-    .bind(id.0)
     .fetch_all(db)
     .await
 }

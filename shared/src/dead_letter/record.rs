@@ -5,7 +5,8 @@ use super::{ErrorKind, MAX_ERROR_BYTES, NewDeadLetter, storable_error};
 use crate::envelope::JobDigest;
 use crate::fence::{FenceClaim, FenceError, claim_job_fence};
 use crate::ids::{
-    DeadLetterId, MAX_ID_BYTES, TenantId, bounded_id, storable, truncate, without_nul,
+    ConsumerName, DeadLetterId, JobId, MAX_ID_BYTES, TenantId, bounded_id, storable, truncate,
+    without_nul,
 };
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -92,14 +93,23 @@ async fn record_stored(
     .bind((digest.is_some() && !letter.digest_fields.is_empty()).then_some(letter.digest_fields))
     .fetch_optional(&mut *conn)
     .await?;
-    if let Some(id) = inserted {
-        return Ok(Recorded::New(DeadLetterId(id)));
+    match inserted {
+        Some(id) => Ok(Recorded::New(DeadLetterId(id))),
+        None => existing_letter(conn, letter.consumer, &message_id).await,
     }
+}
+
+/// The letter already written for the message.
+async fn existing_letter(
+    conn: &mut PgConnection,
+    consumer: &ConsumerName,
+    message_id: &str,
+) -> sqlx::Result<Recorded> {
     let existing: uuid::Uuid = sqlx::query_scalar(
         "SELECT id FROM core.dead_letters WHERE consumer = $1 AND message_id = $2",
     )
-    .bind(letter.consumer.as_str())
-    .bind(&*message_id)
+    .bind(consumer.as_str())
+    .bind(message_id)
     .fetch_one(conn)
     .await?;
     Ok(Recorded::AlreadyRecorded(DeadLetterId(existing)))
@@ -263,18 +273,29 @@ async fn settle_in(
             // changes nothing: either would wipe the count of a copy still between its attempts.
             let ends_the_budget =
                 matches!(recorded, Recorded::New(_)) && letter.kind != ErrorKind::Poison;
-            sqlx::query(
-                "WITH claim AS (DELETE FROM core.processed_jobs WHERE job_id = $1 AND consumer = $2)
-                 DELETE FROM core.job_executions WHERE $3 AND job_id = $1 AND consumer = $2",
-            )
-            .bind(job_id.0)
-            .bind(letter.consumer.as_str())
-            .bind(ends_the_budget)
-            .execute(&mut *tx)
-            .await?;
+            drop_placeholder(tx, job_id, letter.consumer, ends_the_budget).await?;
             Ok(Settled::Recorded(recorded))
         }
     }
+}
+
+/// Deletes the placeholder claim, and the job's execution ledger with it when `ledger_too`.
+async fn drop_placeholder(
+    tx: &mut PgConnection,
+    job_id: JobId,
+    consumer: &ConsumerName,
+    ledger_too: bool,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "WITH claim AS (DELETE FROM core.processed_jobs WHERE job_id = $1 AND consumer = $2)
+         DELETE FROM core.job_executions WHERE $3 AND job_id = $1 AND consumer = $2",
+    )
+    .bind(job_id.0)
+    .bind(consumer.as_str())
+    .bind(ledger_too)
+    .execute(tx)
+    .await
+    .map(drop)
 }
 
 /// What a `conflict` letter says.

@@ -19,7 +19,7 @@ pub(crate) struct Escalations<'a> {
 }
 
 /// An open group past the threshold, and the step it has reached.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct DueGroup {
     id: GroupId,
     queue: String,
@@ -40,18 +40,19 @@ impl Pager for Escalations<'_> {
     /// The open groups at a step not yet paged, the oldest letter first, each (group, step)
     /// claimed unless paged or claimed by another run.
     async fn claim(&self, pool: &PgPool, lease: Lease, limit: i64) -> sqlx::Result<Vec<DueGroup>> {
-        sqlx::query_as(
-            "WITH open AS (
+        sqlx::query_as!(
+            DueGroup,
+            r#"WITH open AS (
                  SELECT g.id, g.queue, g.consumer, g.error_kind, g.pattern, g.pending_count,
                         (SELECT min(d.created_at) FROM core.dead_letters d
                          WHERE d.group_id = g.id AND d.status = 'pending_review') AS oldest
                  FROM core.dead_letter_groups g WHERE g.resolved_at IS NULL),
              due AS (
-                 SELECT open.*, floor(extract(epoch FROM ($1 - oldest)) / $3)::int AS step
-                 FROM open WHERE oldest <= $1 - make_interval(secs => $3)
+                 SELECT open.*, floor(extract(epoch FROM ($1 - oldest)) / $3::float8)::int AS step
+                 FROM open WHERE oldest <= $1 - make_interval(secs => $3::float8)
                    AND NOT EXISTS (SELECT 1 FROM core.dead_letter_group_escalations e
                                    WHERE e.group_id = open.id AND e.paged_at IS NOT NULL
-                                     AND e.step = floor(extract(epoch FROM ($1 - open.oldest)) / $3)::int)
+                                     AND e.step = floor(extract(epoch FROM ($1 - open.oldest)) / $3::float8)::int)
                  ORDER BY oldest LIMIT $4),
              claimed AS (
                  INSERT INTO core.dead_letter_group_escalations AS e (group_id, step, claimed_until)
@@ -59,13 +60,17 @@ impl Pager for Escalations<'_> {
                  ON CONFLICT (group_id, step) DO UPDATE SET claimed_until = $2
                      WHERE e.paged_at IS NULL AND (e.claimed_until IS NULL OR e.claimed_until < $1)
                  RETURNING group_id, step)
-             SELECT due.* FROM due JOIN claimed ON claimed.group_id = due.id AND claimed.step = due.step
-             ORDER BY due.oldest",
+             SELECT due.id AS "id!: GroupId", due.queue AS "queue!", due.consumer AS "consumer!",
+                    due.error_kind AS "error_kind!", due.pattern AS "pattern!",
+                    due.pending_count AS "pending_count!", due.oldest AS "oldest!",
+                    due.step AS "step!"
+             FROM due JOIN claimed ON claimed.group_id = due.id AND claimed.step = due.step
+             ORDER BY due.oldest"#,
+            lease.now,
+            lease.until,
+            self.after.as_secs_f64(),
+            limit,
         )
-        .bind(lease.now)
-        .bind(lease.until)
-        .bind(self.after.as_secs_f64())
-        .bind(limit)
         .fetch_all(pool)
         .await
     }
@@ -88,15 +93,15 @@ impl Pager for Escalations<'_> {
         incident: String,
         now: DateTime<Utc>,
     ) -> sqlx::Result<Paged> {
-        sqlx::query(
+        sqlx::query!(
             "UPDATE core.dead_letter_group_escalations
              SET paged_at = $3, incident_id = $4, claimed_until = NULL
              WHERE group_id = $1 AND step = $2",
+            group.id.0,
+            group.step,
+            now,
+            &incident,
         )
-        .bind(group.id.0)
-        .bind(group.step)
-        .bind(now)
-        .bind(&incident)
         .execute(pool)
         .await?;
         Ok(Paged::Opened {
@@ -111,15 +116,16 @@ impl Pager for Escalations<'_> {
         error: Option<&AlertError>,
         _: DateTime<Utc>,
     ) -> sqlx::Result<()> {
-        sqlx::query(
+        sqlx::query!(
             "UPDATE core.dead_letter_group_escalations
-             SET claimed_until = NULL, attempts = attempts + CASE WHEN $3 IS NULL THEN 0 ELSE 1 END,
+             SET claimed_until = NULL,
+                 attempts = attempts + CASE WHEN $3::text IS NULL THEN 0 ELSE 1 END,
                  last_error = coalesce($3, last_error)
              WHERE group_id = $1 AND step = $2",
+            group.id.0,
+            group.step,
+            error.map(stored),
         )
-        .bind(group.id.0)
-        .bind(group.step)
-        .bind(error.map(stored))
         .execute(pool)
         .await
         .map(drop)

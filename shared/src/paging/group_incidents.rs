@@ -71,6 +71,7 @@ impl Pager for GroupIncidents<'_> {
     const KIND: &'static str = "group incident";
 
     async fn claim(&self, pool: &PgPool, lease: Lease, limit: i64) -> sqlx::Result<Vec<Due>> {
+        // Dynamic: a `GroupRow` by the one column list (`COLUMNS`) its every read shares.
         let rows: Vec<DueRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "UPDATE core.dead_letter_groups SET claimed_until = $2
              WHERE id IN (SELECT id FROM core.dead_letter_groups
@@ -144,40 +145,53 @@ impl Pager for GroupIncidents<'_> {
             "incident step delivered");
         let next_update = now + chrono::Duration::from_std(self.update_every).unwrap_or_default();
         // A group resolved meanwhile is due at once (`-infinity`): its incident is to be resolved.
-        let query = match (due.step, opened) {
-            (IncidentStep::Open, opened) => sqlx::query(
-                "UPDATE core.dead_letter_groups
+        match (due.step, opened) {
+            (IncidentStep::Open, opened) => {
+                sqlx::query!(
+                    "UPDATE core.dead_letter_groups
                  SET incident_id = $5, incident_opened_at = $3, incident_count = $2,
                      claimed_until = NULL, delivery_failures = 0, last_delivery_error = NULL,
-                     next_delivery_at = CASE WHEN resolved_at IS NULL THEN $4 ELSE '-infinity' END
+                     next_delivery_at =
+                         CASE WHEN resolved_at IS NULL THEN $4::timestamptz ELSE '-infinity' END
                  WHERE id = $1",
-            )
-            .bind(group.id.0)
-            .bind(group.letter_count)
-            .bind(now)
-            .bind(next_update)
-            .bind(opened),
-            (IncidentStep::Update, _) => sqlx::query(
-                "UPDATE core.dead_letter_groups
+                    group.id.0,
+                    group.letter_count,
+                    now,
+                    next_update,
+                    opened,
+                )
+                .execute(pool)
+                .await?
+            }
+            (IncidentStep::Update, _) => {
+                sqlx::query!(
+                    "UPDATE core.dead_letter_groups
                  SET incident_count = $2, incident_updated_at = $3,
                      claimed_until = NULL, delivery_failures = 0, last_delivery_error = NULL,
-                     next_delivery_at = CASE WHEN resolved_at IS NULL THEN $4 ELSE '-infinity' END
+                     next_delivery_at =
+                         CASE WHEN resolved_at IS NULL THEN $4::timestamptz ELSE '-infinity' END
                  WHERE id = $1",
-            )
-            .bind(group.id.0)
-            .bind(group.letter_count)
-            .bind(now)
-            .bind(next_update),
-            (IncidentStep::Resolve, _) => sqlx::query(
-                "UPDATE core.dead_letter_groups
+                    group.id.0,
+                    group.letter_count,
+                    now,
+                    next_update,
+                )
+                .execute(pool)
+                .await?
+            }
+            (IncidentStep::Resolve, _) => {
+                sqlx::query!(
+                    "UPDATE core.dead_letter_groups
                  SET incident_resolved_at = $2,
                      claimed_until = NULL, delivery_failures = 0, last_delivery_error = NULL
                  WHERE id = $1",
-            )
-            .bind(group.id.0)
-            .bind(now),
+                    group.id.0,
+                    now,
+                )
+                .execute(pool)
+                .await?
+            }
         };
-        query.execute(pool).await?;
         Ok(match due.step {
             IncidentStep::Open => Paged::Opened { letters: 0 },
             IncidentStep::Update => Paged::Updated,
@@ -192,17 +206,18 @@ impl Pager for GroupIncidents<'_> {
         error: Option<&AlertError>,
         now: DateTime<Utc>,
     ) -> sqlx::Result<()> {
-        sqlx::query(
+        sqlx::query!(
             "UPDATE core.dead_letter_groups
              SET claimed_until = NULL,
                  next_delivery_at = coalesce($3, next_delivery_at),
-                 delivery_failures = delivery_failures + CASE WHEN $2 IS NULL THEN 0 ELSE 1 END,
+                 delivery_failures =
+                     delivery_failures + CASE WHEN $2::text IS NULL THEN 0 ELSE 1 END,
                  last_delivery_error = coalesce($2, last_delivery_error)
              WHERE id = $1",
+            due.group.id.0,
+            error.map(stored),
+            error.map(|_| retry_at(now, due.group.delivery_failures)),
         )
-        .bind(due.group.id.0)
-        .bind(error.map(stored))
-        .bind(error.map(|_| retry_at(now, due.group.delivery_failures)))
         .execute(pool)
         .await
         .map(drop)

@@ -10,7 +10,7 @@ use sqlx::PgPool;
 use std::time::Duration;
 
 /// An open incident to read back: whose (a group's id, or a queue's name) and which.
-#[derive(Debug, sqlx::FromRow)]
+#[derive(Debug)]
 pub(crate) struct ReadBack {
     owner: String,
     incident_id: String,
@@ -29,8 +29,9 @@ impl Pager for GroupReadBacks {
     const KIND: &'static str = "group incident read-back";
 
     async fn claim(&self, pool: &PgPool, lease: Lease, limit: i64) -> sqlx::Result<Vec<ReadBack>> {
-        sqlx::query_as(
-            "UPDATE core.dead_letter_groups SET claimed_until = $2
+        sqlx::query_as!(
+            ReadBack,
+            r#"UPDATE core.dead_letter_groups SET claimed_until = $2
              WHERE id IN (SELECT id FROM core.dead_letter_groups
                           WHERE resolved_at IS NULL AND incident_id IS NOT NULL
                             AND incident_resolved_at IS NULL
@@ -38,12 +39,12 @@ impl Pager for GroupReadBacks {
                             AND (claimed_until IS NULL OR claimed_until < $1)
                           ORDER BY coalesce(incident_checked_at, incident_opened_at), id
                           LIMIT $4 FOR UPDATE SKIP LOCKED)
-             RETURNING id::text AS owner, incident_id",
+             RETURNING id::text AS "owner!", incident_id AS "incident_id!""#,
+            lease.now,
+            lease.until,
+            checked_before(lease.now),
+            limit,
         )
-        .bind(lease.now)
-        .bind(lease.until)
-        .bind(checked_before(lease.now))
-        .bind(limit)
         .fetch_all(pool)
         .await
     }
@@ -66,21 +67,21 @@ impl Pager for GroupReadBacks {
         by_hand: bool,
         now: DateTime<Utc>,
     ) -> sqlx::Result<Paged> {
-        let raised: Option<bool> = sqlx::query_scalar(
-            "UPDATE core.dead_letter_groups
+        let raised: Option<bool> = sqlx::query_scalar!(
+            r#"UPDATE core.dead_letter_groups
              SET previous_incident_id = incident_id,
                  incidents_raised_again = incidents_raised_again + 1,
                  incident_id = NULL, incident_opened_at = NULL, incident_count = NULL,
                  incident_updated_at = NULL, incident_checked_at = $3, claimed_until = NULL,
                  next_delivery_at = '-infinity', delivery_failures = 0, last_delivery_error = NULL
-             WHERE $4 AND id = $1::bigint AND incident_id = $2 AND resolved_at IS NULL
+             WHERE $4 AND id = $1::text::bigint AND incident_id = $2 AND resolved_at IS NULL
                AND incident_resolved_at IS NULL
-             RETURNING true",
+             RETURNING true AS "raised!""#,
+            &step.owner,
+            &step.incident_id,
+            now,
+            by_hand,
         )
-        .bind(&step.owner)
-        .bind(&step.incident_id)
-        .bind(now)
-        .bind(by_hand)
         .fetch_optional(pool)
         .await?;
         if raised.is_some() {
@@ -105,12 +106,12 @@ impl Pager for GroupReadBacks {
         _: Option<&AlertError>,
         now: DateTime<Utc>,
     ) -> sqlx::Result<()> {
-        sqlx::query(
+        sqlx::query!(
             "UPDATE core.dead_letter_groups SET incident_checked_at = $2, claimed_until = NULL
-             WHERE id = $1::bigint",
+             WHERE id = $1::text::bigint",
+            &step.owner,
+            now,
         )
-        .bind(&step.owner)
-        .bind(now)
         .execute(pool)
         .await
         .map(drop)
@@ -133,8 +134,9 @@ impl Pager for UnsentReplayReadBacks {
     const KIND: &'static str = "unsent replays' incident read-back";
 
     async fn claim(&self, pool: &PgPool, lease: Lease, limit: i64) -> sqlx::Result<Vec<ReadBack>> {
-        sqlx::query_as(
-            "UPDATE core.replay_send_incidents r SET claimed_until = $2
+        sqlx::query_as!(
+            ReadBack,
+            r#"UPDATE core.replay_send_incidents r SET claimed_until = $2
              WHERE queue IN (SELECT queue FROM core.replay_send_incidents i
                              WHERE incident_id IS NOT NULL AND resolved_at IS NULL
                                AND coalesce(checked_at, opened_at) <= $3
@@ -143,13 +145,13 @@ impl Pager for UnsentReplayReadBacks {
                                            WHERE s.queue = i.queue AND s.queued_at < $4)
                              ORDER BY coalesce(checked_at, opened_at), queue
                              LIMIT $5 FOR UPDATE SKIP LOCKED)
-             RETURNING queue AS owner, incident_id",
+             RETURNING queue AS owner, incident_id AS "incident_id!""#,
+            lease.now,
+            lease.until,
+            checked_before(lease.now),
+            overdue_before(lease.now, self.bound),
+            limit,
         )
-        .bind(lease.now)
-        .bind(lease.until)
-        .bind(checked_before(lease.now))
-        .bind(overdue_before(lease.now, self.bound))
-        .bind(limit)
         .fetch_all(pool)
         .await
     }
@@ -172,18 +174,18 @@ impl Pager for UnsentReplayReadBacks {
         by_hand: bool,
         now: DateTime<Utc>,
     ) -> sqlx::Result<Paged> {
-        sqlx::query(
+        sqlx::query!(
             "UPDATE core.replay_send_incidents
              SET checked_at = $3, claimed_until = NULL,
                  previous_incident_id = CASE WHEN $4 THEN incident_id ELSE previous_incident_id END,
                  opened_at = CASE WHEN $4 THEN NULL ELSE opened_at END,
                  incident_id = CASE WHEN $4 THEN NULL ELSE incident_id END
              WHERE queue = $1 AND incident_id = $2",
+            &step.owner,
+            &step.incident_id,
+            now,
+            by_hand,
         )
-        .bind(&step.owner)
-        .bind(&step.incident_id)
-        .bind(now)
-        .bind(by_hand)
         .execute(pool)
         .await?;
         if !by_hand {

@@ -32,13 +32,6 @@ pub(crate) enum Step {
     Resolve { queue: String, incident: String },
 }
 
-#[derive(sqlx::FromRow)]
-struct OpenRow {
-    #[sqlx(flatten)]
-    queue: UnsentQueue,
-    previous_incident_id: Option<String>,
-}
-
 impl Step {
     fn queue(&self) -> &str {
         match self {
@@ -55,8 +48,8 @@ impl Pager for UnsentReplayIncidents<'_> {
 
     async fn claim(&self, pool: &PgPool, lease: Lease, limit: i64) -> sqlx::Result<Vec<Step>> {
         let overdue_before = overdue_before(lease.now, self.bound);
-        let opens: Vec<OpenRow> = sqlx::query_as(
-            "WITH overdue AS (
+        let opens = sqlx::query!(
+            r#"WITH overdue AS (
                  SELECT queue, count(*) AS replays, min(queued_at) AS oldest,
                         max(attempts) AS attempts,
                         (array_agg(last_error ORDER BY last_attempt_at DESC NULLS LAST))[1] AS last_error
@@ -69,35 +62,44 @@ impl Pager for UnsentReplayIncidents<'_> {
                      WHERE (r.incident_id IS NULL OR r.resolved_at IS NOT NULL)
                        AND (r.claimed_until IS NULL OR r.claimed_until < $1)
                  RETURNING r.queue, r.previous_incident_id)
-             SELECT overdue.*, claimed.previous_incident_id
-             FROM overdue JOIN claimed USING (queue) ORDER BY overdue.oldest",
+             SELECT overdue.queue AS "queue!", overdue.replays AS "replays!",
+                    overdue.oldest AS "oldest!", overdue.attempts AS "attempts!",
+                    overdue.last_error AS "last_error?", claimed.previous_incident_id
+             FROM overdue JOIN claimed USING (queue) ORDER BY overdue.oldest"#,
+            lease.now,
+            lease.until,
+            overdue_before,
+            limit,
         )
-        .bind(lease.now)
-        .bind(lease.until)
-        .bind(overdue_before)
-        .bind(limit)
         .fetch_all(pool)
         .await?;
-        let resolves: Vec<(String, String)> = sqlx::query_as(
-            "UPDATE core.replay_send_incidents r SET claimed_until = $2
+        let resolves = sqlx::query!(
+            r#"UPDATE core.replay_send_incidents r SET claimed_until = $2
              WHERE incident_id IS NOT NULL AND resolved_at IS NULL
                AND (claimed_until IS NULL OR claimed_until < $1)
                AND NOT EXISTS (SELECT 1 FROM core.replay_sends s
                                WHERE s.queue = r.queue AND s.queued_at < $3)
-             RETURNING queue, incident_id",
+             RETURNING queue, incident_id AS "incident_id!""#,
+            lease.now,
+            lease.until,
+            overdue_before,
         )
-        .bind(lease.now)
-        .bind(lease.until)
-        .bind(overdue_before)
         .fetch_all(pool)
         .await?;
         let opens = opens.into_iter().map(|r| Step::Open {
-            queue: r.queue,
+            queue: UnsentQueue {
+                queue: r.queue,
+                replays: r.replays,
+                oldest: r.oldest,
+                attempts: r.attempts,
+                last_error: r.last_error,
+            },
             previous: r.previous_incident_id,
         });
-        let resolves = resolves
-            .into_iter()
-            .map(|(queue, incident)| Step::Resolve { queue, incident });
+        let resolves = resolves.into_iter().map(|r| Step::Resolve {
+            queue: r.queue,
+            incident: r.incident_id,
+        });
         Ok(opens.chain(resolves).collect())
     }
 
@@ -128,35 +130,41 @@ impl Pager for UnsentReplayIncidents<'_> {
         opened: Option<String>,
         now: DateTime<Utc>,
     ) -> sqlx::Result<Paged> {
-        let (query, paged) = match opened {
+        let paged = match opened {
             Some(incident) => {
                 tracing::warn!(
                     queue = step.queue(),
                     incident,
                     "replays unsent past their bound: incident opened"
                 );
-                let query = sqlx::query(
+                sqlx::query!(
                     "UPDATE core.replay_send_incidents
                      SET incident_id = $3, opened_at = $2, checked_at = $2, resolved_at = NULL,
                          claimed_until = NULL, attempts = 0, last_error = NULL
                      WHERE queue = $1",
-                );
-                (
-                    query.bind(step.queue()).bind(now).bind(incident),
-                    Paged::Opened { letters: 0 },
+                    step.queue(),
+                    now,
+                    incident,
                 )
+                .execute(pool)
+                .await?;
+                Paged::Opened { letters: 0 }
             }
             None => {
-                let query = sqlx::query(
+                sqlx::query!(
                     "UPDATE core.replay_send_incidents
                      SET resolved_at = $2, claimed_until = NULL, previous_incident_id = NULL,
                          attempts = 0, last_error = NULL
                      WHERE queue = $1",
-                );
-                (query.bind(step.queue()).bind(now), Paged::Resolved)
+                    step.queue(),
+                    now,
+                )
+                .execute(pool)
+                .await?;
+                Paged::Resolved
             }
         };
-        query.execute(pool).await.map(|_| paged)
+        Ok(paged)
     }
 
     async fn release(
@@ -166,14 +174,15 @@ impl Pager for UnsentReplayIncidents<'_> {
         error: Option<&AlertError>,
         _: DateTime<Utc>,
     ) -> sqlx::Result<()> {
-        sqlx::query(
+        sqlx::query!(
             "UPDATE core.replay_send_incidents
-             SET claimed_until = NULL, attempts = attempts + CASE WHEN $2 IS NULL THEN 0 ELSE 1 END,
+             SET claimed_until = NULL,
+                 attempts = attempts + CASE WHEN $2::text IS NULL THEN 0 ELSE 1 END,
                  last_error = coalesce($2, last_error)
              WHERE queue = $1",
+            step.queue(),
+            error.map(stored),
         )
-        .bind(step.queue())
-        .bind(error.map(stored))
         .execute(pool)
         .await
         .map(drop)

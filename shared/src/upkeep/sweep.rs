@@ -17,17 +17,28 @@ use std::time::Duration;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-/// Whether the fence `p` may go once expired: no letter of its job is pending review, and no
-/// replay of its job is queued. Two anti-joins, each matching a partial index's predicate
-/// exactly (`dead_letters_pending_job_idx`, `dead_letters_queued_job_idx`): one index probe
-/// each per expired fence, however many letters there are. One probe with an `OR` in it could
-/// use neither index.
-const SWEEPABLE: &str = "NOT EXISTS (SELECT 1 FROM core.dead_letters d
-                                     WHERE d.job_id = p.job_id AND d.consumer = p.consumer
-                                       AND d.status = 'pending_review')
-                         AND NOT EXISTS (SELECT 1 FROM core.dead_letters q
-                                         WHERE q.job_id = p.job_id AND q.consumer = p.consumer
-                                           AND q.replay_outcome = 'queued')";
+/// `sqlx::query!` of `$head`, then whether the fence `p` may go once expired, then `$tail`.
+///
+/// It may go when no letter of its job is pending review, and no replay of its job is queued.
+/// Two anti-joins, each matching a partial index's predicate exactly
+/// (`dead_letters_pending_job_idx`, `dead_letters_queued_job_idx`): one index probe each per
+/// expired fence, however many letters there are. One probe with an `OR` in it could use
+/// neither index. A macro, so that each statement is still one literal its query macro checks.
+macro_rules! query_where_sweepable {
+    ($head:literal, $tail:literal $(, $arg:expr)* $(,)?) => {
+        sqlx::query!(
+            $head
+                + "NOT EXISTS (SELECT 1 FROM core.dead_letters d
+                               WHERE d.job_id = p.job_id AND d.consumer = p.consumer
+                                 AND d.status = 'pending_review')
+                   AND NOT EXISTS (SELECT 1 FROM core.dead_letters q
+                                   WHERE q.job_id = p.job_id AND q.consumer = p.consumer
+                                     AND q.replay_outcome = 'queued')"
+                + $tail
+            $(, $arg)*
+        )
+    };
+}
 
 /// Deletes up to `limit` fences that expired before `now`, oldest first, starting at `from`
 /// (a keyset cursor, `None` for the start: the index scan skips what earlier batches deleted but vacuum has not yet
@@ -38,23 +49,24 @@ pub async fn sweep_expired(
     from: Option<DateTime<Utc>>,
     limit: i64,
 ) -> sqlx::Result<(u64, Option<DateTime<Utc>>)> {
-    let (deleted, last): (i64, Option<DateTime<Utc>>) =
-        sqlx::query_as(sqlx::AssertSqlSafe(format!(
-            "WITH gone AS (
+    let gone = query_where_sweepable!(
+        "WITH gone AS (
              DELETE FROM core.processed_jobs
              WHERE ctid IN (SELECT ctid FROM core.processed_jobs p
-                            WHERE expires_at >= coalesce($3, '-infinity') AND expires_at < $1
-                              AND {SWEEPABLE}
+                            WHERE expires_at >= coalesce($3::timestamptz, '-infinity')
+                              AND expires_at < $1
+                              AND ",
+        r#"
                             ORDER BY expires_at LIMIT $2)
              RETURNING expires_at)
-         SELECT count(*), max(expires_at) FROM gone"
-        )))
-        .bind(now)
-        .bind(limit)
-        .bind(from)
-        .fetch_one(db)
-        .await?;
-    Ok((deleted as u64, last))
+         SELECT count(*) AS "deleted!", max(expires_at) AS "last?" FROM gone"#,
+        now,
+        limit,
+        from,
+    )
+    .fetch_one(db)
+    .await?;
+    Ok((gone.deleted as u64, gone.last))
 }
 
 /// The sweepable fence that expires first: (`processed_at`, `expires_at`), if any. Fences kept
@@ -62,13 +74,15 @@ pub async fn sweep_expired(
 pub(crate) async fn oldest_fence(
     db: impl PgExecutor<'_>,
 ) -> sqlx::Result<Option<(DateTime<Utc>, DateTime<Utc>)>> {
-    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+    let oldest = query_where_sweepable!(
         "SELECT processed_at, expires_at FROM core.processed_jobs p
-         WHERE {SWEEPABLE}
-         ORDER BY expires_at LIMIT 1"
-    )))
+         WHERE ",
+        "
+         ORDER BY expires_at LIMIT 1",
+    )
     .fetch_optional(db)
-    .await
+    .await?;
+    Ok(oldest.map(|f| (f.processed_at, f.expires_at)))
 }
 
 /// Why a sweep stopped.
@@ -151,28 +165,30 @@ pub async fn sweep(
 /// it now (not if another holder's lease has not lapsed). One statement, so it is the same
 /// behind a transaction pooler as on a session.
 async fn hold_lease(db: impl PgExecutor<'_>, holder: Uuid) -> sqlx::Result<bool> {
-    let held: Option<Uuid> = sqlx::query_scalar(
+    let held: Option<Uuid> = sqlx::query_scalar!(
         "INSERT INTO core.sweep_leases AS l (name, holder, until)
-         VALUES ($1, $2, clock_timestamp() + $3 * interval '1 millisecond')
+         VALUES ($1, $2, clock_timestamp() + $3::bigint * interval '1 millisecond')
          ON CONFLICT (name) DO UPDATE SET holder = EXCLUDED.holder, until = EXCLUDED.until
              WHERE l.holder = EXCLUDED.holder OR l.until < clock_timestamp()
          RETURNING holder",
+        SWEEP_LEASE,
+        holder,
+        LEASE_HOLD.as_millis() as i64,
     )
-    .bind(SWEEP_LEASE)
-    .bind(holder)
-    .bind(LEASE_HOLD.as_millis() as i64)
     .fetch_optional(db)
     .await?;
     Ok(held.is_some())
 }
 
 async fn give_back_lease(db: impl PgExecutor<'_>, holder: Uuid) -> sqlx::Result<()> {
-    sqlx::query("DELETE FROM core.sweep_leases WHERE name = $1 AND holder = $2")
-        .bind(SWEEP_LEASE)
-        .bind(holder)
-        .execute(db)
-        .await
-        .map(drop)
+    sqlx::query!(
+        "DELETE FROM core.sweep_leases WHERE name = $1 AND holder = $2",
+        SWEEP_LEASE,
+        holder,
+    )
+    .execute(db)
+    .await
+    .map(drop)
 }
 
 async fn sweep_leased(
