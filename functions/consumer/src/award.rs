@@ -145,15 +145,16 @@ pub async fn insert_awards<P: Award>(tx: &mut PgConnection, jobs: &[Job<P>]) -> 
         points.push(job.envelope.payload.points());
         at.push(job.started_at);
     }
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO reference.point_awards (job_id, tenant_id, account_id, points, awarded_at)
          SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bigint[], $5::timestamptz[])",
+        &job_ids,
+        &tenants,
+        // `&[&str]` for `text[]`, which the macro's check knows only as `&[String]`.
+        &accounts as _,
+        &points,
+        &at,
     )
-    .bind(&job_ids)
-    .bind(&tenants)
-    .bind(&accounts)
-    .bind(&points)
-    .bind(&at)
     .execute(tx)
     .await
     .map(drop)
@@ -168,15 +169,15 @@ pub async fn insert_award(
     points: i64,
     at: DateTime<Utc>,
 ) -> sqlx::Result<()> {
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO reference.point_awards (job_id, tenant_id, account_id, points, awarded_at)
          VALUES ($1, $2, $3, $4, $5)",
+        job_id.0,
+        tenant_id.0,
+        account_id,
+        points,
+        at,
     )
-    .bind(job_id.0)
-    .bind(tenant_id.0)
-    .bind(account_id)
-    .bind(points)
-    .bind(at)
     .execute(tx)
     .await
     .map(drop)
@@ -184,8 +185,10 @@ pub async fn insert_award(
 
 /// How many awards exist for `job_id`: 1 after success, never more.
 pub async fn count_awards(db: impl PgExecutor<'_>, job_id: JobId) -> sqlx::Result<i64> {
-    sqlx::query_scalar("SELECT count(*) FROM reference.point_awards WHERE job_id = $1")
-        .bind(job_id.0)
-        .fetch_one(db)
-        .await
+    sqlx::query_scalar!(
+        r#"SELECT count(*) AS "count!" FROM reference.point_awards WHERE job_id = $1"#,
+        job_id.0,
+    )
+    .fetch_one(db)
+    .await
 }

@@ -111,6 +111,7 @@ async fn recorded(conn: &mut PgConnection, schema: &str) -> sqlx::Result<Vec<i64
     if !exists {
         return Ok(Vec::new());
     }
+    // Dynamic: the tracking table is named by the owner's schema, and a name cannot be bound.
     sqlx::query_scalar::<Postgres, i64>(sqlx::AssertSqlSafe(format!(
         "SELECT version FROM {table} WHERE success ORDER BY version"
     )))
@@ -123,6 +124,7 @@ async fn recorded(conn: &mut PgConnection, schema: &str) -> sqlx::Result<Vec<i64
 /// at the first failure, which names the owner and the version.
 pub async fn apply(conn: &mut PgConnection) -> Result<Report, MigrateError> {
     let setting = format!("SET lock_timeout = '{}ms'", LOCK_TIMEOUT.as_millis());
+    // Dynamic: `SET` takes no parameters, so the timeout is written into its text.
     sqlx::raw_sql(sqlx::AssertSqlSafe(setting))
         .execute(&mut *conn)
         .await
@@ -239,6 +241,7 @@ pub async fn repair_invalid_indexes(
             (format!("REINDEX INDEX CONCURRENTLY {name}"), "rebuilt")
         };
         tracing::warn!(index = %format!("{schema}.{index}"), action, "repairing an invalid index");
+        // Dynamic: the statement names its index (a name cannot be bound), built just above.
         sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
             .execute(&mut *conn)
             .await?;

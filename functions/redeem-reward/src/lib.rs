@@ -70,16 +70,16 @@ impl Consumer for RedeemReward {
                 "account_id and reward_sku must not be blank",
             ));
         }
-        sqlx::query(
+        sqlx::query!(
             "INSERT INTO rewards.redemptions (job_id, tenant_id, account_id, reward_sku, cost_points, redeemed_at)
              VALUES ($1, $2, $3, $4, $5, $6)",
+            job.envelope.job_id.0,
+            job.envelope.tenant_id.0,
+            r.account_id.as_str(),
+            r.reward_sku.as_str(),
+            r.cost_points,
+            job.started_at,
         )
-        .bind(job.envelope.job_id.0)
-        .bind(job.envelope.tenant_id.0)
-        .bind(&r.account_id)
-        .bind(&r.reward_sku)
-        .bind(r.cost_points)
-        .bind(job.started_at)
         .execute(&mut *tx)
         .await?;
         // A metric of its own, beside the harness's (counted per execution that got this far).
@@ -90,8 +90,10 @@ impl Consumer for RedeemReward {
 
 /// How many redemptions `job_id` has: 1 once processed, never more.
 pub async fn count_redemptions(db: impl PgExecutor<'_>, job_id: JobId) -> sqlx::Result<i64> {
-    sqlx::query_scalar("SELECT count(*) FROM rewards.redemptions WHERE job_id = $1")
-        .bind(job_id.0)
-        .fetch_one(db)
-        .await
+    sqlx::query_scalar!(
+        r#"SELECT count(*) AS "count!" FROM rewards.redemptions WHERE job_id = $1"#,
+        job_id.0,
+    )
+    .fetch_one(db)
+    .await
 }

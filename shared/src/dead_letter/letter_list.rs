@@ -111,6 +111,7 @@ pub async fn list_letters(
     after: Option<Position>,
     limit: u32,
 ) -> sqlx::Result<Vec<LetterSummary>> {
+    // Dynamic: only the set filters, and `LetterSummary` reads its head by `#[sqlx(flatten)]`.
     let mut q = QueryBuilder::<Postgres>::new(
         "SELECT id, job_id, tenant_id, consumer, queue, message_id, attempts, error_kind,
                 left(last_error, ",

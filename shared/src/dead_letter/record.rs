@@ -63,7 +63,13 @@ async fn record_stored(
         Storage::AsReceived => (Value::String(letter.body.replace('\0', "\u{fffd}")), 64),
     };
     let message_id = bounded_id(letter.message_id, "message");
-    let inserted: Option<uuid::Uuid> = sqlx::query_scalar(
+    let queue = bounded_id(letter.queue, "unknown");
+    let body = without_nul(letter.body);
+    let last_error = storable_error(letter.last_error);
+    let correlation_id = letter.correlation_id.map(|c| storable(c, id_bytes));
+    let digest_fields =
+        (digest.is_some() && !letter.digest_fields.is_empty()).then_some(letter.digest_fields);
+    let inserted = sqlx::query_scalar!(
         "INSERT INTO core.dead_letters (job_id, tenant_id, consumer, queue, message_id, payload,
              body, attempts, error_kind, last_error, correlation_id, replay_of, created_at,
              job_digest, message_group, digest_fields)
@@ -74,23 +80,24 @@ async fn record_stored(
                  $14, $15, $16)
          ON CONFLICT ON CONSTRAINT dead_letters_one_per_message DO NOTHING
          RETURNING id",
+        letter.job_id.map(|j| j.0),
+        letter.tenant_id.map(|t| t.0),
+        letter.consumer.as_str(),
+        &*queue,
+        &*message_id,
+        &payload,
+        &*body,
+        i32::try_from(letter.attempts).unwrap_or(i32::MAX),
+        letter.kind.as_str(),
+        &*last_error,
+        correlation_id.as_deref(),
+        letter.replay_of.map(|r| r.0),
+        now,
+        digest.map(|d| d.0.as_slice()),
+        letter.message_group.and_then(crate::ids::message_group),
+        // `&[&str]` for `text[]`, which the macro's check knows only as `&[String]`.
+        digest_fields as _,
     )
-    .bind(letter.job_id.map(|j| j.0))
-    .bind(letter.tenant_id.map(|t| t.0))
-    .bind(letter.consumer.as_str())
-    .bind(bounded_id(letter.queue, "unknown"))
-    .bind(&*message_id)
-    .bind(&payload)
-    .bind(without_nul(letter.body))
-    .bind(i32::try_from(letter.attempts).unwrap_or(i32::MAX))
-    .bind(letter.kind)
-    .bind(storable_error(letter.last_error))
-    .bind(letter.correlation_id.map(|c| storable(c, id_bytes)))
-    .bind(letter.replay_of.map(|r| r.0))
-    .bind(now)
-    .bind(digest.map(|d| d.0.as_slice()))
-    .bind(letter.message_group.and_then(crate::ids::message_group))
-    .bind((digest.is_some() && !letter.digest_fields.is_empty()).then_some(letter.digest_fields))
     .fetch_optional(&mut *conn)
     .await?;
     match inserted {
@@ -105,11 +112,11 @@ async fn existing_letter(
     consumer: &ConsumerName,
     message_id: &str,
 ) -> sqlx::Result<Recorded> {
-    let existing: uuid::Uuid = sqlx::query_scalar(
+    let existing = sqlx::query_scalar!(
         "SELECT id FROM core.dead_letters WHERE consumer = $1 AND message_id = $2",
+        consumer.as_str(),
+        message_id,
     )
-    .bind(consumer.as_str())
-    .bind(message_id)
     .fetch_one(conn)
     .await?;
     Ok(Recorded::AlreadyRecorded(DeadLetterId(existing)))
@@ -286,13 +293,13 @@ async fn drop_placeholder(
     consumer: &ConsumerName,
     ledger_too: bool,
 ) -> sqlx::Result<()> {
-    sqlx::query(
+    sqlx::query!(
         "WITH claim AS (DELETE FROM core.processed_jobs WHERE job_id = $1 AND consumer = $2)
          DELETE FROM core.job_executions WHERE $3 AND job_id = $1 AND consumer = $2",
+        job_id.0,
+        consumer.as_str(),
+        ledger_too,
     )
-    .bind(job_id.0)
-    .bind(consumer.as_str())
-    .bind(ledger_too)
     .execute(tx)
     .await
     .map(drop)

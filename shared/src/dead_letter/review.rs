@@ -38,13 +38,13 @@ pub async fn fence_is_another_job(
     let (Some(job_id), Some(digest)) = (letter.job_id, letter.job_digest.as_deref()) else {
         return Ok(false);
     };
-    let another: Option<bool> = sqlx::query_scalar(
-        "SELECT NOT core.same_job($1, $2, $3, payload_digest) FROM core.processed_jobs
-         WHERE job_id = $1 AND consumer = $2",
+    let another = sqlx::query_scalar!(
+        r#"SELECT NOT core.same_job($1, $2, $3, payload_digest) AS "another!"
+         FROM core.processed_jobs WHERE job_id = $1 AND consumer = $2"#,
+        job_id.0,
+        letter.consumer.as_str(),
+        digest,
     )
-    .bind(job_id.0)
-    .bind(letter.consumer.as_str())
-    .bind(digest)
     .fetch_optional(db)
     .await?;
     Ok(another == Some(true))
@@ -85,10 +85,13 @@ pub async fn lock_letter(
     lock_wait: Duration,
 ) -> sqlx::Result<Option<LockedLetter>> {
     let mut tx = pool.begin().await?;
-    sqlx::query("SELECT set_config('lock_timeout', $1, true)")
-        .bind(format!("{}ms", lock_wait.as_millis().max(1)))
-        .execute(&mut *tx)
-        .await?;
+    sqlx::query!(
+        "SELECT set_config('lock_timeout', $1, true)",
+        format!("{}ms", lock_wait.as_millis().max(1)),
+    )
+    .fetch_one(&mut *tx)
+    .await?;
+    // Dynamic: `DeadLetter` reads its head by `#[sqlx(flatten)]`, which `query_as!` cannot fill.
     let letter: Option<DeadLetter> =
         sqlx::query_as("SELECT * FROM core.dead_letters WHERE id = $1 FOR UPDATE")
             .bind(id.0)
@@ -168,6 +171,7 @@ async fn mark_reviewed(
             None,
         ),
     };
+    // Dynamic: `DeadLetter` reads its head by `#[sqlx(flatten)]`, which `query_as!` cannot fill.
     sqlx::query_as(
         "UPDATE core.dead_letters
          SET status = $2, discard_reason = $3, reviewed_by = $4, reviewed_at = $5,
@@ -196,6 +200,7 @@ pub async fn record_replay_sent(
     message_id: &str,
     now: DateTime<Utc>,
 ) -> sqlx::Result<Option<DeadLetter>> {
+    // Dynamic: `DeadLetter` reads its head by `#[sqlx(flatten)]`, which `query_as!` cannot fill.
     sqlx::query_as(
         "UPDATE core.dead_letters
          SET replay_outcome = 'sent', replay_message_id = $2, replay_sent_at = $3
@@ -233,15 +238,17 @@ pub async fn withdraw_replay(
     reason: &str,
     now: DateTime<Utc>,
 ) -> sqlx::Result<Withdrawal> {
-    let (outcome, pending): (String, Option<Uuid>) =
-        sqlx::query_as("SELECT outcome, pending_letter FROM core.withdraw_replay($1, $2, $3, $4)")
-            .bind(id.0)
-            .bind(actor)
-            .bind(reason)
-            .bind(now)
-            .fetch_one(db)
-            .await?;
-    Ok(match (outcome.as_str(), pending) {
+    let row = sqlx::query!(
+        r#"SELECT outcome AS "outcome!", pending_letter AS "pending_letter?"
+           FROM core.withdraw_replay($1, $2, $3, $4)"#,
+        id.0,
+        actor,
+        reason,
+        now,
+    )
+    .fetch_one(db)
+    .await?;
+    Ok(match (row.outcome.as_str(), row.pending_letter) {
         ("withdrawn", Some(pending)) => Withdrawal::Withdrawn(DeadLetterId(pending)),
         ("already_processed", _) => Withdrawal::AlreadyProcessed,
         _ => Withdrawal::NotQueued,
@@ -254,6 +261,7 @@ pub async fn queued_replays(
     before: DateTime<Utc>,
     limit: i64,
 ) -> sqlx::Result<Vec<DeadLetter>> {
+    // Dynamic: `DeadLetter` reads its head by `#[sqlx(flatten)]`, which `query_as!` cannot fill.
     sqlx::query_as(
         "SELECT * FROM core.dead_letters
          WHERE replay_outcome = 'queued' AND reviewed_at < $1

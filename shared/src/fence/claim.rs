@@ -40,18 +40,19 @@ pub async fn claim_job_fence(
     // One round trip: `core.claim_job_fence` sets the lock timeout for the insert only, and
     // compares the digest only when the fence was there (see migrations 0007 and 0014), so
     // the transaction is BEGIN, claim, work, COMMIT.
-    let claim: String =
-        sqlx::query_scalar("SELECT core.claim_job_fence($1, $2, $3, $4, $5, $6, $7)")
-            .bind(job_id.0)
-            .bind(consumer.as_str())
-            .bind(tenant_id.0)
-            .bind(now)
-            .bind(expiry(now, ttl))
-            .bind(lock_wait(wait))
-            .bind(digest.map(|d| d.0.as_slice()))
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(claim_error)?;
+    let claim = sqlx::query_scalar!(
+        r#"SELECT core.claim_job_fence($1, $2, $3, $4, $5, $6, $7) AS "claim!""#,
+        job_id.0,
+        consumer.as_str(),
+        tenant_id.0,
+        now,
+        expiry(now, ttl),
+        lock_wait(wait),
+        digest.map(|d| d.0.as_slice()),
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(claim_error)?;
     Ok(match claim.as_str() {
         "claimed" => FenceClaim::Claimed,
         "conflict" => FenceClaim::Conflict,
@@ -112,17 +113,19 @@ pub async fn claim_job_fences(
     let ids: Vec<uuid::Uuid> = jobs.iter().map(|j| j.0.0).collect();
     let tenants: Vec<uuid::Uuid> = jobs.iter().map(|j| j.1.0).collect();
     let digests: Vec<Option<Vec<u8>>> = jobs.iter().map(|j| j.2.map(|d| d.0.to_vec())).collect();
-    let claimed: Vec<uuid::Uuid> =
-        sqlx::query_scalar("SELECT core.claim_job_fences($1, $2, $3, $4, $5, $6, $7)")
-            .bind(&ids)
-            .bind(consumer.as_str())
-            .bind(&tenants)
-            .bind(now)
-            .bind(expiry(now, ttl))
-            .bind(lock_wait(wait))
-            .bind(&digests)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(claim_error)?;
+    let claimed = sqlx::query_scalar!(
+        r#"SELECT core.claim_job_fences($1, $2, $3, $4, $5, $6, $7) AS "claimed!""#,
+        &ids,
+        consumer.as_str(),
+        &tenants,
+        now,
+        expiry(now, ttl),
+        lock_wait(wait),
+        // `bytea[]` with NULL elements, which the macro's check knows only as `&[Vec<u8>]`.
+        &digests as _,
+    )
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(claim_error)?;
     Ok(claimed.into_iter().map(JobId).collect())
 }

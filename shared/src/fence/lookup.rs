@@ -13,17 +13,20 @@ pub async fn processed_digests(
     jobs: &[JobId],
 ) -> sqlx::Result<std::collections::HashMap<JobId, Option<JobDigest>>> {
     let ids: Vec<uuid::Uuid> = jobs.iter().map(|j| j.0).collect();
-    let found: Vec<(uuid::Uuid, Option<Vec<u8>>)> = sqlx::query_as(
+    let found = sqlx::query!(
         "SELECT job_id, payload_digest FROM core.processed_jobs
          WHERE consumer = $1 AND job_id = ANY($2)",
+        consumer.as_str(),
+        &ids,
     )
-    .bind(consumer.as_str())
-    .bind(&ids)
     .fetch_all(db)
     .await?;
     Ok(found
         .into_iter()
-        .map(|(job, digest)| (JobId(job), digest.as_deref().and_then(digest_of)))
+        .map(|row| {
+            let digest = row.payload_digest.as_deref().and_then(digest_of);
+            (JobId(row.job_id), digest)
+        })
         .collect())
 }
 
@@ -38,11 +41,12 @@ pub async fn fence_exists(
     job_id: JobId,
     consumer: &ConsumerName,
 ) -> sqlx::Result<bool> {
-    sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM core.processed_jobs WHERE job_id = $1 AND consumer = $2)",
+    sqlx::query_scalar!(
+        r#"SELECT EXISTS (SELECT 1 FROM core.processed_jobs WHERE job_id = $1 AND consumer = $2)
+             AS "exists!""#,
+        job_id.0,
+        consumer.as_str(),
     )
-    .bind(job_id.0)
-    .bind(consumer.as_str())
     .fetch_one(db)
     .await
 }
@@ -56,13 +60,13 @@ pub async fn fenced_as_the_same_job(
     consumer: &ConsumerName,
     digest: &JobDigest,
 ) -> sqlx::Result<bool> {
-    let same: Option<bool> = sqlx::query_scalar(
-        "SELECT core.same_job($1, $2, $3, payload_digest) FROM core.processed_jobs
-         WHERE job_id = $1 AND consumer = $2",
+    let same = sqlx::query_scalar!(
+        r#"SELECT core.same_job($1, $2, $3, payload_digest) AS "same!" FROM core.processed_jobs
+         WHERE job_id = $1 AND consumer = $2"#,
+        job_id.0,
+        consumer.as_str(),
+        digest.0.as_slice(),
     )
-    .bind(job_id.0)
-    .bind(consumer.as_str())
-    .bind(digest.0.as_slice())
     .fetch_optional(db)
     .await?;
     Ok(same == Some(true))
@@ -89,12 +93,13 @@ pub async fn processed_job(
     job_id: JobId,
     consumer: &ConsumerName,
 ) -> sqlx::Result<Option<ProcessedJob>> {
-    sqlx::query_as(
+    sqlx::query_as!(
+        ProcessedJob,
         "SELECT job_id, consumer, tenant_id, processed_at, expires_at
            FROM core.processed_jobs WHERE job_id = $1 AND consumer = $2",
+        job_id.0,
+        consumer.as_str(),
     )
-    .bind(job_id.0)
-    .bind(consumer.as_str())
     .fetch_optional(db)
     .await
 }
@@ -105,19 +110,21 @@ pub async fn fence_expiry(
     job_id: JobId,
     consumer: &ConsumerName,
 ) -> sqlx::Result<Option<DateTime<Utc>>> {
-    sqlx::query_scalar(
+    sqlx::query_scalar!(
         "SELECT expires_at FROM core.processed_jobs WHERE job_id = $1 AND consumer = $2",
+        job_id.0,
+        consumer.as_str(),
     )
-    .bind(job_id.0)
-    .bind(consumer.as_str())
     .fetch_optional(db)
     .await
 }
 
 /// How many fences exist for `job_id` across all consumers.
 pub async fn count_fences(db: impl PgExecutor<'_>, job_id: JobId) -> sqlx::Result<i64> {
-    sqlx::query_scalar("SELECT count(*) FROM core.processed_jobs WHERE job_id = $1")
-        .bind(job_id.0)
-        .fetch_one(db)
-        .await
+    sqlx::query_scalar!(
+        r#"SELECT count(*) AS "count!" FROM core.processed_jobs WHERE job_id = $1"#,
+        job_id.0,
+    )
+    .fetch_one(db)
+    .await
 }
