@@ -2,7 +2,9 @@
 //! letter is committed before any page is tried, and a page never holds its caller longer than
 //! the alerter's budget; a step not delivered stays due in PostgreSQL for the scheduled run.
 
-use super::{BetterStack, GroupIncidents, GroupReadBacks, Pager, Pages, Round, Routes, deliver};
+use super::{
+    BetterStack, GroupIncidents, GroupReadBacks, Pace, Pager, Pages, Round, Routes, deliver,
+};
 use crate::clock::Clock;
 use crate::metrics::{Metric, Metrics};
 use sqlx::PgPool;
@@ -80,12 +82,14 @@ impl Alerter {
         }
     }
 
-    /// Delivers up to `limit` due steps of `pager` until `until`, each within the budget.
+    /// Delivers up to `limit` due steps of `pager` until `until`, each within the budget,
+    /// started at `pace`.
     pub(crate) async fn page<P: Pager>(
         &self,
         pager: &P,
         limit: i64,
         until: Instant,
+        pace: Pace,
     ) -> sqlx::Result<Pages> {
         let round = Round {
             pool: &self.pool,
@@ -93,6 +97,7 @@ impl Alerter {
             clock: self.clock.as_ref(),
             until,
             per_page: self.budget,
+            pace,
         };
         deliver(round, pager, limit).await
     }
@@ -104,7 +109,9 @@ impl Alerter {
     pub fn deliver_pending(&self, limit: i64) -> Pin<Box<dyn Future<Output = Pages> + Send + '_>> {
         Box::pin(async move {
             let until = Instant::now() + self.budget;
-            let pages = self.page(&self.group_incidents(), limit, until).await;
+            let pages = self
+                .page(&self.group_incidents(), limit, until, Pace::Share)
+                .await;
             pages.unwrap_or_else(|e| {
                 tracing::warn!(error = %e, "could not read the incidents due");
                 Pages::default()
@@ -117,7 +124,7 @@ impl Alerter {
     /// [`Self::deliver_pending`]. Never returns an error.
     pub(crate) async fn raise_again_resolved_by_hand(&self, limit: i64) -> Pages {
         let until = Instant::now() + self.budget;
-        let pages = self.page(&GroupReadBacks, limit, until).await;
+        let pages = self.page(&GroupReadBacks, limit, until, Pace::Share).await;
         pages.unwrap_or_else(|e| {
             tracing::warn!(error = %e, "could not read the open incidents to check");
             Pages::default()

@@ -7,7 +7,7 @@ use super::{AlertError, BetterStack, Lease, Paged, Pager, Route, stored};
 use crate::ids::GroupId;
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 use std::time::Duration;
 
 /// Pages of open groups whose oldest pending letter is older than `after` (a step per `after`).
@@ -37,9 +37,15 @@ impl Pager for Escalations<'_> {
     type Sent = String;
     const KIND: &'static str = "escalation";
 
-    /// The open groups at a step not yet paged, the oldest letter first, each (group, step)
-    /// claimed unless paged or claimed by another run.
-    async fn claim(&self, pool: &PgPool, lease: Lease, limit: i64) -> sqlx::Result<Vec<DueGroup>> {
+    /// The open groups at a step not yet paged and held by no sender: the steps never tried
+    /// first, then the oldest letter first. Each (group, step) is claimed
+    /// unless another run claimed it meanwhile.
+    async fn claim(
+        &self,
+        conn: &mut PgConnection,
+        lease: Lease,
+        limit: i64,
+    ) -> sqlx::Result<Vec<DueGroup>> {
         sqlx::query_as!(
             DueGroup,
             r#"WITH open AS (
@@ -47,13 +53,29 @@ impl Pager for Escalations<'_> {
                         (SELECT min(d.created_at) FROM core.dead_letters d
                          WHERE d.group_id = g.id AND d.status = 'pending_review') AS oldest
                  FROM core.dead_letter_groups g WHERE g.resolved_at IS NULL),
+             candidates AS (
+                 SELECT open.*, s.step
+                 FROM open
+                 CROSS JOIN LATERAL (SELECT floor(extract(epoch FROM ($1 - open.oldest))
+                                                  / $3::float8)::int AS step) s
+                 WHERE open.oldest <= $1 - make_interval(secs => $3::float8)),
+             -- The steps' rows free to claim, locked now or skipped: a claim never waits on
+             -- another sender (nor on anything holding a row), so it is never cut off midway.
+             held AS (
+                 SELECT e.group_id, e.step, e.attempts
+                 FROM core.dead_letter_group_escalations e
+                 JOIN candidates c ON c.id = e.group_id AND c.step = e.step
+                 WHERE e.paged_at IS NULL AND (e.claimed_until IS NULL OR e.claimed_until < $1)
+                 FOR UPDATE OF e SKIP LOCKED),
              due AS (
-                 SELECT open.*, floor(extract(epoch FROM ($1 - oldest)) / $3::float8)::int AS step
-                 FROM open WHERE oldest <= $1 - make_interval(secs => $3::float8)
-                   AND NOT EXISTS (SELECT 1 FROM core.dead_letter_group_escalations e
-                                   WHERE e.group_id = open.id AND e.paged_at IS NOT NULL
-                                     AND e.step = floor(extract(epoch FROM ($1 - open.oldest)) / $3::float8)::int)
-                 ORDER BY oldest LIMIT $4),
+                 SELECT c.*
+                 FROM candidates c
+                 LEFT JOIN held h ON h.group_id = c.id AND h.step = c.step
+                 WHERE h.group_id IS NOT NULL
+                    OR NOT EXISTS (SELECT 1 FROM core.dead_letter_group_escalations e
+                                   WHERE e.group_id = c.id AND e.step = c.step)
+                 -- Never tried first: steps BetterStack keeps refusing never hold the others back.
+                 ORDER BY coalesce(h.attempts, 0), c.oldest LIMIT $4),
              claimed AS (
                  INSERT INTO core.dead_letter_group_escalations AS e (group_id, step, claimed_until)
                  SELECT id, step, $2 FROM due
@@ -71,7 +93,7 @@ impl Pager for Escalations<'_> {
             self.after.as_secs_f64(),
             limit,
         )
-        .fetch_all(pool)
+        .fetch_all(&mut *conn)
         .await
     }
 
@@ -109,6 +131,9 @@ impl Pager for Escalations<'_> {
         })
     }
 
+    /// A refused page counts an attempt and is due again at once (the claim takes the steps
+    /// never tried first, so a refused one holds nothing back); one not started for lack of
+    /// time is left as it was.
     async fn release(
         &self,
         pool: &PgPool,

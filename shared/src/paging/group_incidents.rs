@@ -7,7 +7,7 @@ use super::{AlertError, BetterStack, Lease, Paged, Pager, Routes, retry_at, stor
 use crate::dead_letter::{COLUMNS, Group, GroupRow, GroupStatus};
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 use std::time::Duration;
 
 /// What a group's incident needs next.
@@ -70,7 +70,12 @@ impl Pager for GroupIncidents<'_> {
     type Sent = Option<String>;
     const KIND: &'static str = "group incident";
 
-    async fn claim(&self, pool: &PgPool, lease: Lease, limit: i64) -> sqlx::Result<Vec<Due>> {
+    async fn claim(
+        &self,
+        conn: &mut PgConnection,
+        lease: Lease,
+        limit: i64,
+    ) -> sqlx::Result<Vec<Due>> {
         // Dynamic: a `GroupRow` by the one column list (`COLUMNS`) its every read shares.
         let rows: Vec<DueRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "UPDATE core.dead_letter_groups SET claimed_until = $2
@@ -83,7 +88,7 @@ impl Pager for GroupIncidents<'_> {
         .bind(lease.now)
         .bind(lease.until)
         .bind(limit)
-        .fetch_all(pool)
+        .fetch_all(&mut *conn)
         .await?;
         Ok(rows
             .into_iter()

@@ -27,7 +27,7 @@ pub(crate) use read_backs::{GroupReadBacks, UnsentReplayReadBacks};
 pub(crate) use unsent_replays::UnsentReplayIncidents;
 
 use chrono::{DateTime, Utc};
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -73,9 +73,14 @@ pub(crate) trait Pager {
     /// The kind, for logs.
     const KIND: &'static str;
 
-    /// Claims up to `limit` steps due at `lease.now`, until `lease.until`.
-    async fn claim(&self, pool: &PgPool, lease: Lease, limit: i64)
-    -> sqlx::Result<Vec<Self::Step>>;
+    /// Claims up to `limit` steps due at `lease.now`, until `lease.until`: the due steps a
+    /// claim skips (held by another sender, or waiting out a backoff) never fill the limit.
+    async fn claim(
+        &self,
+        conn: &mut PgConnection,
+        lease: Lease,
+        limit: i64,
+    ) -> sqlx::Result<Vec<Self::Step>>;
 
     /// Sends `step` to BetterStack within `budget`.
     async fn send(
@@ -182,6 +187,20 @@ pub(crate) struct Round<'a> {
     pub until: Instant,
     /// The most one step may take.
     pub per_page: Duration,
+    /// When a step may start.
+    pub pace: Pace,
+}
+
+/// When a round starts a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pace {
+    /// While any time is left: the steps share the round's budget (a letter's own round, which
+    /// must not hold its message longer).
+    Share,
+    /// Only with a whole `per_page` left: a step started short of time would fail, count an
+    /// attempt and, if BetterStack took it all the same, be sent again (the scheduled run's
+    /// escalations).
+    WholePages,
 }
 
 /// Claims up to `limit` of `pager`'s due steps and sends each within the round's time, then
@@ -194,14 +213,20 @@ pub(crate) async fn deliver<P: Pager>(
 ) -> sqlx::Result<Pages> {
     let now = round.clock.now();
     let until = now + chrono::Duration::from_std(LEASE).unwrap_or_default();
-    let claimed = pager.claim(round.pool, Lease { now, until }, limit);
-    let Ok(steps) = tokio::time::timeout_at(round.until, claimed).await else {
+    // Only the wait for a connection is bounded by the round: a claim cut off mid-statement
+    // could still commit, and its steps would wait out the lease with no sender.
+    let Ok(conn) = tokio::time::timeout_at(round.until, round.pool.acquire()).await else {
         return Ok(Pages::default());
     };
+    let steps = pager.claim(&mut *conn?, Lease { now, until }, limit).await;
     let mut pages = Pages::default();
     for step in steps? {
         let left = round.until.saturating_duration_since(Instant::now());
-        let recorded = if left.is_zero() {
+        let enough = match round.pace {
+            Pace::Share => !left.is_zero(),
+            Pace::WholePages => left >= round.per_page,
+        };
+        let recorded = if !enough {
             pages.deferred += 1;
             pager
                 .release(round.pool, &step, None, round.clock.now())

@@ -6,7 +6,7 @@
 use super::{AlertError, BetterStack, INCIDENT_CHECK_INTERVAL, Lease, Paged, Pager};
 use crate::replay_sends::overdue_before;
 use chrono::{DateTime, Utc};
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 use std::time::Duration;
 
 /// An open incident to read back: whose (a group's id, or a queue's name) and which.
@@ -28,7 +28,12 @@ impl Pager for GroupReadBacks {
     type Sent = bool;
     const KIND: &'static str = "group incident read-back";
 
-    async fn claim(&self, pool: &PgPool, lease: Lease, limit: i64) -> sqlx::Result<Vec<ReadBack>> {
+    async fn claim(
+        &self,
+        conn: &mut PgConnection,
+        lease: Lease,
+        limit: i64,
+    ) -> sqlx::Result<Vec<ReadBack>> {
         sqlx::query_as!(
             ReadBack,
             r#"UPDATE core.dead_letter_groups SET claimed_until = $2
@@ -45,7 +50,7 @@ impl Pager for GroupReadBacks {
             checked_before(lease.now),
             limit,
         )
-        .fetch_all(pool)
+        .fetch_all(&mut *conn)
         .await
     }
 
@@ -92,29 +97,21 @@ impl Pager for GroupReadBacks {
             );
             return Ok(Paged::RaisedAgain);
         }
-        self.release(pool, step, None, now)
+        end_group_claim(pool, step, Some(now))
             .await
             .map(|()| Paged::StillOpen)
     }
 
-    /// Ends the claim; the incident counts as read at `now` (a failed read is read again after
-    /// the interval, not at once).
+    /// A failed read counts as a read (the incident is read again after the interval); one not
+    /// started for lack of time is left due as it was.
     async fn release(
         &self,
         pool: &PgPool,
         step: &ReadBack,
-        _: Option<&AlertError>,
+        error: Option<&AlertError>,
         now: DateTime<Utc>,
     ) -> sqlx::Result<()> {
-        sqlx::query!(
-            "UPDATE core.dead_letter_groups SET incident_checked_at = $2, claimed_until = NULL
-             WHERE id = $1::text::bigint",
-            &step.owner,
-            now,
-        )
-        .execute(pool)
-        .await
-        .map(drop)
+        end_group_claim(pool, step, error.map(|_| now)).await
     }
 
     fn label(step: &ReadBack) -> String {
@@ -133,7 +130,12 @@ impl Pager for UnsentReplayReadBacks {
     type Sent = bool;
     const KIND: &'static str = "unsent replays' incident read-back";
 
-    async fn claim(&self, pool: &PgPool, lease: Lease, limit: i64) -> sqlx::Result<Vec<ReadBack>> {
+    async fn claim(
+        &self,
+        conn: &mut PgConnection,
+        lease: Lease,
+        limit: i64,
+    ) -> sqlx::Result<Vec<ReadBack>> {
         sqlx::query_as!(
             ReadBack,
             r#"UPDATE core.replay_send_incidents r SET claimed_until = $2
@@ -152,7 +154,7 @@ impl Pager for UnsentReplayReadBacks {
             overdue_before(lease.now, self.bound),
             limit,
         )
-        .fetch_all(pool)
+        .fetch_all(&mut *conn)
         .await
     }
 
@@ -203,13 +205,42 @@ impl Pager for UnsentReplayReadBacks {
         &self,
         pool: &PgPool,
         step: &ReadBack,
-        _: Option<&AlertError>,
+        error: Option<&AlertError>,
         now: DateTime<Utc>,
     ) -> sqlx::Result<()> {
-        self.record(pool, step, false, now).await.map(drop)
+        if error.is_some() {
+            return self.record(pool, step, false, now).await.map(drop);
+        }
+        sqlx::query!(
+            "UPDATE core.replay_send_incidents SET claimed_until = NULL
+             WHERE queue = $1 AND incident_id = $2",
+            &step.owner,
+            &step.incident_id,
+        )
+        .execute(pool)
+        .await
+        .map(drop)
     }
 
     fn label(step: &ReadBack) -> String {
         format!("incident {} of queue {}", step.incident_id, step.owner)
     }
+}
+
+/// Ends a group read-back's claim; with `checked_at`, the incident counts as read then.
+async fn end_group_claim(
+    pool: &PgPool,
+    step: &ReadBack,
+    checked_at: Option<DateTime<Utc>>,
+) -> sqlx::Result<()> {
+    sqlx::query!(
+        "UPDATE core.dead_letter_groups
+         SET incident_checked_at = coalesce($2, incident_checked_at), claimed_until = NULL
+         WHERE id = $1::text::bigint",
+        &step.owner,
+        checked_at,
+    )
+    .execute(pool)
+    .await
+    .map(drop)
 }

@@ -9,7 +9,7 @@ use super::{AlertError, BetterStack, Lease, Paged, Pager, Routes, stored};
 use crate::replay_sends::{UnsentQueue, overdue_before};
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 use std::time::Duration;
 
 /// The incidents of queues whose replays stay unsent past `bound`.
@@ -46,18 +46,41 @@ impl Pager for UnsentReplayIncidents<'_> {
     type Sent = Option<String>;
     const KIND: &'static str = "unsent replays' incident";
 
-    async fn claim(&self, pool: &PgPool, lease: Lease, limit: i64) -> sqlx::Result<Vec<Step>> {
+    async fn claim(
+        &self,
+        conn: &mut PgConnection,
+        lease: Lease,
+        limit: i64,
+    ) -> sqlx::Result<Vec<Step>> {
         let overdue_before = overdue_before(lease.now, self.bound);
         let opens = sqlx::query!(
             r#"WITH overdue AS (
-                 SELECT queue, count(*) AS replays, min(queued_at) AS oldest,
-                        max(attempts) AS attempts,
-                        (array_agg(last_error ORDER BY last_attempt_at DESC NULLS LAST))[1] AS last_error
-                 FROM core.replay_sends WHERE queued_at < $3
-                 GROUP BY queue ORDER BY min(queued_at) LIMIT $4),
+                 SELECT s.queue, count(*) AS replays, min(s.queued_at) AS oldest,
+                        max(s.attempts) AS attempts,
+                        (array_agg(s.last_error ORDER BY s.last_attempt_at DESC NULLS LAST))[1]
+                            AS last_error
+                 FROM core.replay_sends s
+                 LEFT JOIN core.replay_send_incidents i ON i.queue = s.queue
+                 WHERE s.queued_at < $3
+                   -- Queues with an open incident, or held by a sender, never fill the limit;
+                   -- those whose incident BetterStack refused come after the others.
+                   AND (i.queue IS NULL
+                        OR ((i.incident_id IS NULL OR i.resolved_at IS NOT NULL)
+                            AND (i.claimed_until IS NULL OR i.claimed_until < $1)))
+                 GROUP BY s.queue, i.attempts
+                 ORDER BY coalesce(i.attempts, 0), min(s.queued_at) LIMIT $4),
+             -- The queues' rows free to claim, locked now or skipped: a claim never waits.
+             held AS (
+                 SELECT r.queue FROM core.replay_send_incidents r JOIN overdue o USING (queue)
+                 FOR UPDATE OF r SKIP LOCKED),
+             free AS (
+                 SELECT o.* FROM overdue o
+                 WHERE o.queue IN (SELECT queue FROM held)
+                    OR NOT EXISTS (SELECT 1 FROM core.replay_send_incidents r
+                                   WHERE r.queue = o.queue)),
              claimed AS (
                  INSERT INTO core.replay_send_incidents AS r (queue, claimed_until)
-                 SELECT queue, $2 FROM overdue
+                 SELECT queue, $2 FROM free
                  ON CONFLICT (queue) DO UPDATE SET claimed_until = $2
                      WHERE (r.incident_id IS NULL OR r.resolved_at IS NOT NULL)
                        AND (r.claimed_until IS NULL OR r.claimed_until < $1)
@@ -71,20 +94,22 @@ impl Pager for UnsentReplayIncidents<'_> {
             overdue_before,
             limit,
         )
-        .fetch_all(pool)
+        .fetch_all(&mut *conn)
         .await?;
         let resolves = sqlx::query!(
-            r#"UPDATE core.replay_send_incidents r SET claimed_until = $2
-             WHERE incident_id IS NOT NULL AND resolved_at IS NULL
-               AND (claimed_until IS NULL OR claimed_until < $1)
-               AND NOT EXISTS (SELECT 1 FROM core.replay_sends s
-                               WHERE s.queue = r.queue AND s.queued_at < $3)
+            r#"UPDATE core.replay_send_incidents SET claimed_until = $2
+             WHERE queue IN (SELECT r.queue FROM core.replay_send_incidents r
+                             WHERE r.incident_id IS NOT NULL AND r.resolved_at IS NULL
+                               AND (r.claimed_until IS NULL OR r.claimed_until < $1)
+                               AND NOT EXISTS (SELECT 1 FROM core.replay_sends s
+                                               WHERE s.queue = r.queue AND s.queued_at < $3)
+                             FOR UPDATE SKIP LOCKED)
              RETURNING queue, incident_id AS "incident_id!""#,
             lease.now,
             lease.until,
             overdue_before,
         )
-        .fetch_all(pool)
+        .fetch_all(&mut *conn)
         .await?;
         let opens = opens.into_iter().map(|r| Step::Open {
             queue: UnsentQueue {
@@ -167,6 +192,8 @@ impl Pager for UnsentReplayIncidents<'_> {
         Ok(paged)
     }
 
+    /// A refused step counts an attempt and is due again at once (the claim takes the queues
+    /// never tried first); one not started for lack of time is left as it was.
     async fn release(
         &self,
         pool: &PgPool,

@@ -21,7 +21,9 @@ pub use report::{ScheduledReport, Waiting};
 
 use crate::clock::Clock;
 use crate::dead_letter::{delivery_backlog, pending_review};
-use crate::paging::{Alerter, Escalations, Pages, UnsentReplayIncidents, UnsentReplayReadBacks};
+use crate::paging::{
+    Alerter, Escalations, Pace, Pages, UnsentReplayIncidents, UnsentReplayReadBacks,
+};
 use crate::replay_sends::unsent;
 use sqlx::PgPool;
 use std::sync::Arc;
@@ -121,7 +123,8 @@ impl ScheduledRun {
             route,
             after: self.escalate_after,
         };
-        let pages = alerter.page(&pager, ESCALATIONS_PER_RUN, until).await;
+        let pages = alerter.page(&pager, ESCALATIONS_PER_RUN, until, Pace::WholePages);
+        let pages = pages.await;
         pages.map_err(|e| e.to_string())
     }
 
@@ -139,8 +142,14 @@ impl ScheduledRun {
         };
         let limit = UNSENT_QUEUES_PER_RUN;
         let paged = async {
-            let mut pages = alerter.page(&read_backs, limit, until).await?;
-            pages.add(alerter.page(&incidents, limit, until).await?);
+            let mut pages = alerter
+                .page(&read_backs, limit, until, Pace::WholePages)
+                .await?;
+            pages.add(
+                alerter
+                    .page(&incidents, limit, until, Pace::WholePages)
+                    .await?,
+            );
             Ok::<_, sqlx::Error>(pages)
         };
         paged.await.map_err(|e| e.to_string())
