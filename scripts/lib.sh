@@ -216,7 +216,7 @@ ensure_sqlx_cli() {
 SQLX_DATABASE=sqlx_offline
 sqlx_prepare() {
   ensure_sqlx_cli
-  PGOPTIONS='-c client_min_messages=warning' psql "$DATABASE_URL" -qc "DROP DATABASE IF EXISTS \"$SQLX_DATABASE\"" >/dev/null ||
+  PGOPTIONS='-c client_min_messages=warning' psql "$DATABASE_URL" -qc "DROP DATABASE IF EXISTS \"$SQLX_DATABASE\" WITH (FORCE)" >/dev/null ||
     die "could not drop database $SQLX_DATABASE"
   local url source
   url=$(database_url_for "$SQLX_DATABASE") || exit 1

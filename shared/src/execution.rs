@@ -90,6 +90,7 @@ type StartRow = (
 /// Before a repeat delivery runs: in one statement, is the job already done, does this message
 /// already have its letter, is the job over its budget, and if none of these, charges the
 /// execution (clearing the last error, so a crash leaves it empty).
+// Long for its one statement: the SQL is most of it, and reads best whole.
 pub async fn start_execution(
     db: impl PgExecutor<'_>,
     job_id: JobId,

@@ -46,50 +46,62 @@ where
     let secrets = aws_sdk_secretsmanager::Client::new(&sdk);
     let database = or_exit(Database::new(&config.database, &secrets));
     let visibility = SqsVisibility(aws_sdk_sqs::Client::new(&sdk));
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let alerter = config
-        .alerts
-        .as_ref()
-        .map(|a| or_exit(a.alerter(database.pool().clone(), clock.clone(), &secrets)));
-    let consumer = make(config.consumer_name.clone());
-    or_exit(config.fence.agree_on_job_fields(consumer.job_fields()));
-    let harness = Harness::new(
-        consumer,
-        database.pool().clone(),
-        harness_settings(&config),
-        clock,
-        rand::make_rng(),
-    )
-    .with_alerter(alerter);
+    let harness = harness_of(
+        make(config.consumer_name.clone()),
+        &config,
+        &database,
+        &secrets,
+    );
     let (harness, visibility, config, database) = (&harness, &visibility, &config, &database);
 
     // Boxed: the service future is deep enough to overflow the compiler's layout query depth in
     // optimized builds of the consumer crates (seen with the perf and release profiles).
     Box::pin(lambda_runtime::run(service_fn(
-        move |event: LambdaEvent<SqsEvent>| async move {
-            let deadline = invocation_deadline(event.context.deadline, harness.now());
-            if let Err(e) = database.ready().await {
-                // The records fail or hand themselves back as with the database down.
-                tracing::error!(error = %e, "the database is not ready");
-            }
-            let response: SqsBatchResponse = process_batch(
-                harness,
-                visibility,
-                event.payload.records,
-                deadline,
-                batch_settings(config),
-            )
-            .await;
-            harness.metrics().flush_emf(
-                &mut std::io::stdout().lock(),
-                &config.metrics_namespace,
-                config.consumer_name.as_str(),
-                harness.now(),
-            )?;
-            Ok::<_, lambda_runtime::Error>(response)
-        },
+        move |event: LambdaEvent<SqsEvent>| invoke(harness, visibility, config, database, event),
     )))
     .await
+}
+
+/// One invocation: the batch processed within its deadline, then the metrics flushed.
+async fn invoke<C: Consumer>(
+    harness: &Harness<C>,
+    visibility: &SqsVisibility,
+    config: &ConsumerConfig,
+    database: &Database,
+    event: LambdaEvent<SqsEvent>,
+) -> Result<SqsBatchResponse, lambda_runtime::Error> {
+    let deadline = invocation_deadline(event.context.deadline, harness.now());
+    if let Err(e) = database.ready().await {
+        // The records fail or hand themselves back as with the database down.
+        tracing::error!(error = %e, "the database is not ready");
+    }
+    let records = event.payload.records;
+    let settings = batch_settings(config);
+    let response = process_batch(harness, visibility, records, deadline, settings).await;
+    harness.metrics().flush_emf(
+        &mut std::io::stdout().lock(),
+        &config.metrics_namespace,
+        config.consumer_name.as_str(),
+        harness.now(),
+    )?;
+    Ok(response)
+}
+
+/// The harness over `consumer`, as `config` sets it up; a consumer whose code names other job
+/// fields than `JOB_FIELDS` stops here, naming the variable.
+fn harness_of<C: Consumer>(
+    consumer: C,
+    config: &ConsumerConfig,
+    database: &Database,
+    secrets: &aws_sdk_secretsmanager::Client,
+) -> Harness<C> {
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let pool = database.pool().clone();
+    let alerter =
+        (config.alerts.as_ref()).map(|a| or_exit(a.alerter(pool.clone(), clock.clone(), secrets)));
+    or_exit(config.fence.agree_on_job_fields(consumer.job_fields()));
+    let settings = harness_settings(config);
+    Harness::new(consumer, pool, settings, clock, rand::make_rng()).with_alerter(alerter)
 }
 
 /// The harness settings a consumer's configuration describes. A contended fence is retried

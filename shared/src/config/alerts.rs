@@ -45,30 +45,7 @@ impl AlertConfig {
         if env.parsed(ALERTING_DISABLED, false)? {
             return Ok(None);
         }
-        let token = match (
-            env.get(BETTERSTACK_API_TOKEN),
-            env.get(BETTERSTACK_TOKEN_SECRET_ARN),
-        ) {
-            (Some(_), Some(_)) => {
-                return Err(ConfigError {
-                    variable: BETTERSTACK_TOKEN_SECRET_ARN,
-                    problem: format!(
-                        "is set together with {BETTERSTACK_API_TOKEN}: set one (the secret when deployed)"
-                    ),
-                });
-            }
-            (Some(token), None) => TokenSource::Plain(token),
-            (None, Some(arn)) => TokenSource::Secret(arn),
-            (None, None) => {
-                return Err(ConfigError {
-                    variable: BETTERSTACK_API_TOKEN,
-                    problem: format!(
-                        "is not set (nor {BETTERSTACK_TOKEN_SECRET_ARN}); set {ALERTING_DISABLED}=true \
-                         to run without alerts (locally only)"
-                    ),
-                });
-            }
-        };
+        let token = token_source(env)?;
         let base_url = env.parsed(
             BETTERSTACK_BASE_URL,
             "https://uptime.betterstack.com".to_owned(),
@@ -134,6 +111,31 @@ impl AlertConfig {
             self.budget,
             self.update_every,
         ))
+    }
+}
+
+/// Where the token comes from: exactly one of [`BETTERSTACK_API_TOKEN`] (locally) and
+/// [`BETTERSTACK_TOKEN_SECRET_ARN`].
+fn token_source(env: &Env<'_>) -> Result<TokenSource, ConfigError> {
+    match (
+        env.get(BETTERSTACK_API_TOKEN),
+        env.get(BETTERSTACK_TOKEN_SECRET_ARN),
+    ) {
+        (Some(token), None) => Ok(TokenSource::Plain(token)),
+        (None, Some(arn)) => Ok(TokenSource::Secret(arn)),
+        (Some(_), Some(_)) => Err(ConfigError {
+            variable: BETTERSTACK_TOKEN_SECRET_ARN,
+            problem: format!(
+                "is set together with {BETTERSTACK_API_TOKEN}: set one (the secret when deployed)"
+            ),
+        }),
+        (None, None) => Err(ConfigError {
+            variable: BETTERSTACK_API_TOKEN,
+            problem: format!(
+                "is not set (nor {BETTERSTACK_TOKEN_SECRET_ARN}); set {ALERTING_DISABLED}=true \
+                 to run without alerts (locally only)"
+            ),
+        }),
     }
 }
 

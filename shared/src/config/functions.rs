@@ -36,24 +36,8 @@ impl ScheduledConfig {
                 problem: format!("must be 1 to 100000, got {batch_size}"),
             });
         }
-        let days = env.parsed(ESCALATE_AFTER_DAYS, 3.0f64)?;
-        if !(days.is_finite() && days > 0.0) {
-            return Err(ConfigError {
-                variable: ESCALATE_AFTER_DAYS,
-                problem: format!("must be a positive number of days, got {days}"),
-            });
-        }
-        let replay_alert_after = env.seconds(REPLAY_UNSENT_ALERT_SECONDS, REPLAY_ALERT_AFTER)?;
-        if !(120..=7 * 86_400).contains(&replay_alert_after.as_secs()) {
-            return Err(ConfigError {
-                variable: REPLAY_UNSENT_ALERT_SECONDS,
-                problem: format!(
-                    "must be 120 to 604800 seconds (past the first retries of a replay, within \
-                     a fence's lifetime), got {}",
-                    replay_alert_after.as_secs()
-                ),
-            });
-        }
+        let days = escalate_after_days(env)?;
+        let replay_alert_after = replay_alert_after(env)?;
         let database = DatabaseConfig::from_env(env)?;
         let fence = FenceConfig::from_env(env)?;
         let heartbeat_url = env.get(BETTERSTACK_HEARTBEAT_URL);
@@ -225,4 +209,32 @@ impl ApiConfig {
             lock_wait: Duration::from_millis(wait),
         })
     }
+}
+
+/// [`ESCALATE_AFTER_DAYS`]: a positive number of days.
+fn escalate_after_days(env: &Env<'_>) -> Result<f64, ConfigError> {
+    let days = env.parsed(ESCALATE_AFTER_DAYS, 3.0f64)?;
+    if !(days.is_finite() && days > 0.0) {
+        return Err(ConfigError {
+            variable: ESCALATE_AFTER_DAYS,
+            problem: format!("must be a positive number of days, got {days}"),
+        });
+    }
+    Ok(days)
+}
+
+/// [`REPLAY_UNSENT_ALERT_SECONDS`]: past a replay's first retries, within a fence's lifetime.
+fn replay_alert_after(env: &Env<'_>) -> Result<Duration, ConfigError> {
+    let after = env.seconds(REPLAY_UNSENT_ALERT_SECONDS, REPLAY_ALERT_AFTER)?;
+    if !(120..=7 * 86_400).contains(&after.as_secs()) {
+        return Err(ConfigError {
+            variable: REPLAY_UNSENT_ALERT_SECONDS,
+            problem: format!(
+                "must be 120 to 604800 seconds (past the first retries of a replay, within a \
+                 fence's lifetime), got {}",
+                after.as_secs()
+            ),
+        });
+    }
+    Ok(after)
 }

@@ -12,7 +12,6 @@ use crate::ids::{ConsumerName, DeadLetterId, GroupId, JobId};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::{PgExecutor, Postgres, QueryBuilder};
-use std::time::Duration;
 
 /// The incident a group stands for, as far as it has been delivered.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -248,57 +247,4 @@ pub async fn group_of_letter(
     .fetch_optional(db)
     .await?;
     Ok(row.map(Group::from))
-}
-
-/// How far behind paging is at `now`: the groups whose incident is still to be opened or
-/// resolved, and how long the oldest of them has waited (since its first letter, or since it
-/// resolved). Updates are left out: they wait on purpose.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct DeliveryBacklog {
-    /// Groups waiting to be paged or resolved.
-    pub groups: i64,
-    /// How long the oldest has waited.
-    pub oldest: Duration,
-}
-
-/// The [`DeliveryBacklog`] at `now`.
-pub(crate) async fn delivery_backlog(
-    db: impl PgExecutor<'_>,
-    now: DateTime<Utc>,
-) -> sqlx::Result<DeliveryBacklog> {
-    let row = sqlx::query!(
-        r#"SELECT count(*) AS "groups!",
-                min(CASE WHEN incident_id IS NULL THEN first_letter_at ELSE resolved_at END)
-                    AS "since?"
-         FROM core.dead_letter_groups
-         WHERE needs_delivery AND (incident_id IS NULL OR resolved_at IS NOT NULL)"#,
-    )
-    .fetch_one(db)
-    .await?;
-    Ok(DeliveryBacklog {
-        groups: row.groups,
-        oldest: row
-            .since
-            .and_then(|t| (now - t).to_std().ok())
-            .unwrap_or_default(),
-    })
-}
-
-/// Letters pending review, and how old the oldest is at `now` (for the scheduled run's metrics).
-pub async fn pending_review(
-    db: impl PgExecutor<'_>,
-    now: DateTime<Utc>,
-) -> sqlx::Result<(i64, Duration)> {
-    let row = sqlx::query!(
-        r#"SELECT count(*) AS "pending!", min(created_at) AS "oldest?"
-         FROM core.dead_letters WHERE status = 'pending_review'"#,
-    )
-    .fetch_one(db)
-    .await?;
-    Ok((
-        row.pending,
-        row.oldest
-            .and_then(|t| (now - t).to_std().ok())
-            .unwrap_or_default(),
-    ))
 }

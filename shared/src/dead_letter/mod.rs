@@ -25,11 +25,12 @@ mod letter_list;
 mod list;
 mod record;
 mod review;
+mod settle;
 
-pub(crate) use groups::{COLUMNS, GroupRow, delivery_backlog};
+pub(crate) use groups::{COLUMNS, GroupRow};
 pub use groups::{
-    DeliveryBacklog, Group, GroupFilter, GroupPosition, Incident, group, group_of_letter,
-    groups_of_failed_replays, list_groups, pending_review,
+    Group, GroupFilter, GroupPosition, Incident, group, group_of_letter, groups_of_failed_replays,
+    list_groups,
 };
 pub(crate) use kinds::text_enum;
 pub use kinds::{ErrorKind, GroupStatus, ReplayOutcome, ReviewStatus};
@@ -38,12 +39,13 @@ pub use letter::{
 };
 pub(crate) use letter::{MAX_ERROR_BYTES, storable_error};
 pub use letter_list::{LetterSummary, ListFilter, Position, id_prefix_range, list_letters};
-pub(crate) use record::{CONFLICT_ERROR, record_without_settling};
-pub use record::{Recorded, Settled, record_dead_letter, record_unless_processed};
+pub use record::{Recorded, record_dead_letter};
 pub use review::{
     LockedLetter, Verdict, Withdrawal, fence_is_another_job, is_lock_timeout, letter_fence_exists,
     lock_letter, queued_replays, record_replay_sent, withdraw_replay,
 };
+pub(crate) use settle::{CONFLICT_ERROR, record_without_settling};
+pub use settle::{Settled, record_unless_processed};
 
 /// The most bytes an identifier keeps in a letter's indexed columns.
 pub use crate::ids::MAX_ID_BYTES;

@@ -143,6 +143,40 @@ impl LockedLetter {
     }
 }
 
+/// The columns a verdict sets: status, discard reason, replay outcome, reason and body.
+type VerdictColumns<'a> = (
+    ReviewStatus,
+    Option<&'a str>,
+    Option<&'static str>,
+    Option<&'a str>,
+    Option<&'a str>,
+);
+
+impl Verdict {
+    fn columns(&self) -> VerdictColumns<'_> {
+        match self {
+            Verdict::Replayed {
+                outcome,
+                reason,
+                body,
+            } => (
+                ReviewStatus::Replayed,
+                None,
+                Some(outcome.as_str()),
+                reason.as_deref(),
+                body.as_deref(),
+            ),
+            Verdict::Discarded { reason } => (
+                ReviewStatus::Discarded,
+                Some(reason.as_str()),
+                None,
+                None,
+                None,
+            ),
+        }
+    }
+}
+
 async fn mark_reviewed(
     conn: &mut PgConnection,
     id: Uuid,
@@ -151,26 +185,7 @@ async fn mark_reviewed(
     actor: &str,
     now: DateTime<Utc>,
 ) -> sqlx::Result<DeadLetter> {
-    let (status, discard_reason, outcome, replay_reason, replay_body) = match verdict {
-        Verdict::Replayed {
-            outcome,
-            reason,
-            body,
-        } => (
-            ReviewStatus::Replayed,
-            None,
-            Some(outcome.as_str()),
-            reason.as_deref(),
-            body.as_deref(),
-        ),
-        Verdict::Discarded { reason } => (
-            ReviewStatus::Discarded,
-            Some(reason.as_str()),
-            None,
-            None,
-            None,
-        ),
-    };
+    let (status, discard_reason, outcome, replay_reason, replay_body) = verdict.columns();
     // Dynamic: `DeadLetter` reads its head by `#[sqlx(flatten)]`, which `query_as!` cannot fill.
     sqlx::query_as(
         "UPDATE core.dead_letters

@@ -7,16 +7,14 @@
 
 use super::Harness;
 use super::lanes::Lane;
+use super::work_errors::{caught, refusal};
 use crate::consumer::{Consumer, Job, ProcessError};
 use crate::fence::{
-    CheckFailed, CloseError, FenceClaim, FenceError, close_job, close_jobs, open_job, open_jobs,
+    CloseError, FenceClaim, FenceError, close_job, close_jobs, open_job, open_jobs,
 };
 use crate::ids::JobId;
-use futures_util::FutureExt;
 use sqlx::PgConnection;
 use std::collections::HashSet;
-use std::future::Future;
-use std::panic::AssertUnwindSafe;
 
 /// The jobs one transaction commits.
 pub(super) enum Jobs<'a, P> {
@@ -275,43 +273,5 @@ impl<C: Consumer> Harness<C> {
                 CloseError::Check(refusal(refused, matches!(jobs, Jobs::Group(_))))
             }
         })
-    }
-}
-
-/// The transient failure a refused check before `COMMIT` is.
-fn refusal(refused: CheckFailed, group: bool) -> ProcessError {
-    if group {
-        return ProcessError::transient(format!("the batch's transaction is not whole: {refused}"));
-    }
-    ProcessError::transient(match refused {
-        CheckFailed::NotOwn(_) => "the handler returned Ok but ended the harness's transaction \
-             itself (COMMIT or ROLLBACK inside handle): the job's fence is not its own"
-            .to_string(),
-        CheckFailed::LetterLocked(e) => format!(
-            "closing the letter still pending for this job waited past its lock timeout: \
-             another session holds the letter's row (a review, an open transaction) ({e})"
-        ),
-        CheckFailed::Aborted(e) => format!(
-            "the handler returned Ok from a transaction that cannot commit: an SQL error \
-             inside handle was not returned ({e})"
-        ),
-    })
-}
-
-/// The consumer's `work`, a panic in it becoming the failure `panicked` makes of its message.
-async fn caught(
-    work: impl Future<Output = Result<(), ProcessError>>,
-    panicked: impl FnOnce(String) -> ProcessError,
-) -> Result<(), ProcessError> {
-    match AssertUnwindSafe(work).catch_unwind().await {
-        Ok(result) => result,
-        Err(panic) => {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "non-string panic".into());
-            Err(panicked(what))
-        }
     }
 }

@@ -21,7 +21,6 @@ use crate::ids::JobId;
 use crate::metrics::Metric;
 use futures_util::StreamExt;
 use std::collections::HashMap;
-use tracing::Instrument;
 
 /// An SQS batch sorted by what each of its records needs.
 pub(super) struct Plan<P> {
@@ -107,11 +106,9 @@ impl<C: Consumer> Harness<C> {
         for (i, outcome) in concurrent {
             outcomes[i] = outcome;
         }
-        for record in self.least_run_first(msgs, &plan.keys, plan.repeats).await {
-            let (i, outcome) = start(record).await;
-            outcomes[i] = outcome;
-        }
-        for record in plan.later {
+        // Then one at a time: repeats least run first, then the later records of a job id.
+        let repeats = self.least_run_first(msgs, &plan.keys, plan.repeats).await;
+        for record in repeats.into_iter().chain(plan.later) {
             let (i, outcome) = start(record).await;
             outcomes[i] = outcome;
         }
@@ -266,24 +263,6 @@ impl<C: Consumer> Harness<C> {
                 outcomes[i] = Some(self.conflict_letter(&msgs[i], &ids, &digest).await);
             }
         }
-    }
-
-    /// The conflict letter of `msg`, a copy of a processed job under its id with another
-    /// `digest`: in its record's span, with its metric and line, as every record the harness
-    /// settles.
-    pub(super) async fn conflict_letter(
-        &self,
-        msg: &IncomingMessage,
-        ids: &PartialIds,
-        digest: &JobDigest,
-    ) -> RecordOutcome {
-        let span = self.span(msg, ids);
-        let outcome = self
-            .conflict(msg, ids, digest)
-            .instrument(span.clone())
-            .await;
-        self.count_and_log(&span, &outcome);
-        outcome
     }
 
     /// Each copy of a job in the batch takes its outcome from the record that ran the job.

@@ -101,34 +101,53 @@ impl<C: Consumer> Harness<C> {
                 .await;
         }
         let groups = groups_to_settle(&order, &mut steps);
-        let first_deliveries = msgs.iter().all(|m| m.receive_count == 1);
-        let settled_so_far = std::sync::Mutex::new(vec![None; msgs.len()]);
-        let settled: Vec<Vec<(usize, Option<RecordOutcome>)>> =
-            if first_deliveries && !one_job_in_two_records {
-                futures_util::stream::iter(groups)
-                    .map(|group| self.settle_group(msgs, group, may_start, &settled_so_far))
-                    .buffer_unordered(concurrency.max(1))
-                    .collect()
-                    .await
-            } else {
-                // One record at a time: least run first after a crash; else in delivery order,
-                // so that of two records of one job id the first decides first.
-                let groups = if first_deliveries {
-                    groups
-                } else {
-                    self.least_run_groups_first(msgs, &keys, groups).await
-                };
-                let mut settled = Vec::new();
-                for group in groups {
-                    let group = self.settle_group(msgs, group, may_start, &settled_so_far);
-                    settled.push(group.await);
-                }
-                settled
-            };
+        let settled = self
+            .settle_groups(
+                msgs,
+                &keys,
+                groups,
+                one_job_in_two_records,
+                may_start,
+                concurrency,
+            )
+            .await;
         for (i, outcome) in settled.into_iter().flatten() {
             outcomes[i] = outcome;
         }
         outcomes
+    }
+
+    /// Settles the message groups: side by side when every record is a first delivery of its
+    /// own job; else one record at a time, least run first after a crash, or in delivery order,
+    /// so that of two records of one job id the first decides first.
+    async fn settle_groups(
+        &self,
+        msgs: &[IncomingMessage],
+        keys: &[Option<JobId>],
+        groups: Vec<Group<C::Payload>>,
+        one_job_in_two_records: bool,
+        may_start: &(dyn Fn() -> bool + Sync),
+        concurrency: usize,
+    ) -> Vec<Vec<(usize, Option<RecordOutcome>)>> {
+        let first_deliveries = msgs.iter().all(|m| m.receive_count == 1);
+        let settled_so_far = std::sync::Mutex::new(vec![None; msgs.len()]);
+        if first_deliveries && !one_job_in_two_records {
+            return futures_util::stream::iter(groups)
+                .map(|group| self.settle_group(msgs, group, may_start, &settled_so_far))
+                .buffer_unordered(concurrency.max(1))
+                .collect()
+                .await;
+        }
+        let groups = match first_deliveries {
+            true => groups,
+            false => self.least_run_groups_first(msgs, keys, groups).await,
+        };
+        let mut settled = Vec::new();
+        for group in groups {
+            let group = self.settle_group(msgs, group, may_start, &settled_so_far);
+            settled.push(group.await);
+        }
+        settled
     }
 
     /// Batch mode: the leading first deliveries of each group (new jobs, before anything else

@@ -10,6 +10,7 @@ use crate::dead_letter::{
 use crate::envelope::{JobDigest, PartialIds};
 use crate::fence::FenceError;
 use crate::ids::JobId;
+use tracing::Instrument;
 
 /// Whether a letter is settled through the fence before it is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,6 +22,24 @@ pub(super) enum Settle {
 }
 
 impl<C: Consumer> Harness<C> {
+    /// The conflict letter of `msg`, a copy of a processed job under its id with another
+    /// `digest`: in its record's span, with its metric and line, as every record the harness
+    /// settles.
+    pub(super) async fn conflict_letter(
+        &self,
+        msg: &IncomingMessage,
+        ids: &PartialIds,
+        digest: &JobDigest,
+    ) -> RecordOutcome {
+        let span = self.span(msg, ids);
+        let outcome = self
+            .conflict(msg, ids, digest)
+            .instrument(span.clone())
+            .await;
+        self.count_and_log(&span, &outcome);
+        outcome
+    }
+
     /// A copy of a processed job whose payload differs: another job under its id. Its letter
     /// is written without settling (the fence says the id committed, for the other job). Unless
     /// it is the body an operator edited away from, the edit having committed: then it is the

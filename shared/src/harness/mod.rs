@@ -36,6 +36,7 @@ mod letter;
 mod life;
 mod outcome;
 mod parsed;
+mod work_errors;
 pub use crate::config::CommitMode;
 pub use outcome::{IncomingMessage, RecordOutcome};
 

@@ -1,41 +1,10 @@
-//! The BetterStack Uptime API: incidents, their comments, their resolution and their read-back,
-//! and whom each queue's incidents page. The API token never appears in logs or `Debug`.
+//! The BetterStack Uptime API: incidents, their comments, their resolution and their read-back. The API token never appears in logs or `Debug`.
 
 use crate::secrets::Secret;
-use serde::Deserialize;
 use serde_json::{Value, json};
-use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 use tokio::time::Instant;
-
-/// Whom a queue's incidents page: a BetterStack escalation policy and/or team.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Route {
-    /// The escalation policy's id.
-    pub policy_id: Option<String>,
-    /// The team that owns the incident (needed with a global API token).
-    pub team_name: Option<String>,
-}
-
-/// Whom each queue pages: a route per queue, else the default.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Routes {
-    /// For queues without a route of their own.
-    pub default: Route,
-    /// By queue name.
-    pub by_queue: BTreeMap<String, Route>,
-    /// Escalations of unreviewed letters, if they page someone else.
-    pub escalation: Option<Route>,
-}
-
-impl Routes {
-    /// The route of `queue`.
-    pub(crate) fn for_queue(&self, queue: &str) -> &Route {
-        self.by_queue.get(queue).unwrap_or(&self.default)
-    }
-}
 
 /// A BetterStack Uptime API client: incidents, their comments and their resolution.
 #[derive(Clone)]
@@ -188,6 +157,26 @@ impl BetterStack {
             .await
     }
 
+    /// One try of a request, within `left`.
+    async fn send_once(
+        &self,
+        method: reqwest::Method,
+        url: &str,
+        token: &str,
+        body: Option<&Value>,
+        left: Duration,
+    ) -> reqwest::Result<reqwest::Response> {
+        let request = self
+            .http
+            .request(method, url)
+            .bearer_auth(token)
+            .timeout(left);
+        match body {
+            Some(body) => request.json(body).send().await,
+            None => request.send().await,
+        }
+    }
+
     /// Sends `method path` (with `body` as JSON, if any), retrying 429 and 5xx with backoff (or
     /// `Retry-After`) while `budget` lasts. A refused token read from Secrets Manager is read
     /// again and tried once more (it may have been rotated). Returns the answer's JSON (`null`
@@ -199,8 +188,7 @@ impl BetterStack {
         body: Option<&Value>,
         budget: Duration,
     ) -> Result<Value, AlertError> {
-        let deadline = Instant::now() + budget;
-        let url = format!("{}{path}", self.base_url);
+        let (deadline, url) = (Instant::now() + budget, format!("{}{path}", self.base_url));
         let mut delay = Duration::from_millis(100);
         let mut token = self.token.value().await.map_err(token_error)?;
         let mut token_reread = !self.token.is_managed();
@@ -209,12 +197,10 @@ impl BetterStack {
             if left.is_zero() {
                 return Err(AlertError::OutOfTime(budget));
             }
-            let mut request = self.http.request(method.clone(), &url);
-            request = request.bearer_auth(&token).timeout(left);
-            if let Some(body) = body {
-                request = request.json(body);
-            }
-            let wait = match Answer::of(request.send().await, token_reread).await {
+            let sent = self
+                .send_once(method.clone(), &url, &token, body, left)
+                .await;
+            let wait = match Answer::of(sent, token_reread).await {
                 Answer::Done(value) => return Ok(value),
                 Answer::Failed(error) => return Err(error),
                 Answer::TokenRefused(error) => {
@@ -283,16 +269,6 @@ impl Answer {
             401 | 403 => Self::Failed(AlertError::Rejected { status, body }),
             _ => Self::Failed(AlertError::Status { status, body }),
         }
-    }
-}
-
-/// Sets `route`'s policy and team on an incident body.
-pub(crate) fn with_route(body: &mut Value, route: &Route) {
-    if let Some(policy) = &route.policy_id {
-        body["policy_id"] = json!(policy);
-    }
-    if let Some(team) = &route.team_name {
-        body["team_name"] = json!(team);
     }
 }
 

@@ -2,7 +2,7 @@
 //! when its oldest pending letter is k·N days old, and each (group, step) pages once, claimed in
 //! `core.dead_letter_group_escalations`. A review of the group's letters never waits on one.
 
-use super::betterstack::with_route;
+use super::routes::with_route;
 use super::{AlertError, BetterStack, Lease, Paged, Pager, Route, stored};
 use crate::ids::GroupId;
 use chrono::{DateTime, Utc};
@@ -40,6 +40,7 @@ impl Pager for Escalations<'_> {
     /// The open groups at a step not yet paged and held by no sender: the steps never tried
     /// first, then the oldest letter first. Each (group, step) is claimed
     /// unless another run claimed it meanwhile.
+    // Long for its one statement: the SQL is most of it, and reads best whole.
     async fn claim(
         &self,
         conn: &mut PgConnection,

@@ -2,11 +2,10 @@
 //! most every `update_every`, resolved when the group is. Claimed and recorded on the group's row
 //! in `core.dead_letter_groups`.
 
-use super::betterstack::{clip, with_route};
+use super::group_incident_text::{incident_body, update_comment};
 use super::{AlertError, BetterStack, Lease, Paged, Pager, Routes, retry_at, stored};
 use crate::dead_letter::{COLUMNS, Group, GroupRow, GroupStatus};
 use chrono::{DateTime, Utc};
-use serde_json::{Value, json};
 use sqlx::{PgConnection, PgPool};
 use std::time::Duration;
 
@@ -149,54 +148,11 @@ impl Pager for GroupIncidents<'_> {
         tracing::info!(group = %group.id, incident, step = ?due.step, letters = group.letter_count,
             "incident step delivered");
         let next_update = now + chrono::Duration::from_std(self.update_every).unwrap_or_default();
-        // A group resolved meanwhile is due at once (`-infinity`): its incident is to be resolved.
-        match (due.step, opened) {
-            (IncidentStep::Open, opened) => {
-                sqlx::query!(
-                    "UPDATE core.dead_letter_groups
-                 SET incident_id = $5, incident_opened_at = $3, incident_count = $2,
-                     claimed_until = NULL, delivery_failures = 0, last_delivery_error = NULL,
-                     next_delivery_at =
-                         CASE WHEN resolved_at IS NULL THEN $4::timestamptz ELSE '-infinity' END
-                 WHERE id = $1",
-                    group.id.0,
-                    group.letter_count,
-                    now,
-                    next_update,
-                    opened,
-                )
-                .execute(pool)
-                .await?
-            }
-            (IncidentStep::Update, _) => {
-                sqlx::query!(
-                    "UPDATE core.dead_letter_groups
-                 SET incident_count = $2, incident_updated_at = $3,
-                     claimed_until = NULL, delivery_failures = 0, last_delivery_error = NULL,
-                     next_delivery_at =
-                         CASE WHEN resolved_at IS NULL THEN $4::timestamptz ELSE '-infinity' END
-                 WHERE id = $1",
-                    group.id.0,
-                    group.letter_count,
-                    now,
-                    next_update,
-                )
-                .execute(pool)
-                .await?
-            }
-            (IncidentStep::Resolve, _) => {
-                sqlx::query!(
-                    "UPDATE core.dead_letter_groups
-                 SET incident_resolved_at = $2,
-                     claimed_until = NULL, delivery_failures = 0, last_delivery_error = NULL
-                 WHERE id = $1",
-                    group.id.0,
-                    now,
-                )
-                .execute(pool)
-                .await?
-            }
-        };
+        match due.step {
+            IncidentStep::Open => record_shown(pool, group, opened, now, next_update).await?,
+            IncidentStep::Update => record_shown(pool, group, None, now, next_update).await?,
+            IncidentStep::Resolve => record_resolved(pool, group, now).await?,
+        }
         Ok(match due.step {
             IncidentStep::Open => Paged::Opened { letters: 0 },
             IncidentStep::Update => Paged::Updated,
@@ -233,69 +189,48 @@ impl Pager for GroupIncidents<'_> {
     }
 }
 
-/// The incident for a group: what failed, how often, an example, where to look, whom it pages,
-/// and the incident resolved by hand before it, if any.
-pub(crate) fn incident_body(group: &Group, route: &super::Route, previous: Option<&str>) -> Value {
-    let mut description = description(group);
-    if let Some(previous) = previous {
-        description = format!("{}\n\n{description}", raised_again_note(group, previous));
-    }
-    let mut body = json!({
-        "name": format!("Dead letters: {} / {} on {}", group.consumer, group.error_kind, group.queue),
-        "summary": format!("{} {} dead letter(s) on {}: {}", group.letter_count, group.error_kind,
-            group.queue, clip(&group.pattern, 120)),
-        "description": description,
-    });
-    with_route(&mut body, route);
-    body
-}
-
-fn description(group: &Group) -> String {
-    format!(
-        "Group {id}: {count} dead letter(s) of consumer {consumer}, kind {kind}, on queue {queue}, \
-         since {first}.\nThe failure: {pattern}\nFirst error: {sample}\nSample job_id: {job}, \
-         correlation_id: {corr}\n\n\
-         See it: dlq group {id}   (or GET /v1/core/dead-letter-groups/{id})\n\
-         Its letters: dlq list --group {id}\n\
-         Once the cause is fixed: dlq replay --group {id} --dry-run, then without --dry-run.\n\
-         This incident is updated with the group's count and resolved when every letter of the \
-         group has been replayed or discarded.",
-        id = group.id,
-        count = group.letter_count,
-        consumer = group.consumer,
-        kind = group.error_kind,
-        queue = group.queue,
-        first = group.first_letter_at.to_rfc3339(),
-        pattern = group.pattern,
-        sample = clip(&group.sample_error, 1000),
-        job = group
-            .sample_job_id
-            .map(|j| j.to_string())
-            .unwrap_or_else(|| "(none)".into()),
-        corr = group.sample_correlation_id.as_deref().unwrap_or("(none)"),
-    )
-}
-
-/// The comment that brings an incident up to the group's count.
-fn update_comment(group: &Group) -> String {
-    format!(
-        "Group {}: now {} dead letter(s), {} pending review; the latest at {}.\nLatest error: {}",
-        group.id,
+/// Records that the group's incident shows its count: `opened` it (with that id), or updated
+/// it. The next update is due no sooner than `next_update`; a group resolved meanwhile is due
+/// at once (`-infinity`): its incident is to be resolved.
+async fn record_shown(
+    pool: &PgPool,
+    group: &Group,
+    opened: Option<String>,
+    now: DateTime<Utc>,
+    next_update: DateTime<Utc>,
+) -> sqlx::Result<()> {
+    sqlx::query!(
+        "UPDATE core.dead_letter_groups
+         SET incident_id = coalesce($5, incident_id),
+             incident_opened_at = CASE WHEN $5::text IS NULL THEN incident_opened_at ELSE $3 END,
+             incident_updated_at = CASE WHEN $5::text IS NULL THEN $3 ELSE incident_updated_at END,
+             incident_count = $2,
+             claimed_until = NULL, delivery_failures = 0, last_delivery_error = NULL,
+             next_delivery_at =
+                 CASE WHEN resolved_at IS NULL THEN $4::timestamptz ELSE '-infinity' END
+         WHERE id = $1",
+        group.id.0,
         group.letter_count,
-        group.pending_count,
-        group.last_letter_at.to_rfc3339(),
-        clip(&group.last_error, 1000)
+        now,
+        next_update,
+        opened,
     )
+    .execute(pool)
+    .await
+    .map(drop)
 }
 
-/// What a group's new incident says when its previous one was resolved by hand.
-fn raised_again_note(group: &Group, previous: &str) -> String {
-    format!(
-        "Raised again: incident {previous} was resolved in BetterStack while {pending} letter(s) \
-         of group {id} were still pending review. This incident stays open until they are \
-         replayed or discarded (dlq replay|discard --group {id}); the harness resolves it then. \
-         Resolving it by hand raises it again.",
-        pending = group.pending_count,
-        id = group.id,
+/// Records that the group's incident is resolved.
+async fn record_resolved(pool: &PgPool, group: &Group, now: DateTime<Utc>) -> sqlx::Result<()> {
+    sqlx::query!(
+        "UPDATE core.dead_letter_groups
+         SET incident_resolved_at = $2,
+             claimed_until = NULL, delivery_failures = 0, last_delivery_error = NULL
+         WHERE id = $1",
+        group.id.0,
+        now,
     )
+    .execute(pool)
+    .await
+    .map(drop)
 }

@@ -15,15 +15,18 @@
 mod alerter;
 mod betterstack;
 mod escalations;
+mod group_incident_text;
 mod group_incidents;
 mod read_backs;
+mod routes;
 mod unsent_replays;
 
 pub use alerter::Alerter;
-pub use betterstack::{AlertError, BetterStack, Route, Routes};
+pub use betterstack::{AlertError, BetterStack};
 pub(crate) use escalations::Escalations;
 pub(crate) use group_incidents::GroupIncidents;
 pub(crate) use read_backs::{GroupReadBacks, UnsentReplayReadBacks};
+pub use routes::{Route, Routes};
 pub(crate) use unsent_replays::UnsentReplayIncidents;
 
 use chrono::{DateTime, Utc};
@@ -221,39 +224,52 @@ pub(crate) async fn deliver<P: Pager>(
     let steps = pager.claim(&mut *conn?, Lease { now, until }, limit).await;
     let mut pages = Pages::default();
     for step in steps? {
-        let left = round.until.saturating_duration_since(Instant::now());
-        let enough = match round.pace {
-            Pace::Share => !left.is_zero(),
-            Pace::WholePages => left >= round.per_page,
-        };
-        let recorded = if !enough {
-            pages.deferred += 1;
-            pager
-                .release(round.pool, &step, None, round.clock.now())
-                .await
-        } else {
-            match pager
-                .send(round.client, &step, round.per_page.min(left))
-                .await
-            {
-                Ok(sent) => (pager
-                    .record(round.pool, &step, sent, round.clock.now())
-                    .await)
-                    .map(|paged| pages.count(paged)),
-                Err(error) => {
-                    pages.count_failure(&error);
-                    tracing::warn!(kind = P::KIND, step = P::label(&step), %error,
-                        "page not sent; a later round retries it");
-                    (pager.release(round.pool, &step, Some(&error), round.clock.now())).await
-                }
-            }
-        };
-        if let Err(e) = recorded {
+        if let Err(e) = deliver_one(round, pager, &step, &mut pages).await {
             tracing::warn!(kind = P::KIND, step = P::label(&step), error = %e,
                 "page not recorded; its lease ends and it is taken again");
         }
     }
     Ok(pages)
+}
+
+/// Sends one claimed step if the round's pace lets it start, and records or releases it.
+async fn deliver_one<P: Pager>(
+    round: Round<'_>,
+    pager: &P,
+    step: &P::Step,
+    pages: &mut Pages,
+) -> sqlx::Result<()> {
+    let left = round.until.saturating_duration_since(Instant::now());
+    let enough = match round.pace {
+        Pace::Share => !left.is_zero(),
+        Pace::WholePages => left >= round.per_page,
+    };
+    if !enough {
+        pages.deferred += 1;
+        return pager
+            .release(round.pool, step, None, round.clock.now())
+            .await;
+    }
+    match pager
+        .send(round.client, step, round.per_page.min(left))
+        .await
+    {
+        Ok(sent) => {
+            let paged = pager
+                .record(round.pool, step, sent, round.clock.now())
+                .await?;
+            pages.count(paged);
+            Ok(())
+        }
+        Err(error) => {
+            pages.count_failure(&error);
+            tracing::warn!(kind = P::KIND, step = P::label(step), %error,
+                "page not sent; a later round retries it");
+            pager
+                .release(round.pool, step, Some(&error), round.clock.now())
+                .await
+        }
+    }
 }
 
 /// When a step that failed `failures` times before is due again: 10 s, doubling, up to 320 s.

@@ -4,7 +4,7 @@
 //! they were replayed, so their groups (and those groups' incidents) are resolved: this incident
 //! stands for them. The harness resolves it once none of the queue's replays is past the bound.
 
-use super::betterstack::with_route;
+use super::routes::with_route;
 use super::{AlertError, BetterStack, Lease, Paged, Pager, Routes, stored};
 use crate::replay_sends::{UnsentQueue, overdue_before};
 use chrono::{DateTime, Utc};
@@ -46,6 +46,7 @@ impl Pager for UnsentReplayIncidents<'_> {
     type Sent = Option<String>;
     const KIND: &'static str = "unsent replays' incident";
 
+    // Long for its two statements (open, resolve): their SQL is most of it, and reads best whole.
     async fn claim(
         &self,
         conn: &mut PgConnection,

@@ -14,13 +14,15 @@ mod heartbeat;
 mod replays;
 mod report;
 pub mod sweep;
+mod waiting;
 
 pub use heartbeat::Heartbeat;
 pub use replays::ReplaySends;
 pub use report::{ScheduledReport, Waiting};
+pub use waiting::DeliveryBacklog;
+use waiting::{delivery_backlog, pending_review};
 
 use crate::clock::Clock;
-use crate::dead_letter::{delivery_backlog, pending_review};
 use crate::paging::{
     Alerter, Escalations, Pace, Pages, UnsentReplayIncidents, UnsentReplayReadBacks,
 };

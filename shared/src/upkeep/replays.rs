@@ -2,8 +2,9 @@
 //! process died right after the commit) are sent, each refusal recorded with its backoff.
 
 use super::ScheduledRun;
-use crate::replay::Refusal;
-use crate::replay_sends::{due_replays, record_send_refused};
+use crate::dead_letter::record_replay_sent;
+use crate::replay::{Refusal, Replayer};
+use crate::replay_sends::{DueReplay, due_replays, record_send_refused};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -38,79 +39,73 @@ impl ScheduledRun {
         let Some(replayer) = &self.replayer else {
             return Ok(ReplaySends::default());
         };
-        let started = Instant::now();
+        let deadline = Instant::now() + budget;
         let now = self.clock.now();
         let before = now - chrono::Duration::from_std(REPLAY_GRACE).unwrap_or_default();
         let mut refusing: Vec<String> = Vec::new();
-        let mut after = None;
-        let mut tried = 0;
-        let mut sends = ReplaySends::default();
-        'run: while tried < REPLAYS_PER_RUN {
-            let page = due_replays(
-                &self.pool,
-                now,
-                before,
-                after,
-                &refusing,
-                REPLAYS_PER_RUN - tried,
-            )
-            .await?;
+        let (mut after, mut tried, mut sends) = (None, 0, ReplaySends::default());
+        while tried < REPLAYS_PER_RUN {
+            let left = REPLAYS_PER_RUN - tried;
+            let page = due_replays(&self.pool, now, before, after, &refusing, left).await?;
             if page.is_empty() {
                 break;
             }
             for due in page {
                 after = Some(due.position());
-                let letter = &due.letter;
-                if refusing.contains(&letter.queue) {
+                if refusing.contains(&due.letter.queue) {
                     continue; // its queue refused another in this page: not tried, left as it is
                 }
-                let left = budget.saturating_sub(started.elapsed());
-                if left.is_zero() {
+                if Instant::now() >= deadline {
                     tracing::warn!(
                         ?budget,
                         "replay step out of time; the rest is sent by the next run"
                     );
-                    break 'run;
+                    return Ok(sends);
                 }
                 tried += 1;
-                let result = match tokio::time::timeout(left, replayer.send(letter)).await {
-                    Ok(sent) => sent,
-                    Err(_) => Err(Refusal::Queue(format!(
-                        "the send did not finish within the replay step's {budget:?}"
-                    ))),
-                };
-                match result {
-                    Ok(sent) => {
-                        crate::dead_letter::record_replay_sent(
-                            &self.pool,
-                            letter.id,
-                            &sent.message_id,
-                            self.clock.now(),
-                        )
-                        .await?;
-                        sends.sent += 1;
-                    }
-                    Err(refusal) => {
-                        let attempts = u32::try_from(due.send_attempts).unwrap_or(0) + 1;
-                        let queue_level = refusal.queue_level();
-                        tracing::error!(letter = %letter.id, queue = letter.queue, attempts,
-                            queue_level, error = %refusal, "queued replay still not sent");
-                        record_send_refused(
-                            &self.pool,
-                            letter.id,
-                            attempts,
-                            refusal.error(),
-                            self.clock.now(),
-                        )
-                        .await?;
+                match self.send_one(replayer, &due, deadline, budget).await? {
+                    Ok(()) => sends.sent += 1,
+                    Err(queue_refused) => {
                         sends.failed += 1;
-                        if queue_level {
-                            refusing.push(letter.queue.clone());
-                        }
+                        refusing.extend(queue_refused);
                     }
                 }
             }
         }
         Ok(sends)
+    }
+
+    /// Sends one queued replay before `deadline` and records what happened: sent, or refused
+    /// (`Err` with its queue when the queue refused itself, so no other of its replays is tried
+    /// in this run).
+    async fn send_one(
+        &self,
+        replayer: &Replayer,
+        due: &DueReplay,
+        deadline: Instant,
+        budget: Duration,
+    ) -> sqlx::Result<Result<(), Option<String>>> {
+        let letter = &due.letter;
+        let result = match tokio::time::timeout_at(deadline, replayer.send(letter)).await {
+            Ok(sent) => sent,
+            Err(_) => Err(Refusal::Queue(format!(
+                "the send did not finish within the replay step's {budget:?}"
+            ))),
+        };
+        let refusal = match result {
+            Ok(sent) => {
+                let now = self.clock.now();
+                record_replay_sent(&self.pool, letter.id, &sent.message_id, now).await?;
+                return Ok(Ok(()));
+            }
+            Err(refusal) => refusal,
+        };
+        let attempts = u32::try_from(due.send_attempts).unwrap_or(0) + 1;
+        let queue_level = refusal.queue_level();
+        tracing::error!(letter = %letter.id, queue = letter.queue, attempts, queue_level,
+            error = %refusal, "queued replay still not sent");
+        let now = self.clock.now();
+        record_send_refused(&self.pool, letter.id, attempts, refusal.error(), now).await?;
+        Ok(Err(queue_level.then(|| letter.queue.clone())))
     }
 }

@@ -1,8 +1,8 @@
 //! What a scheduled run reports: its response, its failed steps and its metrics.
 
+use super::DeliveryBacklog;
 use super::ReplaySends;
 use super::sweep::SweepReport;
-use crate::dead_letter::DeliveryBacklog;
 use crate::metrics::emf_line;
 use crate::paging::Pages;
 use crate::replay_sends::Unsent;
@@ -117,6 +117,18 @@ impl ScheduledReport {
 
     /// The run's metrics as one EMF document.
     pub fn emf(&self, namespace: &str, at: chrono::DateTime<chrono::Utc>) -> Value {
+        let mut values = self.sweep_values();
+        values.extend(self.paging_values());
+        values.extend(self.waiting_values());
+        values.push((
+            "ScheduledStepsFailed",
+            self.failures().len() as f64,
+            "Count",
+        ));
+        emf_line(namespace, ("Function", "scheduled"), &values, at)
+    }
+
+    fn sweep_values(&self) -> Vec<(&'static str, f64, &'static str)> {
         let (deleted, age, backlog) = match &self.sweep {
             Ok(s) => (
                 s.deleted as f64,
@@ -125,68 +137,52 @@ impl ScheduledReport {
             ),
             Err(_) => (0.0, 0.0, 0.0),
         };
-        let escalated = self
-            .escalation
-            .as_ref()
-            .map(|e| e.letters as f64)
-            .unwrap_or(0.0);
-        let failed_steps = self.failures().len() as f64;
-        let replays = self.replays.clone().unwrap_or_default();
-        let waiting = self.waiting.clone().unwrap_or_default();
-        let pages_failed = |pages: &Result<Pages, String>| pages.as_ref().map_or(0, |p| p.failed);
-        let escalation_failed =
-            (pages_failed(&self.escalation) + pages_failed(&self.unsent_replays)) as f64;
-        let values = [
+        vec![
             ("FencesDeleted", deleted, "Count"),
             ("OldestFenceAgeSeconds", age.floor(), "Seconds"),
             ("SweepBacklogSeconds", backlog.floor(), "Seconds"),
+        ]
+    }
+
+    fn paging_values(&self) -> Vec<(&'static str, f64, &'static str)> {
+        let escalated = self.escalation.as_ref().map_or(0, |e| e.letters) as f64;
+        let failed = |pages: &Result<Pages, String>| pages.as_ref().map_or(0, |p| p.failed);
+        let failed = self.alerts.failed + failed(&self.escalation) + failed(&self.unsent_replays);
+        let alerts = &self.alerts;
+        vec![
             ("LettersEscalated", escalated, "Count"),
-            (
-                "IncidentStepsDelivered",
-                self.alerts.delivered() as f64,
-                "Count",
-            ),
-            (
-                "AlertDeliveriesFailed",
-                self.alerts.failed as f64 + escalation_failed,
-                "Count",
-            ),
-            ("AlertsRejected", self.alerts.rejected as f64, "Count"),
+            ("IncidentStepsDelivered", alerts.delivered() as f64, "Count"),
+            ("AlertDeliveriesFailed", failed as f64, "Count"),
+            ("AlertsRejected", alerts.rejected as f64, "Count"),
+            ("IncidentsRaisedAgain", alerts.raised_again as f64, "Count"),
+        ]
+    }
+
+    fn waiting_values(&self) -> Vec<(&'static str, f64, &'static str)> {
+        let replays = self.replays.clone().unwrap_or_default();
+        let w = self.waiting.clone().unwrap_or_default();
+        let secs = |d: Duration| d.as_secs() as f64;
+        vec![
             (
                 "OldestUndeliveredAlertSeconds",
-                waiting.undelivered.oldest.as_secs() as f64,
+                secs(w.undelivered.oldest),
                 "Seconds",
             ),
-            (
-                "LettersPendingReview",
-                waiting.pending_letters as f64,
-                "Count",
-            ),
+            ("LettersPendingReview", w.pending_letters as f64, "Count"),
             (
                 "OldestPendingLetterAgeSeconds",
-                waiting.oldest_pending.as_secs() as f64,
+                secs(w.oldest_pending),
                 "Seconds",
             ),
-            ("ScheduledStepsFailed", failed_steps, "Count"),
             ("QueuedReplaysSent", replays.sent as f64, "Count"),
             ("QueuedReplaysFailed", replays.failed as f64, "Count"),
-            ("QueuedReplays", waiting.unsent.queued as f64, "Count"),
+            ("QueuedReplays", w.unsent.queued as f64, "Count"),
             (
                 "OldestQueuedReplaySeconds",
-                waiting.unsent.oldest.as_secs() as f64,
+                secs(w.unsent.oldest),
                 "Seconds",
             ),
-            (
-                "QueuedReplaysOverdue",
-                waiting.unsent.overdue as f64,
-                "Count",
-            ),
-            (
-                "IncidentsRaisedAgain",
-                self.alerts.raised_again as f64,
-                "Count",
-            ),
-        ];
-        emf_line(namespace, ("Function", "scheduled"), &values, at)
+            ("QueuedReplaysOverdue", w.unsent.overdue as f64, "Count"),
+        ]
     }
 }

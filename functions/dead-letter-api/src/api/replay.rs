@@ -28,6 +28,16 @@ struct Sent {
     effect: &'static str,
 }
 
+impl Sent {
+    fn new(status: u16, message_id: Option<String>, effect: &'static str) -> Self {
+        Self {
+            status,
+            message_id,
+            effect,
+        }
+    }
+}
+
 /// Replays the letter, as received or with `edit`'s body (checked against the letter under its
 /// lock): check, answer a dry run, record, send, answer.
 pub(super) async fn replay(
@@ -202,14 +212,7 @@ async fn send(
 ) -> (DeadLetter, Sent) {
     if fence_exists {
         let effect = "none: the job's effect has committed (its fence exists), so nothing was sent";
-        return (
-            letter,
-            Sent {
-                status: 200,
-                message_id: None,
-                effect,
-            },
-        );
+        return (letter, Sent::new(200, None, effect));
     }
     let id = letter.id;
     match replayer.send(&letter).await {
@@ -217,28 +220,14 @@ async fn send(
             let letter = record_sent(api, letter, &sent.message_id).await;
             let effect =
                 "sent: the job has no fence yet, so the consumer will run it, at most once";
-            (
-                letter,
-                Sent {
-                    status: 200,
-                    message_id: Some(sent.message_id),
-                    effect,
-                },
-            )
+            (letter, Sent::new(200, Some(sent.message_id), effect))
         }
         Err(cause) => {
             tracing::error!(route = route.path, letter = %id, error = %cause,
                 "replay recorded but not sent; the scheduled run will send it");
             let effect = "queued: the replay is recorded but the queue refused it just now; the \
                           scheduled function sends it on its next run";
-            (
-                letter,
-                Sent {
-                    status: 202,
-                    message_id: None,
-                    effect,
-                },
-            )
+            (letter, Sent::new(202, None, effect))
         }
     }
 }
