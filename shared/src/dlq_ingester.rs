@@ -14,10 +14,10 @@ use crate::dead_letter::{
     ErrorKind, NewDeadLetter, Settled, record_unless_processed, record_without_settling,
 };
 use crate::envelope::{Envelope, JobDigest, PartialIds, Poison};
-use crate::execution::{Ledger, ledger};
 use crate::fence::{FenceError, fence_exists, settle_horizon};
 use crate::harness::IncomingMessage;
 use crate::ids::ConsumerName;
+use crate::ledger::{Ledger, ledger};
 use crate::metrics::{Metric, Metrics};
 use crate::sqs::{batch_response, incoming, sent_at};
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsMessage};

@@ -13,30 +13,37 @@
 //! is tested).
 #![warn(missing_docs)]
 
+// A message's life: the consumer's contract, the harness that runs each message through its
+// steps, the envelope it reads, the fence and the ledger of executions it keeps, the retry
+// decision, and the transport (SQS, the Lambda entry point).
+pub mod consumer;
+pub mod decision;
+pub mod envelope;
+pub mod fence;
+pub mod harness;
+pub mod ledger;
+pub mod retry;
+pub mod run;
+pub mod sqs;
+
+// A letter's afterlife: the letters and their failure groups, the DLQ ingester that writes the
+// letters the harness never could, paging, replay, and the scheduled run's upkeep.
+pub mod dead_letter;
+pub mod dlq_ingester;
+pub mod paging;
+pub mod replay;
+pub mod upkeep;
+
+// The ground: configuration, the database, identifiers, time, secrets, metrics and traces.
 pub mod aws;
 pub mod clock;
 pub mod config;
-pub mod consumer;
 pub mod db;
-pub mod dead_letter;
-pub mod decision;
-pub mod dlq_ingester;
-pub mod envelope;
-pub mod execution;
-pub mod fence;
-pub mod harness;
 pub mod ids;
 pub(crate) mod literal;
 pub mod metrics;
-pub mod paging;
-pub mod replay;
-pub mod replay_sends;
-pub mod retry;
-pub mod run;
 pub mod secrets;
-pub mod sqs;
 pub mod telemetry;
-pub mod upkeep;
 
 use sqlx::migrate::Migrator;
 use std::sync::LazyLock;

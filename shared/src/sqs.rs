@@ -11,7 +11,7 @@
 //! which cannot have crashed anything yet, run first and concurrently; records seen before
 //! (retries, survivors of a crash) run afterwards one at a time, those with the fewest
 //! executions charged first. A crash-looping job then cannot take down its batch-mates: they
-//! have committed before it runs, and a crash is charged to it alone (see [`crate::execution`]).
+//! have committed before it runs, and a crash is charged to it alone (see [`crate::ledger`]).
 
 use crate::consumer::Consumer;
 use crate::dead_letter::REPLAY_OF_ATTRIBUTE;

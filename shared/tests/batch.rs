@@ -8,10 +8,10 @@
 
 use consumer::{AwardPoints, count_awards};
 use shared::dead_letter::{ErrorKind, letters_for_job};
-use shared::execution::ledger;
 use shared::fence::count_fences;
 use shared::harness::{CommitMode, HarnessSettings, RecordOutcome};
 use shared::ids::JobId;
+use shared::ledger::ledger;
 use shared::metrics::Metric;
 use shared_testkit::commit_cutter::{Cut, pools_through};
 use shared_testkit::reference::*;

@@ -343,7 +343,7 @@ async fn a_contended_fence_charges_no_execution(pool: PgPool) {
         );
     }
     holder.rollback().await.unwrap();
-    let ledger = shared::execution::ledger(&pool, job_id, &reference_name())
+    let ledger = shared::ledger::ledger(&pool, job_id, &reference_name())
         .await
         .unwrap();
     assert_eq!(

@@ -380,7 +380,7 @@ async fn a_replay_that_cannot_be_sent_backs_off_and_does_not_block_the_others(po
         "the 599 not tried are left as they were"
     );
     assert!(
-        shared::replay_sends::send_state(&pool, DeadLetterId(waiting[0]))
+        shared::replay::sends::send_state(&pool, DeadLetterId(waiting[0]))
             .await
             .unwrap()
             .is_none(),
@@ -397,7 +397,7 @@ async fn a_replay_that_cannot_be_sent_backs_off_and_does_not_block_the_others(po
     .await
     .unwrap()
     .0;
-    let state = |id: Uuid| shared::replay_sends::send_state(&pool, DeadLetterId(id));
+    let state = |id: Uuid| shared::replay::sends::send_state(&pool, DeadLetterId(id));
     let one = state(refused).await.unwrap().unwrap();
     assert_eq!(
         (one.attempts, one.next_attempt_at),
@@ -515,7 +515,7 @@ async fn a_replay_refused_for_its_own_message_does_not_hold_back_the_others_of_i
     assert_eq!(e2e::event_source::depth(&sqs, &queue).await, 2);
     assert_eq!(outcomes(&pool, &others).await, [("sent".into(), 2)]);
     assert_eq!(outcomes(&pool, &big).await, [("queued".into(), 1)]);
-    let state = |id: Uuid| shared::replay_sends::send_state(&pool, DeadLetterId(id));
+    let state = |id: Uuid| shared::replay::sends::send_state(&pool, DeadLetterId(id));
     let refused = state(big[0]).await.unwrap().expect("still queued");
     assert_eq!(
         (refused.attempts, refused.next_attempt_at),

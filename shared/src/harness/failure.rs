@@ -7,8 +7,8 @@ use super::life::{Attempt, Step, Stop};
 use super::{Harness, IncomingMessage, RecordOutcome};
 use crate::consumer::{Consumer, Job, ProcessError};
 use crate::decision::AfterFailure;
-use crate::execution::{record_failure, uncharge};
 use crate::fence::{FenceError, settle_committed};
+use crate::ledger::{record_failure, uncharge};
 use std::time::Duration;
 
 impl<C: Consumer> Harness<C> {

@@ -10,8 +10,8 @@ use super::{Harness, IncomingMessage, RecordOutcome};
 use crate::consumer::{Consumer, Job};
 use crate::dead_letter::{ErrorKind, Recorded};
 use crate::envelope::{Envelope, JobDigest, Poison};
-use crate::execution::{Ledger, Start, start_execution};
 use crate::fence::conflicts;
+use crate::ledger::{Ledger, Start, start_execution};
 
 /// The end of a message's life, reached before its last step: the outcome is final.
 pub(super) struct Stop(pub(super) RecordOutcome);

@@ -5,7 +5,7 @@
 //!   after the transaction has proved itself whole ([`crate::fence::close_job`]);
 //! - nothing is acked unless it committed, was a duplicate, or has its dead letter committed;
 //! - a letter is written only after the fence settles that the job did not commit;
-//! - attempts are executions, counted in [`crate::execution`]'s ledger, not SQS receives;
+//! - attempts are executions, counted in [`crate::ledger`]'s ledger, not SQS receives;
 //! - a panic or a database fault in the work is a transient failure, never a lost message.
 //!
 //! Where each part lives: the life of one message as named steps (`life.rs`), the one transaction

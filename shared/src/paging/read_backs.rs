@@ -4,7 +4,7 @@
 //! is read again after the interval.
 
 use super::{AlertError, BetterStack, INCIDENT_CHECK_INTERVAL, Lease, Paged, Pager};
-use crate::replay_sends::overdue_before;
+use crate::replay::sends::overdue_before;
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 use std::time::Duration;

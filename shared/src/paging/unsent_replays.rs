@@ -6,7 +6,7 @@
 
 use super::routes::with_route;
 use super::{AlertError, BetterStack, Lease, Paged, Pager, Routes, stored};
-use crate::replay_sends::{UnsentQueue, overdue_before};
+use crate::replay::sends::{UnsentQueue, overdue_before};
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 use sqlx::{PgConnection, PgPool};

@@ -26,7 +26,7 @@ use crate::clock::Clock;
 use crate::paging::{
     Alerter, Escalations, Pace, Pages, UnsentReplayIncidents, UnsentReplayReadBacks,
 };
-use crate::replay_sends::unsent;
+use crate::replay::sends::unsent;
 use sqlx::PgPool;
 use std::sync::Arc;
 use std::time::Duration;

@@ -3,8 +3,8 @@
 
 use super::ScheduledRun;
 use crate::dead_letter::record_replay_sent;
+use crate::replay::sends::{DueReplay, due_replays, record_send_refused};
 use crate::replay::{Refusal, Replayer};
-use crate::replay_sends::{DueReplay, due_replays, record_send_refused};
 use std::time::Duration;
 use tokio::time::Instant;
 

@@ -5,7 +5,7 @@ use super::ReplaySends;
 use super::sweep::SweepReport;
 use crate::metrics::emf_line;
 use crate::paging::Pages;
-use crate::replay_sends::Unsent;
+use crate::replay::sends::Unsent;
 use serde_json::{Value, json};
 use std::time::Duration;
 

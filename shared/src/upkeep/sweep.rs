@@ -230,7 +230,7 @@ async fn sweep_leased(
         let stale = now
             .checked_sub_signed(ttl)
             .unwrap_or(DateTime::<Utc>::MIN_UTC);
-        crate::execution::sweep_stale_ledgers(&mut *conn, stale, settings.batch_size).await?;
+        crate::ledger::sweep_stale_ledgers(&mut *conn, stale, settings.batch_size).await?;
     }
     Ok((deleted, batches, stop))
 }

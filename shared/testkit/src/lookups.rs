@@ -30,7 +30,7 @@ pub async fn letters(pool: &PgPool, job_id: JobId, consumer: &ConsumerName) -> V
 
 /// The executions `job_id`'s ledger for `consumer` has charged (0 without a ledger row).
 pub async fn executions(pool: &PgPool, job_id: JobId, consumer: &ConsumerName) -> u32 {
-    shared::execution::executions_of(pool, consumer, &[job_id])
+    shared::ledger::executions_of(pool, consumer, &[job_id])
         .await
         .expect("reading the ledger")
         .get(&job_id)

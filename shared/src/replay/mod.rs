@@ -4,9 +4,11 @@
 //! Invariant: the body sent is the body received, byte for byte where it was JSON (same `job_id`,
 //! so the consumer's fence makes the replay a no-op if the job already succeeded). The message
 //! carries [`REPLAY_OF_ATTRIBUTE`], so a replay that fails again is linked to this letter.
-//! A replay the queue refused stays `queued`, with a send state ([`crate::replay_sends`]); the
+//! A replay the queue refused stays `queued`, with a send state ([`crate::replay::sends`]); the
 //! refusal says whether it was the queue's ([`Refusal::Queue`]) or this message's
 //! ([`Refusal::Message`]).
+
+pub mod sends;
 
 use crate::dead_letter::{DeadLetter, REPLAY_OF_ATTRIBUTE};
 use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
