@@ -2,9 +2,7 @@
 //! letter is committed before any page is tried, and a page never holds its caller longer than
 //! the alerter's budget; a step not delivered stays due in PostgreSQL for the scheduled run.
 
-use super::{
-    BetterStack, GroupIncidents, GroupReadBacks, Pace, Pager, Pages, Round, Routes, deliver,
-};
+use super::{BetterStack, GroupIncidents, Pace, Pager, Pages, ReadBacks, Round, Routes, deliver};
 use crate::clock::Clock;
 use crate::metrics::{Metric, Metrics};
 use sqlx::PgPool;
@@ -124,7 +122,9 @@ impl Alerter {
     /// [`Self::deliver_pending`]. Never returns an error.
     pub(crate) async fn raise_again_resolved_by_hand(&self, limit: i64) -> Pages {
         let until = Instant::now() + self.budget;
-        let pages = self.page(&GroupReadBacks, limit, until, Pace::Share).await;
+        let pages = self
+            .page(&ReadBacks::Groups, limit, until, Pace::Share)
+            .await;
         pages.unwrap_or_else(|e| {
             tracing::warn!(error = %e, "could not read the open incidents to check");
             Pages::default()

@@ -2,7 +2,7 @@
 //!
 //! Every kind of page is a [`Pager`]: a failure group's incident ([`GroupIncidents`]: open,
 //! update with the count, resolve), the read-back of an open incident that a person may have
-//! resolved by hand ([`GroupReadBacks`], [`UnsentReplayReadBacks`]), the escalation of a group
+//! resolved by hand ([`ReadBacks`]), the escalation of a group
 //! nobody reviewed ([`Escalations`]) and the incident of a queue whose replays stay unsent
 //! ([`UnsentReplayIncidents`]). [`deliver`] is the one loop that runs them.
 //!
@@ -25,7 +25,7 @@ pub use alerter::Alerter;
 pub use betterstack::{AlertError, BetterStack};
 pub(crate) use escalations::Escalations;
 pub(crate) use group_incidents::GroupIncidents;
-pub(crate) use read_backs::{GroupReadBacks, UnsentReplayReadBacks};
+pub(crate) use read_backs::ReadBacks;
 pub use routes::{Route, Routes};
 pub(crate) use unsent_replays::UnsentReplayIncidents;
 

@@ -23,9 +23,7 @@ pub use waiting::DeliveryBacklog;
 use waiting::{delivery_backlog, pending_review};
 
 use crate::clock::Clock;
-use crate::paging::{
-    Alerter, Escalations, Pace, Pages, UnsentReplayIncidents, UnsentReplayReadBacks,
-};
+use crate::paging::{Alerter, Escalations, Pace, Pages, ReadBacks, UnsentReplayIncidents};
 use crate::replay::sends::unsent;
 use sqlx::PgPool;
 use std::sync::Arc;
@@ -137,7 +135,7 @@ impl ScheduledRun {
             return Ok(Pages::default());
         };
         let bound = self.replay_alert_after;
-        let read_backs = UnsentReplayReadBacks { bound };
+        let read_backs = ReadBacks::UnsentReplays { bound };
         let incidents = UnsentReplayIncidents {
             routes: alerter.routes(),
             bound,
