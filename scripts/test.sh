@@ -42,7 +42,7 @@ note "the chaos soak restarts a throwaway PostgreSQL cluster of its own, never t
 log=$(mktemp)
 on_exit 'rm -f "$log"'
 status=0
-cargo test --workspace 2>&1 | tee "$log" || status=$?
+cargo test --workspace --no-fail-fast 2>&1 | tee "$log" || status=$?
 # One closing line for the whole suite (cargo's own last line is the empty doc-test run).
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      END { printf "\ntests: %d passed, %d failed\n", p, f }' "$log"

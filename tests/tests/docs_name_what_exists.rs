@@ -5,7 +5,8 @@
 //!   in `.rs`, `.sh`, `.sql`, `.yaml`, `.toml` or `.md`) or a directory (`shared/src/fence/`:
 //!   path characters only, ending in `/`) must be a file (a directory) of the repository whose
 //!   path ends with it (target/, .git/, .tools/ and node_modules/ are not the repository). A
-//!   name starting with `./` or `../` is a relative link, resolved from the doc's own directory.
+//!   name starting with `./` or `../` is a relative link, resolved from the doc's own directory
+//!   (one that leaves the repository, such as the team's spec beside the checkout, is not its).
 //!   The consumer guide's `file=<path>` blocks are files the guide has its reader write: that
 //!   doc may name them. File names in a plain fenced block (no info string: the file maps) are
 //!   checked the same way, word by word;
@@ -684,6 +685,19 @@ fn exists(
     place: Option<&Place>,
 ) -> bool {
     if name.starts_with("./") || name.starts_with("../") {
+        // A link that leaves the repository (the team's spec beside the checkout) names nothing
+        // of the repository's: not checked here.
+        let mut depth = doc_dir.components().count() as i64;
+        for part in name.split('/') {
+            match part {
+                ".." => depth -= 1,
+                "." | "" => {}
+                _ => depth += 1,
+            }
+            if depth < 0 {
+                return true;
+            }
+        }
         return repo.root.join(doc_dir).join(name).exists();
     }
     let name = name.trim_start_matches('/');
