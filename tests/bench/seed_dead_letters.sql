@@ -11,7 +11,7 @@ SELECT count(*) <> :n OR bool_or(group_id IS NULL) AS reseed FROM core.dead_lett
 \echo seeding :n dead letters (a minute or two)
 SET session_replication_role = replica;
 TRUNCATE core.dead_letter_group_escalations, core.dead_letter_escalations, core.dead_letter_alerts,
-    core.dead_letters, core.dead_letter_groups;
+    core.dead_letter_group_tallies, core.dead_letters, core.dead_letter_groups;
 INSERT INTO core.dead_letters (job_id, tenant_id, consumer, queue, message_id, payload, attempts,
     error_kind, last_error, correlation_id, status, discard_reason, reviewed_by, reviewed_at, created_at)
 SELECT job, tenant, 'consumer-' || (h_consumer % 5), 'bench-queue-' || (h_queue % 5), 'm-' || i,
@@ -41,12 +41,16 @@ FROM (
     FROM generate_series(1, :n) AS i
 ) AS s;
 INSERT INTO core.dead_letter_groups (consumer, queue, error_kind, fingerprint, pattern, sample_error,
-    last_error, sample_letter_id, letter_count, pending_count, first_letter_at, last_letter_at, resolved_at)
+    sample_letter_id, first_letter_at, resolved_at)
 SELECT consumer, queue, error_kind, core.error_fingerprint(error_kind, min(last_error)),
-       core.masked_error(min(last_error)), min(last_error), max(last_error), (array_agg(id))[1],
-       count(*), count(*) FILTER (WHERE status = 'pending_review'), min(created_at), max(created_at),
+       core.masked_error(min(last_error)), min(last_error), (array_agg(id))[1], min(created_at),
        CASE WHEN count(*) FILTER (WHERE status = 'pending_review') = 0 THEN max(created_at) END
 FROM core.dead_letters GROUP BY consumer, queue, error_kind;
+INSERT INTO core.dead_letter_group_tallies (group_id, stripe, letters, pending, last_letter_at, last_error)
+SELECT g.id, 0, count(*), count(*) FILTER (WHERE d.status = 'pending_review'), max(d.created_at), max(d.last_error)
+FROM core.dead_letters d JOIN core.dead_letter_groups g
+  ON g.consumer = d.consumer AND g.queue = d.queue AND g.error_kind = d.error_kind
+GROUP BY g.id;
 UPDATE core.dead_letters d SET group_id = g.id FROM core.dead_letter_groups g
 WHERE g.consumer = d.consumer AND g.queue = d.queue AND g.error_kind = d.error_kind;
 SET session_replication_role = DEFAULT;

@@ -695,7 +695,7 @@ async fn a_group_incident_chain_of_hand_resolutions_ends_resolved_once(pool: PgP
     let state = || async {
         sqlx::query_as::<_, (Option<String>, Option<String>, i32, bool)>(
             "SELECT incident_id, previous_incident_id, incidents_raised_again, needs_delivery
-             FROM core.dead_letter_groups",
+             FROM core.dead_letter_groups_counted",
         )
         .fetch_one(&pool)
         .await
@@ -747,11 +747,12 @@ async fn a_group_incident_chain_of_hand_resolutions_ends_resolved_once(pool: PgP
         format!("/api/v3/incidents/{current}/resolve")
     );
     assert_eq!(created(&receiver, DEAD_LETTERS).len(), 3);
-    let (resolved, needs): (Option<DateTime<Utc>>, bool) =
-        sqlx::query_as("SELECT incident_resolved_at, needs_delivery FROM core.dead_letter_groups")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+    let (resolved, needs): (Option<DateTime<Utc>>, bool) = sqlx::query_as(
+        "SELECT incident_resolved_at, needs_delivery FROM core.dead_letter_groups_counted",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
     assert!(resolved.is_some() && !needs);
 
     // The same failure again: a new group, a new incident that names no earlier one.
@@ -801,7 +802,7 @@ async fn a_group_resolved_by_hand_then_reviewed_is_resolved_not_raised_again(poo
     assert_eq!(
         scalar(
             &pool,
-            "SELECT count(*) FROM core.dead_letter_groups WHERE incident_resolved_at IS NOT NULL
+            "SELECT count(*) FROM core.dead_letter_groups_counted WHERE incident_resolved_at IS NOT NULL
                AND NOT needs_delivery AND incidents_raised_again = 0"
         )
         .await,

@@ -183,7 +183,7 @@ pub async fn list_groups(
 ) -> sqlx::Result<Vec<Group>> {
     // Dynamic: only the filters that are set, so each combination gets a plan for its own index.
     let q = QueryBuilder::<Postgres>::new(format!(
-        "SELECT {COLUMNS} FROM core.dead_letter_groups WHERE true"
+        "SELECT {COLUMNS} FROM core.dead_letter_groups_counted WHERE true"
     ));
     let mut list = Listing::new(q);
     match filter.status {
@@ -204,7 +204,7 @@ pub async fn list_groups(
 pub async fn group(db: impl PgExecutor<'_>, id: GroupId) -> sqlx::Result<Option<Group>> {
     // Dynamic: a `GroupRow` by the one column list (`COLUMNS`) its every read shares.
     let row: Option<GroupRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {COLUMNS} FROM core.dead_letter_groups WHERE id = $1"
+        "SELECT {COLUMNS} FROM core.dead_letter_groups_counted WHERE id = $1"
     )))
     .bind(id.0)
     .fetch_optional(db)
@@ -240,7 +240,7 @@ pub async fn group_of_letter(
 ) -> sqlx::Result<Option<Group>> {
     // Dynamic: a `GroupRow` by the one column list (`COLUMNS`) its every read shares.
     let row: Option<GroupRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {COLUMNS} FROM core.dead_letter_groups
+        "SELECT {COLUMNS} FROM core.dead_letter_groups_counted
          WHERE id = (SELECT group_id FROM core.dead_letters WHERE id = $1)"
     )))
     .bind(letter.0)

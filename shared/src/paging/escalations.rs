@@ -53,7 +53,7 @@ impl Pager for Escalations<'_> {
                  SELECT g.id, g.queue, g.consumer, g.error_kind, g.pattern, g.pending_count,
                         (SELECT min(d.created_at) FROM core.dead_letters d
                          WHERE d.group_id = g.id AND d.status = 'pending_review') AS oldest
-                 FROM core.dead_letter_groups g WHERE g.resolved_at IS NULL),
+                 FROM core.dead_letter_groups_counted g WHERE g.resolved_at IS NULL),
              candidates AS (
                  SELECT open.*, s.step
                  FROM open

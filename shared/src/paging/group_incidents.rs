@@ -77,12 +77,20 @@ impl Pager for GroupIncidents<'_> {
     ) -> sqlx::Result<Vec<Due>> {
         // Dynamic: a `GroupRow` by the one column list (`COLUMNS`) its every read shares.
         let rows: Vec<DueRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-            "UPDATE core.dead_letter_groups SET claimed_until = $2
-             WHERE id IN (SELECT id FROM core.dead_letter_groups
-                          WHERE needs_delivery AND next_delivery_at <= $1
-                            AND (claimed_until IS NULL OR claimed_until < $1)
-                          ORDER BY next_delivery_at, id LIMIT $3 FOR UPDATE SKIP LOCKED)
-             RETURNING {COLUMNS}, previous_incident_id"
+            "WITH claimed AS (
+                 UPDATE core.dead_letter_groups SET claimed_until = $2
+                 WHERE id IN (SELECT id FROM core.dead_letter_groups g
+                              WHERE incident_live AND next_delivery_at <= $1
+                                AND (claimed_until IS NULL OR claimed_until < $1)
+                                -- An open incident lags only if its count does.
+                                AND (incident_id IS NULL OR resolved_at IS NOT NULL
+                                     OR incident_count IS DISTINCT FROM
+                                        (SELECT sum(t.letters) FROM core.dead_letter_group_tallies t
+                                         WHERE t.group_id = g.id))
+                              ORDER BY next_delivery_at, id LIMIT $3 FOR UPDATE SKIP LOCKED)
+                 RETURNING id)
+             SELECT {COLUMNS}, previous_incident_id
+             FROM core.dead_letter_groups_counted JOIN claimed USING (id)"
         )))
         .bind(lease.now)
         .bind(lease.until)

@@ -26,7 +26,7 @@ pub(super) async fn delivery_backlog(
                 min(CASE WHEN incident_id IS NULL THEN first_letter_at ELSE resolved_at END)
                     AS "since?"
          FROM core.dead_letter_groups
-         WHERE needs_delivery AND (incident_id IS NULL OR resolved_at IS NOT NULL)"#,
+         WHERE incident_live AND (incident_id IS NULL OR resolved_at IS NOT NULL)"#,
     )
     .fetch_one(db)
     .await?;

@@ -178,7 +178,7 @@ async fn main() {
         .await
         .unwrap();
     let group: i64 = sqlx::query_scalar(
-        "SELECT id FROM core.dead_letter_groups ORDER BY letter_count DESC LIMIT 1",
+        "SELECT id FROM core.dead_letter_groups_counted ORDER BY letter_count DESC LIMIT 1",
     )
     .fetch_one(&pool)
     .await

@@ -1,0 +1,270 @@
+//! A storm in one failure group (issue 36): letters of one group are written side by side, not
+//! one at a time behind the group's row, and the group's counts stay exact when read. Real
+//! concurrency on real PostgreSQL: open transactions held across another's write, many writers
+//! and reviewers at once, and the review of a group's last letter racing letters that join it.
+
+use chrono::Utc;
+use shared::dead_letter::{GroupStatus, group_of_letter};
+use shared::ids::{ConsumerName, DeadLetterId, JobId};
+use shared_testkit::{TestLetter, record_letter};
+use sqlx::PgPool;
+use std::collections::BTreeMap;
+use uuid::Uuid;
+
+const QUEUE: &str = "storm-jobs";
+
+fn consumer() -> ConsumerName {
+    ConsumerName::new("storm-consumer").unwrap()
+}
+
+/// A letter of the one failure every test here storms with (its varying value masked away).
+fn storm_letter(n: u64) -> TestLetter {
+    TestLetter {
+        last_error: format!("partner refused account 'acct-{n}' after {n} ms"),
+        ..TestLetter::new(
+            Some(JobId(Uuid::new_v4())),
+            &consumer(),
+            QUEUE,
+            r#"{"payload":{}}"#,
+        )
+    }
+}
+
+async fn discard(pool: &PgPool, id: DeadLetterId) {
+    sqlx::query(
+        "UPDATE core.dead_letters SET status = 'discarded', discard_reason = 'storm test',
+             reviewed_by = 'tester', reviewed_at = now()
+         WHERE id = $1 AND status = 'pending_review'",
+    )
+    .bind(id.0)
+    .execute(pool)
+    .await
+    .expect("discarding");
+}
+
+/// Each group's counts as the API reads them, against a count of its letters.
+async fn counts_match_letters(pool: &PgPool) {
+    let rows: Vec<(i64, i64, i64, i64, i64, bool)> = sqlx::query_as(
+        "SELECT g.id, g.letter_count, g.pending_count,
+                (SELECT count(*) FROM core.dead_letters d WHERE d.group_id = g.id),
+                (SELECT count(*) FROM core.dead_letters d WHERE d.group_id = g.id AND d.status = 'pending_review'),
+                g.resolved_at IS NULL
+         FROM core.dead_letter_groups_counted g ORDER BY g.id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    for (id, letters, pending, counted, counted_pending, open) in rows {
+        assert_eq!(
+            (letters, pending),
+            (counted, counted_pending),
+            "group {id}'s counts against its letters"
+        );
+        assert_eq!(
+            open,
+            pending > 0,
+            "group {id} is open exactly while it has a pending letter"
+        );
+    }
+}
+
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn letters_of_one_group_do_not_wait_for_each_other(pool: PgPool) {
+    // The group exists (its first letter committed), then a letter's transaction stays open.
+    let first = record_letter(&pool, &storm_letter(1), Utc::now()).await;
+    let mut held = pool.begin().await.unwrap();
+    shared::dead_letter::record_dead_letter(&mut held, &storm_letter(2).as_new(), Utc::now())
+        .await
+        .unwrap();
+
+    // Another letter of the same group, refusing to wait on any lock for long.
+    let mut other = pool.begin().await.unwrap();
+    sqlx::query("SET LOCAL lock_timeout = '2s'")
+        .execute(&mut *other)
+        .await
+        .unwrap();
+    let written =
+        shared::dead_letter::record_dead_letter(&mut other, &storm_letter(3).as_new(), Utc::now())
+            .await;
+    assert!(
+        written.is_ok(),
+        "a letter of the group waited for another letter's transaction: {written:?}"
+    );
+    other.commit().await.unwrap();
+    held.commit().await.unwrap();
+
+    let group = group_of_letter(&pool, first).await.unwrap().unwrap();
+    assert_eq!((group.letter_count, group.pending_count), (3, 3));
+    let groups: i64 = sqlx::query_scalar("SELECT count(*) FROM core.dead_letter_groups")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(groups, 1, "one failure, one group");
+}
+
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn reviews_of_one_group_do_not_wait_for_its_letters(pool: PgPool) {
+    let a = record_letter(&pool, &storm_letter(1), Utc::now()).await;
+    record_letter(&pool, &storm_letter(2), Utc::now()).await;
+    let mut held = pool.begin().await.unwrap();
+    shared::dead_letter::record_dead_letter(&mut held, &storm_letter(3).as_new(), Utc::now())
+        .await
+        .unwrap();
+    // A review that leaves letters pending never touches the group's row.
+    let mut review = pool.begin().await.unwrap();
+    sqlx::query("SET LOCAL lock_timeout = '2s'")
+        .execute(&mut *review)
+        .await
+        .unwrap();
+    let reviewed = sqlx::query(
+        "UPDATE core.dead_letters SET status = 'discarded', discard_reason = 'storm test',
+             reviewed_by = 'tester', reviewed_at = now() WHERE id = $1",
+    )
+    .bind(a.0)
+    .execute(&mut *review)
+    .await;
+    assert!(
+        reviewed.is_ok(),
+        "a review waited for a letter joining: {reviewed:?}"
+    );
+    review.commit().await.unwrap();
+    held.commit().await.unwrap();
+    counts_match_letters(&pool).await;
+}
+
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn a_storm_of_writers_and_reviewers_keeps_every_count_exact(pool: PgPool) {
+    let writers = 12;
+    let per_writer = 60;
+    let mut tasks = Vec::new();
+    for w in 0..writers {
+        let pool = pool.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut ids = Vec::new();
+            for i in 0..per_writer {
+                let id = record_letter(&pool, &storm_letter(w * 1000 + i), Utc::now()).await;
+                // Every third letter is reviewed at once, by the writer, as the storm goes on.
+                if i % 3 == 0 {
+                    discard(&pool, id).await;
+                }
+                ids.push(id);
+            }
+            ids
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    counts_match_letters(&pool).await;
+    let open: Vec<(i64, i64)> = sqlx::query_as(
+        "SELECT letter_count, pending_count FROM core.dead_letter_groups_counted WHERE resolved_at IS NULL",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(open.len(), 1, "one open group for the one failure");
+    assert_eq!(
+        open[0].1,
+        (writers * per_writer - writers * per_writer.div_ceil(3)) as i64
+    );
+    // Reviewing the rest from many reviewers at once resolves the group exactly once.
+    let mut reviewers = Vec::new();
+    for chunk in all.chunks(all.len() / 8 + 1) {
+        let (pool, chunk) = (pool.clone(), chunk.to_vec());
+        reviewers.push(tokio::spawn(async move {
+            for id in chunk {
+                discard(&pool, id).await;
+            }
+        }));
+    }
+    for r in reviewers {
+        r.await.unwrap();
+    }
+    counts_match_letters(&pool).await;
+    let group = group_of_letter(&pool, all[0]).await.unwrap().unwrap();
+    assert_eq!(group.status, GroupStatus::Resolved);
+    assert_eq!(group.pending_count, 0);
+}
+
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn two_reviews_of_the_last_two_letters_at_once_resolve_the_group(pool: PgPool) {
+    for round in 0..20u64 {
+        let a = record_letter(&pool, &storm_letter(round * 2), Utc::now()).await;
+        let b = record_letter(&pool, &storm_letter(round * 2 + 1), Utc::now()).await;
+        let (p1, p2) = (pool.clone(), pool.clone());
+        let (x, y) = tokio::join!(
+            tokio::spawn(async move { discard(&p1, a).await }),
+            tokio::spawn(async move { discard(&p2, b).await })
+        );
+        x.unwrap();
+        y.unwrap();
+        let group = group_of_letter(&pool, a).await.unwrap().unwrap();
+        assert_eq!(
+            group.status,
+            GroupStatus::Resolved,
+            "round {round}: both letters reviewed, yet the group is open"
+        );
+    }
+    counts_match_letters(&pool).await;
+}
+
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn letters_racing_the_last_review_join_an_open_group_or_open_a_new_one(pool: PgPool) {
+    // A reviewer keeps reviewing whatever is pending while writers keep writing: at every end
+    // each pending letter is in an open group, and no failure ever has two open groups.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reviewer = {
+        let (pool, stop) = (pool.clone(), stop.clone());
+        tokio::spawn(async move {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let pending: Vec<Uuid> = sqlx::query_scalar(
+                    "SELECT id FROM core.dead_letters WHERE status = 'pending_review' LIMIT 5",
+                )
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+                for id in pending {
+                    discard(&pool, DeadLetterId(id)).await;
+                }
+            }
+        })
+    };
+    let mut writers = Vec::new();
+    for w in 0..6u64 {
+        let pool = pool.clone();
+        writers.push(tokio::spawn(async move {
+            for i in 0..80 {
+                record_letter(&pool, &storm_letter(w * 1000 + i), Utc::now()).await;
+            }
+        }));
+    }
+    for w in writers {
+        w.await.unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    reviewer.await.unwrap();
+    counts_match_letters(&pool).await;
+    let stranded: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM core.dead_letters d JOIN core.dead_letter_groups g ON g.id = d.group_id
+         WHERE d.status = 'pending_review' AND g.resolved_at IS NOT NULL",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(stranded, 0, "a pending letter in a resolved group");
+    let per_failure: BTreeMap<String, i64> = sqlx::query_as::<_, (String, i64)>(
+        "SELECT fingerprint, count(*) FROM core.dead_letter_groups WHERE resolved_at IS NULL GROUP BY 1",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap()
+    .into_iter()
+    .collect();
+    assert!(per_failure.values().all(|&n| n == 1), "{per_failure:?}");
+    let letters: i64 = sqlx::query_scalar("SELECT count(*) FROM core.dead_letters")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(letters, 480);
+}
