@@ -27,9 +27,12 @@ pub mod run;
 pub mod sqs;
 
 // A letter's afterlife: the letters and their failure groups, the DLQ ingester that writes the
-// letters the harness never could, paging, replay, and the scheduled run's upkeep.
+// letters the harness never could, the lease-and-loop driver of its background work, bulk
+// operations, paging, replay, and the scheduled run's upkeep.
 pub mod dead_letter;
 pub mod dlq_ingester;
+pub(crate) mod lease;
+pub mod operations;
 pub mod paging;
 pub mod replay;
 pub mod upkeep;

@@ -37,7 +37,7 @@ type EscalationRow = (
 const ESCALATE_AFTER: Duration = Duration::from_secs(3 * 86_400);
 /// The bound on unsent replays: 1 hour.
 const UNSENT_BOUND: Duration = Duration::from_secs(3_600);
-/// The paging lease (`shared::paging::LEASE`).
+/// The paging lease (`shared::lease::LEASE`).
 const LEASE_SECS: i64 = 120;
 
 /// A scheduled run on `pool` paging the fake at `url`, each page within `budget`.

@@ -1,14 +1,17 @@
 //! The scheduled function (EventBridge): sends queued replays, delivers incident steps still due,
 //! escalates failure groups nobody reviewed and replays unsent past their bound, and sweeps
-//! expired fences, each step within its share of the invocation's deadline. Wiring only; the
-//! steps are `shared::scheduled`. It refuses to start when `FENCE_TTL_SECONDS` is below the
-//! floor, naming the variable.
+//! expired fences, each step within its share of the invocation's deadline. Invoked with
+//! `{"work": "operations"}` (its own, more frequent schedule), it works the bulk operations
+//! operators started instead, until its deadline. Wiring only; the steps are `shared::upkeep`
+//! and `shared::operations`. It refuses to start when `FENCE_TTL_SECONDS` is below the floor,
+//! naming the variable.
 
 use lambda_runtime::{Error, LambdaEvent, service_fn};
 use serde_json::Value;
 use shared::clock::{Clock, SystemClock};
 use shared::config::{Env, ScheduledConfig, or_exit};
 use shared::db::Database;
+use shared::operations::OperationTools;
 use shared::upkeep::{Heartbeat, ScheduledRun};
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,6 +19,10 @@ use std::time::Duration;
 /// Time kept free before the Lambda deadline: the steps share what is left before it (the sweep
 /// stops there), and the measurements and the heartbeat (3 s at most) run in it.
 const DEADLINE_MARGIN: Duration = Duration::from_secs(10);
+/// Bulk operations one invocation works, one after the other, the oldest first.
+const OPERATIONS_PER_ROUND: i64 = 10;
+/// An operations invocation's time without a deadline.
+const OPERATIONS_ROUND: Duration = Duration::from_secs(60);
 
 /// Builds everything once from the environment, then serves scheduled invocations.
 pub async fn run() -> Result<(), Error> {
@@ -40,7 +47,15 @@ pub async fn run() -> Result<(), Error> {
         heartbeat: config.heartbeat_url.clone().map(Heartbeat::new),
         replay_alert_after: config.replay_alert_after,
     };
+    let operations = OperationTools {
+        pool: scheduled.pool.clone(),
+        clock: scheduled.clock.clone(),
+        replayer: Some(shared::replay::Replayer::new(aws_sdk_sqs::Client::new(
+            &sdk,
+        ))),
+    };
     let (scheduled, config, database) = (&scheduled, &config, &database);
+    let operations = &operations;
 
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| async move {
         if let Err(e) = database.ready().await {
@@ -52,6 +67,18 @@ pub async fn run() -> Result<(), Error> {
             let left = (at - now).to_std().unwrap_or_default();
             tokio::time::Instant::now() + left.saturating_sub(DEADLINE_MARGIN)
         });
+        if event.payload.get("work").and_then(Value::as_str) == Some("operations") {
+            // Without a deadline (a local emulator's), a minute.
+            let until = deadline.unwrap_or_else(|| tokio::time::Instant::now() + OPERATIONS_ROUND);
+            let round = shared::operations::work(operations, until, OPERATIONS_PER_ROUND).await;
+            return Ok(match round {
+                Ok(round) => serde_json::json!({ "operations": round }),
+                Err(e) => {
+                    tracing::error!(error = %e, "could not claim the bulk operations due");
+                    serde_json::json!({ "operations": null, "error": e.to_string() })
+                }
+            });
+        }
         let report = scheduled.run(deadline).await;
         println!(
             "{}",

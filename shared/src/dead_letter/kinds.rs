@@ -43,7 +43,17 @@ pub enum ErrorKind {
 
 /// Where a dead letter stands in its review.
 #[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Serialize, IntoStaticStr, EnumString, Display, VariantArray,
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    IntoStaticStr,
+    EnumString,
+    Display,
+    VariantArray,
 )]
 #[serde(rename_all = "snake_case")]
 #[strum(serialize_all = "snake_case")]

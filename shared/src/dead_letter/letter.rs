@@ -128,6 +128,8 @@ pub struct DeadLetter {
     pub replay_withdrawn_at: Option<DateTime<Utc>>,
     /// Why.
     pub replay_withdraw_reason: Option<String>,
+    /// The bulk operation that reviewed it (its `reviewed_by` asked for it), if one did.
+    pub operation_id: Option<Uuid>,
 }
 
 /// A stored body, shown as the JSON it is.

@@ -4,40 +4,54 @@ use super::list::Listing;
 use super::{ErrorKind, LetterHead, ReviewStatus};
 use crate::ids::{GroupId, JobId, TenantId};
 use chrono::{DateTime, Utc};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sqlx::{PgExecutor, Postgres, QueryBuilder};
 use uuid::Uuid;
 
 /// Characters of `last_error` a list item carries; [`super::letter`] has all of it.
 pub(crate) const LIST_ERROR_CHARS: i32 = 300;
 
-/// Which letters to list; every field narrows, `None` does not.
-#[derive(Debug, Clone, Default, PartialEq)]
+/// Which letters to list; every field narrows, `None` does not. Kept as JSON with a bulk
+/// operation (its selection), so the same filter selects the same letters there.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct ListFilter {
     /// Review status.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub status: Option<ReviewStatus>,
     /// Source queue.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub queue: Option<String>,
     /// Consumer.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub consumer: Option<String>,
     /// Error kind.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub error_kind: Option<ErrorKind>,
     /// Created at or after.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub created_from: Option<DateTime<Utc>>,
     /// Created strictly before.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub created_before: Option<DateTime<Utc>>,
     /// The job (any consumer's).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub job_id: Option<JobId>,
     /// The correlation id.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub correlation_id: Option<String>,
     /// The tenant.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub tenant_id: Option<TenantId>,
     /// The SQS message id.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub message_id: Option<String>,
     /// The failure group.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub group_id: Option<GroupId>,
     /// Letter ids from the first to the last of a range, both included: the letters whose id
     /// starts with a prefix ([`id_prefix_range`]), found on the primary key.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub id_range: Option<(Uuid, Uuid)>,
 }
 
@@ -128,22 +142,29 @@ pub async fn list_letters(
              FROM core.dead_letters d WHERE true",
         );
     let mut list = Listing::new(q);
-    list.test("status =", filter.status.map(ReviewStatus::as_str))
-        .test("queue =", filter.queue.clone())
-        .test("consumer =", filter.consumer.clone())
-        .test("error_kind =", filter.error_kind.map(ErrorKind::as_str))
-        .test("created_at >=", filter.created_from)
-        .test("created_at <", filter.created_before)
-        .test("job_id =", filter.job_id.map(|j| j.0))
-        .test("correlation_id =", filter.correlation_id.clone())
-        .test("tenant_id =", filter.tenant_id.map(|t| t.0))
-        .test("message_id =", filter.message_id.clone())
-        .test("group_id =", filter.group_id.map(|g| g.0))
-        .test("id >=", filter.id_range.map(|(first, _)| first))
-        .test("id <=", filter.id_range.map(|(_, last)| last));
+    filter.narrow(&mut list);
     let after = after.map(|a| (a.created_at, a.id));
     let mut q = list.page("created_at", after, limit);
     q.build_query_as().fetch_all(db).await
+}
+
+impl ListFilter {
+    /// Adds the conditions that are set to `list`, each on the column of its own index.
+    pub(super) fn narrow(&self, list: &mut Listing) {
+        list.test("status =", self.status.map(ReviewStatus::as_str))
+            .test("queue =", self.queue.clone())
+            .test("consumer =", self.consumer.clone())
+            .test("error_kind =", self.error_kind.map(ErrorKind::as_str))
+            .test("created_at >=", self.created_from)
+            .test("created_at <", self.created_before)
+            .test("job_id =", self.job_id.map(|j| j.0))
+            .test("correlation_id =", self.correlation_id.clone())
+            .test("tenant_id =", self.tenant_id.map(|t| t.0))
+            .test("message_id =", self.message_id.clone())
+            .test("group_id =", self.group_id.map(|g| g.0))
+            .test("id >=", self.id_range.map(|(first, _)| first))
+            .test("id <=", self.id_range.map(|(_, last)| last));
+    }
 }
 
 #[cfg(test)]

@@ -31,6 +31,11 @@ impl Listing {
         self
     }
 
+    /// The query as narrowed, for a caller that ends it its own way (a count).
+    pub(super) fn into_query(self) -> QueryBuilder<Postgres> {
+        self.0
+    }
+
     /// The page: rows strictly before `after` in `(<key>, id)` order, newest first, at most
     /// `limit`.
     pub(super) fn page<K, I>(

@@ -18,6 +18,7 @@
 //! ack was lost) finds it instead of writing a second one. The table is append-only; the
 //! database rejects anything but the review transition, and puts every letter in one group.
 
+mod bulk;
 mod groups;
 mod kinds;
 mod letter;
@@ -27,6 +28,9 @@ mod record;
 mod review;
 mod settle;
 
+pub use bulk::{
+    Chunk, ChunkDone, ChunkLetter, count_by_kind, discard_chunk, lock_chunk, mark_replayed,
+};
 pub(crate) use groups::{COLUMNS, GroupRow};
 pub use groups::{
     Group, GroupFilter, GroupPosition, Incident, group, group_of_letter, groups_of_failed_replays,

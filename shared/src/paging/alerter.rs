@@ -2,8 +2,9 @@
 //! letter is committed before any page is tried, and a page never holds its caller longer than
 //! the alerter's budget; a step not delivered stays due in PostgreSQL for the scheduled run.
 
-use super::{BetterStack, GroupIncidents, Pace, Pager, Pages, ReadBacks, Round, Routes, deliver};
+use super::{BetterStack, GroupIncidents, Pace, Pager, Pages, ReadBacks, Routes, deliver};
 use crate::clock::Clock;
+use crate::lease::Round;
 use crate::metrics::{Metric, Metrics};
 use sqlx::PgPool;
 use std::fmt;
@@ -94,7 +95,7 @@ impl Alerter {
             client: &self.client,
             clock: self.clock.as_ref(),
             until,
-            per_page: self.budget,
+            per_step: self.budget,
             pace,
         };
         deliver(round, pager, limit).await

@@ -3,8 +3,9 @@
 //! `core.dead_letter_group_escalations`. A review of the group's letters never waits on one.
 
 use super::routes::with_route;
-use super::{AlertError, BetterStack, Lease, Paged, Pager, Route, stored};
+use super::{AlertError, BetterStack, Lease, Paged, Route, stored};
 use crate::ids::GroupId;
+use crate::lease::Leased;
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 use sqlx::{PgConnection, PgPool};
@@ -32,7 +33,10 @@ pub(crate) struct DueGroup {
     step: i32,
 }
 
-impl Pager for Escalations<'_> {
+impl Leased for Escalations<'_> {
+    type Client = BetterStack;
+    type Error = AlertError;
+    type Done = Paged;
     type Step = DueGroup;
     type Sent = String;
     const KIND: &'static str = "escalation";

@@ -3,8 +3,9 @@
 //! in `core.dead_letter_groups`.
 
 use super::group_incident_text::{incident_body, update_comment};
-use super::{AlertError, BetterStack, Lease, Paged, Pager, Routes, retry_at, stored};
+use super::{AlertError, BetterStack, Lease, Paged, Routes, retry_at, stored};
 use crate::dead_letter::{COLUMNS, Group, GroupRow, GroupStatus};
+use crate::lease::Leased;
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 use std::time::Duration;
@@ -64,7 +65,10 @@ struct DueRow {
     previous_incident_id: Option<String>,
 }
 
-impl Pager for GroupIncidents<'_> {
+impl Leased for GroupIncidents<'_> {
+    type Client = BetterStack;
+    type Error = AlertError;
+    type Done = Paged;
     type Step = Due;
     type Sent = Option<String>;
     const KIND: &'static str = "group incident";

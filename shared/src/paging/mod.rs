@@ -6,11 +6,10 @@
 //! nobody reviewed ([`Escalations`]) and the incident of a queue whose replays stay unsent
 //! ([`UnsentReplayIncidents`]). [`deliver`] is the one loop that runs them.
 //!
-//! Invariants: a step is claimed in a committed row under one [`LEASE`] before BetterStack is
-//! called and recorded (or released, its attempt counted) after, so no lock is held while
-//! BetterStack answers, two senders never send one step, and a sender that died is taken over
-//! when its lease ends. A round sends only until its end: a step claimed and not started is
-//! released as it was, for the next round.
+//! Invariants: each kind is [`Leased`] work ([`crate::lease`]): a step is claimed in a committed
+//! row under one lease before BetterStack is called and recorded (or released, its attempt
+//! counted) after, so no lock is held while BetterStack answers, two senders never send one
+//! step, and a sender that died is taken over when its lease ends.
 
 mod alerter;
 mod betterstack;
@@ -29,27 +28,14 @@ pub(crate) use read_backs::ReadBacks;
 pub use routes::{Route, Routes};
 pub(crate) use unsent_replays::UnsentReplayIncidents;
 
+pub(crate) use crate::lease::{Lease, Pace};
+use crate::lease::{Leased, Outcome, Round};
 use chrono::{DateTime, Utc};
-use sqlx::{PgConnection, PgPool};
 use std::time::Duration;
-use tokio::time::Instant;
-
-/// How long a claimed step is left to its sender before another round may take it over: longer
-/// than any page's budget.
-pub(crate) const LEASE: Duration = Duration::from_secs(120);
 
 /// How often an open incident is read back from BetterStack, to find one a person resolved
 /// there while what it stands for is still open.
 pub(crate) const INCIDENT_CHECK_INTERVAL: Duration = Duration::from_secs(300);
-
-/// A claim's times: steps due at `now` are claimed until `until`.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Lease {
-    /// The round's now.
-    pub now: DateTime<Utc>,
-    /// When the claim ends unless recorded or released first.
-    pub until: DateTime<Utc>,
-}
 
 /// What a step that went out did, as recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,55 +52,14 @@ pub(crate) enum Paged {
     RaisedAgain,
 }
 
-/// One kind of page: its due steps, how each is sent, and how it is recorded or released.
-/// Each method is one short statement or one BetterStack call.
-pub(crate) trait Pager {
-    /// A claimed step, with what sending and recording it need.
-    type Step;
-    /// What BetterStack answered for a step.
-    type Sent;
-    /// The kind, for logs.
-    const KIND: &'static str;
-
-    /// Claims up to `limit` steps due at `lease.now`, until `lease.until`: the due steps a
-    /// claim skips (held by another sender, or waiting out a backoff) never fill the limit.
-    async fn claim(
-        &self,
-        conn: &mut PgConnection,
-        lease: Lease,
-        limit: i64,
-    ) -> sqlx::Result<Vec<Self::Step>>;
-
-    /// Sends `step` to BetterStack within `budget`.
-    async fn send(
-        &self,
-        client: &BetterStack,
-        step: &Self::Step,
-        budget: Duration,
-    ) -> Result<Self::Sent, AlertError>;
-
-    /// Records a step that went out, ending its claim.
-    async fn record(
-        &self,
-        pool: &PgPool,
-        step: &Self::Step,
-        sent: Self::Sent,
-        now: DateTime<Utc>,
-    ) -> sqlx::Result<Paged>;
-
-    /// Ends the claim of a step not sent: with its `error` (an attempt counted, retried after a
-    /// backoff), or with none (out of time: left as it was).
-    async fn release(
-        &self,
-        pool: &PgPool,
-        step: &Self::Step,
-        error: Option<&AlertError>,
-        now: DateTime<Utc>,
-    ) -> sqlx::Result<()>;
-
-    /// Names `step` in logs.
-    fn label(step: &Self::Step) -> String;
+/// One kind of page: [`Leased`] work sent to BetterStack, each step recorded as what it
+/// [`Paged`].
+pub(crate) trait Pager:
+    Leased<Client = BetterStack, Error = AlertError, Done = Paged>
+{
 }
+
+impl<T: Leased<Client = BetterStack, Error = AlertError, Done = Paged>> Pager for T {}
 
 /// What a round of one or more pagers did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -177,99 +122,21 @@ impl Pages {
     }
 }
 
-/// Where a round sends: the database its steps are claimed in, BetterStack, and time.
-#[derive(Clone, Copy)]
-pub(crate) struct Round<'a> {
-    /// Claims and records.
-    pub pool: &'a PgPool,
-    /// Where pages go.
-    pub client: &'a BetterStack,
-    /// The round's clock.
-    pub clock: &'a dyn crate::clock::Clock,
-    /// No step starts after this; none runs past it.
-    pub until: Instant,
-    /// The most one step may take.
-    pub per_page: Duration,
-    /// When a step may start.
-    pub pace: Pace,
-}
-
-/// When a round starts a step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Pace {
-    /// While any time is left: the steps share the round's budget (a letter's own round, which
-    /// must not hold its message longer).
-    Share,
-    /// Only with a whole `per_page` left: a step started short of time would fail, count an
-    /// attempt and, if BetterStack took it all the same, be sent again (the scheduled run's
-    /// escalations).
-    WholePages,
-}
-
 /// Claims up to `limit` of `pager`'s due steps and sends each within the round's time, then
-/// records it or releases it. Only the claim's failure is returned: a record that fails is
-/// logged, and its lease's end makes the step due again.
+/// records it or releases it ([`crate::lease::deliver`]); what became of them, counted.
 pub(crate) async fn deliver<P: Pager>(
-    round: Round<'_>,
+    round: Round<'_, BetterStack>,
     pager: &P,
     limit: i64,
 ) -> sqlx::Result<Pages> {
-    let now = round.clock.now();
-    let until = now + chrono::Duration::from_std(LEASE).unwrap_or_default();
-    // Only the wait for a connection is bounded by the round: a claim cut off mid-statement
-    // could still commit, and its steps would wait out the lease with no sender.
-    let Ok(conn) = tokio::time::timeout_at(round.until, round.pool.acquire()).await else {
-        return Ok(Pages::default());
-    };
-    let steps = pager.claim(&mut *conn?, Lease { now, until }, limit).await;
     let mut pages = Pages::default();
-    for step in steps? {
-        if let Err(e) = deliver_one(round, pager, &step, &mut pages).await {
-            tracing::warn!(kind = P::KIND, step = P::label(&step), error = %e,
-                "page not recorded; its lease ends and it is taken again");
-        }
-    }
+    crate::lease::deliver(round, pager, limit, |outcome| match outcome {
+        Outcome::Done(paged) => pages.count(paged),
+        Outcome::Failed(error) => pages.count_failure(error),
+        Outcome::Deferred => pages.deferred += 1,
+    })
+    .await?;
     Ok(pages)
-}
-
-/// Sends one claimed step if the round's pace lets it start, and records or releases it.
-async fn deliver_one<P: Pager>(
-    round: Round<'_>,
-    pager: &P,
-    step: &P::Step,
-    pages: &mut Pages,
-) -> sqlx::Result<()> {
-    let left = round.until.saturating_duration_since(Instant::now());
-    let enough = match round.pace {
-        Pace::Share => !left.is_zero(),
-        Pace::WholePages => left >= round.per_page,
-    };
-    if !enough {
-        pages.deferred += 1;
-        return pager
-            .release(round.pool, step, None, round.clock.now())
-            .await;
-    }
-    match pager
-        .send(round.client, step, round.per_page.min(left))
-        .await
-    {
-        Ok(sent) => {
-            let paged = pager
-                .record(round.pool, step, sent, round.clock.now())
-                .await?;
-            pages.count(paged);
-            Ok(())
-        }
-        Err(error) => {
-            pages.count_failure(&error);
-            tracing::warn!(kind = P::KIND, step = P::label(step), %error,
-                "page not sent; a later round retries it");
-            pager
-                .release(round.pool, step, Some(&error), round.clock.now())
-                .await
-        }
-    }
 }
 
 /// When a step that failed `failures` times before is due again: 10 s, doubling, up to 320 s.

@@ -3,7 +3,8 @@
 //! incident, so the next open step raises it again, naming the one resolved. A read that fails
 //! is read again after the interval.
 
-use super::{AlertError, BetterStack, INCIDENT_CHECK_INTERVAL, Lease, Paged, Pager};
+use super::{AlertError, BetterStack, INCIDENT_CHECK_INTERVAL, Lease, Paged};
+use crate::lease::Leased;
 use crate::replay::sends::overdue_before;
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
@@ -31,7 +32,10 @@ pub(crate) enum ReadBacks {
     },
 }
 
-impl Pager for ReadBacks {
+impl Leased for ReadBacks {
+    type Client = BetterStack;
+    type Error = AlertError;
+    type Done = Paged;
     type Step = ReadBack;
     type Sent = bool;
     const KIND: &'static str = "incident read-back";

@@ -5,7 +5,8 @@
 //! stands for them. The harness resolves it once none of the queue's replays is past the bound.
 
 use super::routes::with_route;
-use super::{AlertError, BetterStack, Lease, Paged, Pager, Routes, stored};
+use super::{AlertError, BetterStack, Lease, Paged, Routes, stored};
+use crate::lease::Leased;
 use crate::replay::sends::{UnsentQueue, overdue_before};
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
@@ -41,7 +42,10 @@ impl Step {
     }
 }
 
-impl Pager for UnsentReplayIncidents<'_> {
+impl Leased for UnsentReplayIncidents<'_> {
+    type Client = BetterStack;
+    type Error = AlertError;
+    type Done = Paged;
     type Step = Step;
     type Sent = Option<String>;
     const KIND: &'static str = "unsent replays' incident";

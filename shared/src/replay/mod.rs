@@ -10,9 +10,9 @@
 
 pub mod sends;
 
-use crate::dead_letter::{DeadLetter, REPLAY_OF_ATTRIBUTE};
+use crate::dead_letter::{DeadLetter, ErrorKind, REPLAY_OF_ATTRIBUTE};
 use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
-use aws_sdk_sqs::types::MessageAttributeValue;
+use aws_sdk_sqs::types::{MessageAttributeValue, SendMessageBatchRequestEntry};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::fmt;
@@ -138,6 +138,113 @@ impl Replayer {
         })
     }
 
+    /// Sends the replays of `letters` (of one queue or several) in `SendMessageBatch` calls of
+    /// at most ten messages and [`MAX_MESSAGE_BYTES`] in all, one queue per call: what each
+    /// letter's send did, in `letters`' order. A call that fails is every one of its messages'
+    /// refusal (the queue's, unless SQS said the request was at fault).
+    pub async fn send_batch(&self, letters: &[&DeadLetter]) -> Vec<Result<Sent, Refusal>> {
+        let mut results: Vec<Option<Result<Sent, Refusal>>> = vec![None; letters.len()];
+        for batch in batches(letters) {
+            let queue = &letters[batch[0]].queue;
+            let sent = match self.queue_url(queue).await {
+                Ok(url) => self.send_one_batch(&url, letters, &batch).await,
+                Err(refusal) => batch.iter().map(|_| Err(refusal.clone())).collect(),
+            };
+            for (i, result) in batch.into_iter().zip(sent) {
+                results[i] = Some(result);
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(Refusal::Queue("not sent".into()))))
+            .collect()
+    }
+
+    /// One `SendMessageBatch` of `letters[batch]` to `queue_url`.
+    async fn send_one_batch(
+        &self,
+        queue_url: &str,
+        letters: &[&DeadLetter],
+        batch: &[usize],
+    ) -> Vec<Result<Sent, Refusal>> {
+        let mut entries = Vec::with_capacity(batch.len());
+        for (n, &i) in batch.iter().enumerate() {
+            let letter = letters[i];
+            let (group, deduplication) = fifo_ids(letter).unzip();
+            let attribute = MessageAttributeValue::builder()
+                .data_type("String")
+                .string_value(letter.id.to_string())
+                .build();
+            let entry = attribute.and_then(|attribute| {
+                SendMessageBatchRequestEntry::builder()
+                    .id(n.to_string())
+                    .message_body(letter_body(letter))
+                    .message_attributes(REPLAY_OF_ATTRIBUTE, attribute)
+                    .set_message_group_id(group)
+                    .set_message_deduplication_id(deduplication)
+                    .build()
+            });
+            match entry {
+                Ok(entry) => entries.push(entry),
+                Err(e) => {
+                    let refusal = Refusal::Message(format!("the batch entry: {e}"));
+                    return batch.iter().map(|_| Err(refusal.clone())).collect();
+                }
+            }
+        }
+        let answer = self
+            .client
+            .send_message_batch()
+            .queue_url(queue_url)
+            .set_entries(Some(entries))
+            .send()
+            .await;
+        let answer = match answer {
+            Ok(answer) => answer,
+            Err(e) => {
+                let refusal = Refusal::of_send(queue_url, e);
+                return batch.iter().map(|_| Err(refusal.clone())).collect();
+            }
+        };
+        let mut results: Vec<Result<Sent, Refusal>> = batch
+            .iter()
+            .map(|_| {
+                Err(Refusal::Queue(format!(
+                    "SendMessageBatch to {queue_url}: no answer for the entry"
+                )))
+            })
+            .collect();
+        for ok in answer.successful {
+            if let Some(slot) = ok.id.parse::<usize>().ok().and_then(|n| results.get_mut(n)) {
+                *slot = Ok(Sent {
+                    message_id: ok.message_id,
+                    queue_url: queue_url.to_owned(),
+                });
+            }
+        }
+        for failed in answer.failed {
+            let error = format!(
+                "SendMessageBatch to {queue_url}: {} ({})",
+                failed.code,
+                failed.message.as_deref().unwrap_or_default()
+            );
+            let refusal = if refuses_the_message(Some(&failed.code)) || failed.sender_fault {
+                Refusal::Message(error)
+            } else {
+                Refusal::Queue(error)
+            };
+            if let Some(slot) = failed
+                .id
+                .parse::<usize>()
+                .ok()
+                .and_then(|n| results.get_mut(n))
+            {
+                *slot = Err(refusal);
+            }
+        }
+        results
+    }
+
     /// `queue`'s URL; not found, it is the queue's refusal, whatever the error.
     async fn queue_url(&self, queue: &str) -> Result<String, Refusal> {
         if let Some(url) = self.urls.lock().await.get(queue) {
@@ -159,6 +266,87 @@ impl Replayer {
         self.urls.lock().await.insert(queue.to_owned(), url.clone());
         Ok(url)
     }
+}
+
+/// Why a letter cannot be replayed, whatever its body: its replay could apply another job, or
+/// this one twice. One rule for the one-letter route and for bulk replays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotReplayable {
+    /// A copy that arrived after its job's fence could have expired: whether the job committed
+    /// cannot be known.
+    Unsettled,
+    /// A poison message without a readable job id: a replay could not be deduplicated.
+    NoJobId,
+    /// Another job committed under the letter's job id.
+    AnotherJob,
+}
+
+impl NotReplayable {
+    /// What the operator is told, with what to do instead.
+    pub fn why(self) -> &'static str {
+        match self {
+            Self::Unsettled => {
+                "this copy arrived after its job's fence could have expired, so whether the job \
+                 committed cannot be known and a replay could apply it twice; check the effect by \
+                 hand, then discard the letter with a reason"
+            }
+            Self::NoJobId => {
+                "this letter is a poison message without a readable job_id, so a replay could not \
+                 be deduplicated; fix and republish it by hand, then discard it with a reason"
+            }
+            Self::AnotherJob => {
+                "another job committed under this letter's job_id (its fence keeps another \
+                 payload's digest): this job never ran, and a replay would be taken for the other; \
+                 send it under a new job_id, then discard this letter with a reason"
+            }
+        }
+    }
+}
+
+/// The letter's job id, unless a replay could apply another job or this one twice.
+/// `fence_of_another_job`: its job's fence keeps another payload's digest
+/// ([`crate::dead_letter::fence_is_another_job`]). Another job under the id is what the fence
+/// says, not what the letter's kind said when it was written: a conflict letter of a body of the
+/// committed job's family of edits (a copy that raced the edit's commit) is the job's, done, and
+/// a replay sends nothing. Only a conflict letter without a digest is taken at its word.
+pub fn replayable(
+    letter: &DeadLetter,
+    fence_of_another_job: bool,
+) -> Result<crate::ids::JobId, NotReplayable> {
+    if letter.error_kind == ErrorKind::Unsettled {
+        return Err(NotReplayable::Unsettled);
+    }
+    let Some(job_id) = letter.job_id else {
+        return Err(NotReplayable::NoJobId);
+    };
+    let another_job = match (letter.error_kind, &letter.job_digest) {
+        (ErrorKind::Conflict, None) => true,
+        _ => fence_of_another_job,
+    };
+    if another_job {
+        return Err(NotReplayable::AnotherJob);
+    }
+    Ok(job_id)
+}
+
+/// `letters` cut into `SendMessageBatch` calls: indexes of one queue's letters, in order, at most
+/// ten and [`MAX_MESSAGE_BYTES`] of bodies and attributes a call.
+fn batches(letters: &[&DeadLetter]) -> Vec<Vec<usize>> {
+    let mut batches: Vec<(String, usize, Vec<usize>)> = Vec::new();
+    for (i, letter) in letters.iter().enumerate() {
+        let size = letter_body(letter).len() + REPLAY_OF_ATTRIBUTE.len() + "String".len() + 36;
+        let fits = |(queue, bytes, batch): &&mut (String, usize, Vec<usize>)| {
+            *queue == letter.queue && batch.len() < 10 && bytes + size <= MAX_MESSAGE_BYTES
+        };
+        match batches.iter_mut().rev().find(|b| fits(b)) {
+            Some((_, bytes, batch)) => {
+                *bytes += size;
+                batch.push(i);
+            }
+            None => batches.push((letter.queue.clone(), size, vec![i])),
+        }
+    }
+    batches.into_iter().map(|(_, _, batch)| batch).collect()
 }
 
 /// For a letter of a FIFO queue (its name ends in `.fifo`, as SQS requires), what its replay is

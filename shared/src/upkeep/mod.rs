@@ -123,7 +123,7 @@ impl ScheduledRun {
             route,
             after: self.escalate_after,
         };
-        let pages = alerter.page(&pager, ESCALATIONS_PER_RUN, until, Pace::WholePages);
+        let pages = alerter.page(&pager, ESCALATIONS_PER_RUN, until, Pace::WholeSteps);
         let pages = pages.await;
         pages.map_err(|e| e.to_string())
     }
@@ -143,11 +143,11 @@ impl ScheduledRun {
         let limit = UNSENT_QUEUES_PER_RUN;
         let paged = async {
             let mut pages = alerter
-                .page(&read_backs, limit, until, Pace::WholePages)
+                .page(&read_backs, limit, until, Pace::WholeSteps)
                 .await?;
             pages.add(
                 alerter
-                    .page(&incidents, limit, until, Pace::WholePages)
+                    .page(&incidents, limit, until, Pace::WholeSteps)
                     .await?,
             );
             Ok::<_, sqlx::Error>(pages)

@@ -12,10 +12,11 @@ use super::list_query::{
 use super::pending::{lock_pending, not_found};
 use super::reason::{MAX_REASON_CHARS, parse_reason, parse_replay_reason};
 use super::replay::replay;
-use super::{Api, ApiRequest, ApiResponse, Operation, Route, ok};
+use super::{Api, ApiRequest, ApiResponse, Operation, Route, ok, operations};
 use serde_json::{Value, json};
 use shared::dead_letter::{self, Verdict};
 use shared::ids::{ConsumerName, DeadLetterId, GroupId, JobId};
+use shared::operations::Action;
 
 /// The largest replay or discard body, in bytes: a reason of [`super::reason::MAX_REASON_CHARS`] characters,
 /// each written as a JSON escape pair (12 bytes), fits with room to spare.
@@ -62,6 +63,20 @@ pub(super) async fn run(
             let job_id = parse_job_id(id)?;
             let consumer = parse_consumer(&request.query)?;
             get_processed_job(api, route, job_id, &consumer).await
+        }
+        Operation::StartReplayOperation => {
+            operations::start(api, route, Action::Replay, actor, request).await
+        }
+        Operation::StartDiscardOperation => {
+            operations::start(api, route, Action::Discard, actor, request).await
+        }
+        Operation::ListOperations => operations::list(api, route, request).await,
+        Operation::GetOperation => {
+            operations::get(api, route, uuid_in_path("operation", id)?).await
+        }
+        Operation::CancelOperation => {
+            let id = uuid_in_path("operation", id)?;
+            operations::cancel(api, route, id, request).await
         }
     }
 }

@@ -1,5 +1,6 @@
 //! The operators' HTTP API over `core.dead_letters` and its failure groups: list and get
-//! letters, replay and discard them, list and get groups. It lives in
+//! letters, replay and discard them, list and get groups, and start, follow and cancel bulk
+//! operations on the letters a filter selects. It lives in
 //! this crate, not in `shared`, so a consumer links neither it nor `lambda_http`.
 //!
 //! Independent of the transport: [`Api::handle`] takes an [`ApiRequest`] and returns an
@@ -17,6 +18,7 @@ mod error;
 mod handlers;
 pub mod lambda;
 pub mod list_query;
+mod operations;
 mod pending;
 mod reason;
 mod replay;

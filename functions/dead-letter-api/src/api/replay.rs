@@ -8,7 +8,7 @@ use super::error::ApiError;
 use super::pending::lock_pending;
 use super::{Api, ApiResponse, Route, ok};
 use serde_json::{Value, json};
-use shared::dead_letter::{self, DeadLetter, ErrorKind, LockedLetter, ReplayOutcome, Verdict};
+use shared::dead_letter::{self, DeadLetter, LockedLetter, ReplayOutcome, Verdict};
 use shared::ids::{DeadLetterId, JobId};
 use shared::replay::Replayer;
 
@@ -148,38 +148,12 @@ async fn plan(locked: &mut LockedLetter, edit: Option<&Edit>) -> Result<Plan, Re
     })
 }
 
-/// The letter's job id, unless a replay could apply another job or this one twice.
+/// The letter's job id, unless a replay could apply another job or this one twice
+/// ([`shared::replay::replayable`]).
 async fn replayable(locked: &mut LockedLetter) -> Result<JobId, Refused> {
-    let refuse = |why: &str| Err(Refused::Api(ApiError::conflict("not_replayable", why)));
-    if locked.letter.error_kind == ErrorKind::Unsettled {
-        return refuse(
-            "this copy arrived after its job's fence could have expired, so whether the job \
-             committed cannot be known and a replay could apply it twice; check the effect by \
-             hand, then discard the letter with a reason",
-        );
-    }
-    let Some(job_id) = locked.letter.job_id else {
-        return refuse(
-            "this letter is a poison message without a readable job_id, so a replay could not be \
-             deduplicated; fix and republish it by hand, then discard it with a reason",
-        );
-    };
-    // Another job under the id is what the fence says, not what the letter's kind said when it
-    // was written: a conflict letter of a body of the committed job's family of edits (a copy
-    // that raced the edit's commit) is the job's, done, and a replay sends nothing. Only a
-    // conflict letter without a digest is taken at its word.
-    let another_job = match (locked.letter.error_kind, &locked.letter.job_digest) {
-        (ErrorKind::Conflict, None) => true,
-        _ => locked.fence_is_another_job().await?,
-    };
-    if another_job {
-        return refuse(
-            "another job committed under this letter's job_id (its fence keeps another payload's \
-             digest): this job never ran, and a replay would be taken for the other; send it \
-             under a new job_id, then discard this letter with a reason",
-        );
-    }
-    Ok(job_id)
+    let another_job = locked.fence_is_another_job().await?;
+    shared::replay::replayable(&locked.letter, another_job)
+        .map_err(|not| Refused::Api(ApiError::conflict("not_replayable", not.why())))
 }
 
 /// A dry run's answer: the plan, nothing changed.

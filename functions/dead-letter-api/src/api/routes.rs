@@ -25,6 +25,17 @@ pub enum Operation {
     GetGroup,
     /// `GET /v1/core/processed-jobs/{id}?consumer=…`: the job's fence, if it committed.
     GetProcessedJob,
+    /// `POST /v1/core/dead-letter-operations/replay`: replay the pending letters a filter
+    /// selects, server-side (or answer the plan: a dry run).
+    StartReplayOperation,
+    /// `POST /v1/core/dead-letter-operations/discard`: discard them.
+    StartDiscardOperation,
+    /// `GET /v1/core/dead-letter-operations`: the latest operations.
+    ListOperations,
+    /// `GET /v1/core/dead-letter-operations/{id}`: an operation and its progress.
+    GetOperation,
+    /// `POST /v1/core/dead-letter-operations/{id}/cancel`: stop a running operation.
+    CancelOperation,
 }
 
 /// One route: method, path template, required scope and the function (binary) that serves it.
@@ -44,7 +55,7 @@ pub struct Route {
 }
 
 /// Every route of the API. `template.yaml` and `openapi.yaml` are tested against it.
-pub const ROUTES: [Route; 9] = [
+pub const ROUTES: [Route; 14] = [
     Route {
         method: "GET",
         path: "/v1/core/dead-letters",
@@ -112,6 +123,45 @@ pub const ROUTES: [Route; 9] = [
         scope: Scope::Read,
         function: "dead-letters-read",
     },
+    // A bulk operation is started by whoever may do its action to one letter, on that action's
+    // function; the scheduled function works it.
+    Route {
+        method: "POST",
+        path: "/v1/core/dead-letter-operations/replay",
+        operation: Operation::StartReplayOperation,
+        scope: Scope::Replay,
+        function: "dead-letters-replay",
+    },
+    Route {
+        method: "POST",
+        path: "/v1/core/dead-letter-operations/discard",
+        operation: Operation::StartDiscardOperation,
+        scope: Scope::Discard,
+        function: "dead-letters-discard",
+    },
+    Route {
+        method: "GET",
+        path: "/v1/core/dead-letter-operations",
+        operation: Operation::ListOperations,
+        scope: Scope::Read,
+        function: "dead-letters-read",
+    },
+    Route {
+        method: "GET",
+        path: "/v1/core/dead-letter-operations/{id}",
+        operation: Operation::GetOperation,
+        scope: Scope::Read,
+        function: "dead-letters-read",
+    },
+    // Whoever may start the operation's action may stop it: the handler checks that scope (the
+    // operation's action), so the route asks only for the read scope.
+    Route {
+        method: "POST",
+        path: "/v1/core/dead-letter-operations/{id}/cancel",
+        operation: Operation::CancelOperation,
+        scope: Scope::Read,
+        function: "dead-letters-discard",
+    },
 ];
 
 /// The route of `method path`, by [`ROUTES`]; `None` for no route.
@@ -176,9 +226,14 @@ mod tests {
                 | Operation::Get
                 | Operation::ListGroups
                 | Operation::GetGroup
-                | Operation::GetProcessedJob => Scope::Read,
-                Operation::Replay | Operation::Withdraw => Scope::Replay,
-                Operation::Discard => Scope::Discard,
+                | Operation::GetProcessedJob
+                | Operation::ListOperations
+                | Operation::GetOperation
+                | Operation::CancelOperation => Scope::Read,
+                Operation::Replay | Operation::Withdraw | Operation::StartReplayOperation => {
+                    Scope::Replay
+                }
+                Operation::Discard | Operation::StartDiscardOperation => Scope::Discard,
                 Operation::Edit => Scope::Edit,
             };
             assert_eq!(route.scope, scope, "{route:?}");
