@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Benchmarks (not tests): ratios against a baseline measured in the same run, medians of
 # alternating rounds. Builds with the `perf` profile (optimized, quick to link).
-# `bash scripts/bench.sh [harness] [latency] [pooler] [sweep] [api] [scale]` runs those parts (default: all).
+# `bash scripts/bench.sh [harness] [latency] [pooler] [sweep] [api] [scale] [operations]` runs those parts
+# (default: all).
 source "$(dirname "$0")/lib.sh"
 
 command -v cargo >/dev/null || die "cargo is not installed"
@@ -17,9 +18,9 @@ DATABASE_URL=$(database_url_for jobs_bench)
 export DATABASE_URL
 ensure_sqs_api
 ensure_pgbench
-PARTS=${*:-harness latency pooler sweep api scale}
+PARTS=${*:-harness latency pooler sweep api scale operations}
 part() { case " $PARTS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
-BINS=(bench-harness bench-latency bench-sweep bench-api bench-scale local-consumer)
+BINS=(bench-harness bench-latency bench-sweep bench-api bench-scale bench-operations local-consumer)
 BIN_ARGS=$(printf -- '--bin %s ' "${BINS[@]}")
 step "Building the benchmarks (cargo build --profile perf -p e2e $BIN_ARGS)"
 # shellcheck disable=SC2086 # one word per flag and name
@@ -50,10 +51,18 @@ if part scale; then
   step "The fence table at 2 and 20 million live fences (database jobs_bench_scale, seeded anew: a few minutes, ~4 GB)"
   DATABASE_URL=$(database_url_for jobs_bench_scale) "$TARGET"/perf/bench-scale || die "the scale benchmark failed"
 fi
+if part operations; then
+  step "Bulk operations on a storm: 1,000,000 letters of one group discarded, 100,000 replayed to the local SQS API, API reads timed meanwhile (database jobs_bench_ops, seeded anew; ~10 min)"
+  psql "$DATABASE_URL" -qc 'DROP DATABASE IF EXISTS jobs_bench_ops WITH (FORCE)' >/dev/null || die "could not drop jobs_bench_ops"
+  # A local SQS API of its own, started empty: moto slows down as it holds more queues and
+  # messages, and the figure is the worker's, not what other runs left in moto.
+  (SQS_PORT=9399 ensure_sqs_api && DATABASE_URL=$(database_url_for jobs_bench_ops) "$TARGET"/perf/bench-operations) ||
+    die "the operations benchmark failed"
+fi
 step "All figures: target/bench/results.json"
 python3 - <<'PY' || die "could not merge the results"
 import json, os
 parts = {name: json.load(open(f"target/bench/{name}.json"))
-         for name in ("harness", "latency", "pooler", "sweep", "api", "scale") if os.path.exists(f"target/bench/{name}.json")}
+         for name in ("harness", "latency", "pooler", "sweep", "api", "scale", "operations") if os.path.exists(f"target/bench/{name}.json")}
 json.dump(parts, open("target/bench/results.json", "w"), indent=2)
 PY

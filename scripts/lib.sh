@@ -143,18 +143,20 @@ ensure_sqs_api() {
   if [ ! -x "$TOOLS/venv/bin/moto_server" ] || [ "$installed" != "$MOTO_VERSION" ]; then
     venv_install venv "moto[server]==$MOTO_VERSION"
   fi
-  step "Starting the local SQS API (moto) on 127.0.0.1:$SQS_PORT (log: .tools/moto.log)"
+  local log=$TOOLS/moto.log
+  [ "$SQS_PORT" = 9324 ] || log=$TOOLS/moto-$SQS_PORT.log
+  step "Starting the local SQS API (moto) on 127.0.0.1:$SQS_PORT (log: ${log#"$PWD"/})"
   if [ "${1:-}" = detached ]; then
-    setsid nohup "$TOOLS/venv/bin/python" "$MOTO_LAUNCHER" -H 127.0.0.1 -p "$SQS_PORT" >"$TOOLS/moto.log" 2>&1 < /dev/null &
+    setsid nohup "$TOOLS/venv/bin/python" "$MOTO_LAUNCHER" -H 127.0.0.1 -p "$SQS_PORT" >"$log" 2>&1 < /dev/null &
     echo $! > "$TOOLS/moto.pid"
   else
-    "$TOOLS/venv/bin/python" "$MOTO_LAUNCHER" -H 127.0.0.1 -p "$SQS_PORT" >"$TOOLS/moto.log" 2>&1 &
+    "$TOOLS/venv/bin/python" "$MOTO_LAUNCHER" -H 127.0.0.1 -p "$SQS_PORT" >"$log" 2>&1 &
     MOTO_PID=$!
     on_exit 'kill "$MOTO_PID" 2>/dev/null'
   fi
 
   for _ in $(seq 1 60); do sqs_api_up "$AWS_ENDPOINT_URL_SQS" && return; sleep 0.5; done
-  die "the local SQS API did not answer on 127.0.0.1:$SQS_PORT; see .tools/moto.log"
+  die "the local SQS API did not answer on 127.0.0.1:$SQS_PORT; see ${log#"$PWD"/}"
 }
 
 # cfn-lint, pinned, in a venv of its own (.tools/lint-venv), for template.yaml.

@@ -8,7 +8,9 @@
 //! redrive to the DLQ past `maxReceiveCount` with the real ingester, FIFO groups re-received
 //! whole round after round, counted as SQS counts them), operator actions (replay, edit &
 //! replay, a replay whose send SQS refuses so it stays `queued` and is sent later or withdrawn
-//! back to review, discard, through the library calls the API makes) and time (past the TTL, a
+//! back to review, discard, through the library calls the API makes; a bulk replay or discard of
+//! a tenant's pending letters, its worker killed mid-work and the next one going on, its replays
+//! through the local SQS API back into the queue) and time (past the TTL, a
 //! sweep, once no copy can still arrive) run against the real harness and the reference
 //! consumer on a real,
 //! migrated database. After every step a checker reads the database and asserts the promises
@@ -95,6 +97,13 @@ pub enum Step {
     Withdraw { pick: u8 },
     /// The operator discards the `pick`th pending letter, with a reason.
     Discard { pick: u8 },
+    /// The operator replays (or discards) in one bulk operation the pending letters of job
+    /// `slot`'s tenant; its worker is killed after `cut` polls, if given, and the next goes on.
+    Bulk {
+        slot: u8,
+        replay: bool,
+        cut: Option<u8>,
+    },
     /// Time passes the TTL and the sweeper runs (only if no copy is in the queue).
     SweepPastTtl,
 }
@@ -229,6 +238,12 @@ impl ReferenceStateMachine for Model {
             (
                 review / 2,
                 (0..4u8).prop_map(|pick| Step::Discard { pick }).boxed(),
+            ),
+            (
+                review,
+                (0..3u8, any::<bool>(), proptest::option::of(1..40u8))
+                    .prop_map(|(slot, replay, cut)| Step::Bulk { slot, replay, cut })
+                    .boxed(),
             ),
             (1, Just(Step::SweepPastTtl).boxed()),
         ];
@@ -392,6 +407,7 @@ async fn run_history(
                 Step::SendQueued { pick } => world.send_queued(*pick).await,
                 Step::Withdraw { pick } => world.withdraw(*pick).await,
                 Step::Discard { pick } => world.discard(*pick).await,
+                Step::Bulk { slot, replay, cut } => world.bulk(*slot, *replay, *cut).await,
                 Step::SweepPastTtl => world.sweep().await,
             }
             let did: Vec<String> = world.log[logged..].to_vec();
@@ -558,6 +574,41 @@ fn model_hand_written_histories_keep_the_promises() {
                 Deliver { picks: vec![0] },
                 Deliver { picks: vec![0] },
                 EditReplay { pick: 0 },
+                Deliver { picks: vec![0] },
+            ],
+        ),
+        (
+            "a bulk replay of a tenant's letters, its worker killed mid-work, FIFO, batch mode",
+            Config {
+                mode: CommitMode::Batch,
+                fifo: true,
+                slots: vec![[Flaky, Good], [Good, Good], [BadPoints, Good]],
+                noted: false,
+            },
+            vec![
+                send(0, 0, Spelling::Exact),
+                send(0, 0, Spelling::UpperIds),
+                send(2, 0, Spelling::Exact),
+                Rounds { picks: vec![0, 1, 2], times: 6 },
+                Step::Bulk { slot: 0, replay: true, cut: Some(6) },
+                Step::Bulk { slot: 2, replay: true, cut: None },
+                Rounds { picks: vec![0, 1], times: 3 },
+            ],
+        ),
+        (
+            "a bulk discard, its worker killed at its first await, then a replay of nothing left",
+            Config {
+                mode: CommitMode::PerJob,
+                fifo: false,
+                slots: vec![[BadPoints, Good], [Good, Good], [Good, Good]],
+                noted: false,
+            },
+            vec![
+                send(0, 0, Spelling::Exact),
+                send(0, 0, Spelling::Exact),
+                Deliver { picks: vec![0, 1] },
+                Step::Bulk { slot: 0, replay: false, cut: Some(1) },
+                Step::Bulk { slot: 0, replay: true, cut: None },
                 Deliver { picks: vec![0] },
             ],
         ),

@@ -56,4 +56,4 @@ pub use crate::ids::MAX_ID_BYTES;
 
 /// The message attribute a replay sets to the id of the dead letter it republishes; a letter
 /// written for such a message links back to it (`replay_of`).
-pub(crate) const REPLAY_OF_ATTRIBUTE: &str = "replay_of";
+pub const REPLAY_OF_ATTRIBUTE: &str = "replay_of";

@@ -11,6 +11,7 @@ use crate::dead_letter::{
 use crate::lease::{LEASE, Lease, Leased};
 use crate::replay::{Refusal, Replayer, letter_body, refused_by_sqs, replayable};
 use chrono::{DateTime, Utc};
+use futures_util::StreamExt;
 use sqlx::{PgConnection, PgPool};
 use std::fmt;
 use std::sync::Arc;
@@ -22,6 +23,8 @@ use uuid::Uuid;
 const DISCARD_CHUNK: i64 = 1_000;
 /// Letters a replay chunk reviews: their bodies are read, and sent ten to a call.
 const REPLAY_CHUNK: i64 = 200;
+/// `SendMessageBatch` calls a replay chunk has in flight at once.
+const CALLS_IN_FLIGHT: usize = 4;
 /// The longest a chunk waits for a letter's lock (a one-letter review holding it).
 const CHUNK_LOCK_WAIT: &str = "5s";
 /// A chunk is not started with less than this left of the round.
@@ -376,39 +379,58 @@ async fn send_left_queued(
     send_replays(tools, replayer, id, &left).await
 }
 
-/// Sends `letters`' replays ten at a time ([`Replayer::send_batch`]) and records each call's
-/// (on the letters, and in the operation's `sent`) before the next, so a worker killed midway
-/// loses at most one call's record. A queue that refused is the operation's error; a message
-/// refused for itself stays queued for the scheduled run's sender (with its backoff).
+/// Sends `letters`' replays ten to a call ([`Replayer::send_batch`]), [`CALLS_IN_FLIGHT`] calls
+/// at once, and records each call's (on the letters, and in the operation's `sent`) as it is
+/// answered, so a worker killed midway loses at most the records of the calls in flight (their
+/// replays stay queued and are sent again: the same job ids, which the consumer's fence applies
+/// once). A queue that refused is the operation's error; a message refused for itself stays
+/// queued for the scheduled run's sender (with its backoff).
 async fn send_replays(
     tools: &OperationTools,
     replayer: &Replayer,
     id: Uuid,
     letters: &[DeadLetter],
 ) -> Result<(), OperationError> {
-    for call in letters.chunks(10) {
-        let refs: Vec<&DeadLetter> = call.iter().collect();
-        let results = replayer.send_batch(&refs).await;
-        let (mut ids, mut messages, mut queue_refusal) = (Vec::new(), Vec::new(), None);
-        for (letter, result) in call.iter().zip(results) {
-            match result {
-                Ok(sent) => {
-                    ids.push(letter.id.0);
-                    messages.push(sent.message_id);
-                }
-                Err(Refusal::Queue(error)) => queue_refusal = Some(error),
-                Err(Refusal::Message(error)) => {
-                    tracing::warn!(operation = %id, letter = %letter.id, error,
-                        "a replay of the operation was refused; the scheduled run retries it");
-                }
+    let calls = letters.chunks(10).map(|call| send_call(tools, replayer, id, call));
+    let answered: Vec<Result<Option<String>, sqlx::Error>> = futures_util::stream::iter(calls)
+        .buffer_unordered(CALLS_IN_FLIGHT)
+        .collect()
+        .await;
+    let mut queue_refusal = None;
+    for answer in answered {
+        queue_refusal = queue_refusal.or(answer?);
+    }
+    match queue_refusal {
+        Some(error) => Err(OperationError::QueueRefused(error)),
+        None => Ok(()),
+    }
+}
+
+/// One `SendMessageBatch` of `call`'s replays, its sends recorded: the queue's refusal, if any.
+async fn send_call(
+    tools: &OperationTools,
+    replayer: &Replayer,
+    id: Uuid,
+    call: &[DeadLetter],
+) -> sqlx::Result<Option<String>> {
+    let refs: Vec<&DeadLetter> = call.iter().collect();
+    let results = replayer.send_batch(&refs).await;
+    let (mut ids, mut messages, mut queue_refusal) = (Vec::new(), Vec::new(), None);
+    for (letter, result) in call.iter().zip(results) {
+        match result {
+            Ok(sent) => {
+                ids.push(letter.id.0);
+                messages.push(sent.message_id);
+            }
+            Err(Refusal::Queue(error)) => queue_refusal = Some(error),
+            Err(Refusal::Message(error)) => {
+                tracing::warn!(operation = %id, letter = %letter.id, error,
+                    "a replay of the operation was refused; the scheduled run retries it");
             }
         }
-        record_sent(tools, id, &ids, &messages).await?;
-        if let Some(error) = queue_refusal {
-            return Err(OperationError::QueueRefused(error));
-        }
     }
-    Ok(())
+    record_sent(tools, id, &ids, &messages).await?;
+    Ok(queue_refusal)
 }
 
 /// Records the replays of letters `ids` sent as `messages`, and counts them on the operation.

@@ -8,6 +8,9 @@
 //! raises its receive count; what the operator does goes through `shared::dead_letter`'s
 //! lock-check-mark-commit as `functions/dead-letter-api` does.
 
+#[path = "bulk.rs"]
+mod bulk;
+
 use super::Config;
 use super::bodies::{Family, Ids, Payload, Spelling, envelope, payload, spelled_payload};
 use super::probe::{Probe, ProbeState};
