@@ -38,19 +38,23 @@ pub async fn run() -> Result<(), Error> {
     };
     let (ingester, config, database) = (&ingester, &config, &database);
 
-    lambda_runtime::run(service_fn(move |event: LambdaEvent<SqsEvent>| async move {
-        if let Err(e) = database.ready().await {
-            tracing::error!(error = %e, "the database is not ready");
-        }
-        let response = ingester.ingest(event.payload.records).await;
-        let (namespace, consumer) = (&config.metrics_namespace, config.consumer_name.as_str());
-        ingester.metrics.flush_emf(
-            &mut std::io::stdout().lock(),
-            namespace,
-            consumer,
-            chrono::Utc::now(),
-        )?;
-        Ok::<_, Error>(response)
-    }))
+    // Boxed, as the consumer's service: unboxed, the service future overflows the compiler's
+    // layout query depth in optimized builds (the perf profile, at fc3e797).
+    Box::pin(lambda_runtime::run(service_fn(
+        move |event: LambdaEvent<SqsEvent>| async move {
+            if let Err(e) = database.ready().await {
+                tracing::error!(error = %e, "the database is not ready");
+            }
+            let response = ingester.ingest(event.payload.records).await;
+            let (namespace, consumer) = (&config.metrics_namespace, config.consumer_name.as_str());
+            ingester.metrics.flush_emf(
+                &mut std::io::stdout().lock(),
+                namespace,
+                consumer,
+                chrono::Utc::now(),
+            )?;
+            Ok::<_, Error>(response)
+        },
+    )))
     .await
 }
