@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Benchmarks (not tests): ratios against a baseline measured in the same run, medians of
 # alternating rounds. Builds with the `perf` profile (optimized, quick to link).
-# `bash scripts/bench.sh [harness] [latency] [pooler] [sweep] [api] [scale] [operations]` runs those parts
-# (default: all).
+# `bash scripts/bench.sh [harness] [latency] [pooler] [sweep] [api] [scale] [storm] [operations]` runs
+# those parts (default: all).
 source "$(dirname "$0")/lib.sh"
 
 command -v cargo >/dev/null || die "cargo is not installed"
@@ -18,13 +18,14 @@ DATABASE_URL=$(database_url_for jobs_bench)
 export DATABASE_URL
 ensure_sqs_api
 ensure_pgbench
-PARTS=${*:-harness latency pooler sweep api scale operations}
+PARTS=${*:-harness latency pooler sweep api scale storm operations}
 part() { case " $PARTS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
-BINS=(bench-harness bench-latency bench-sweep bench-api bench-scale bench-operations local-consumer)
+# The deployed consumer binary (`consumer`, package consumer) beside them, for the storm part.
+BINS=(bench-harness bench-latency bench-sweep bench-api bench-scale bench-storm bench-operations local-consumer local-dlq-ingester consumer)
 BIN_ARGS=$(printf -- '--bin %s ' "${BINS[@]}")
-step "Building the benchmarks (cargo build --profile perf -p e2e $BIN_ARGS)"
+step "Building the benchmarks (cargo build --profile perf -p e2e -p consumer $BIN_ARGS)"
 # shellcheck disable=SC2086 # one word per flag and name
-cargo build --quiet --profile perf -p e2e $BIN_ARGS || die "the build failed"
+cargo build --quiet --profile perf -p e2e -p consumer $BIN_ARGS || die "the build failed"
 if part harness; then
   step "Harness vs pgbench: per job at c = 1, 8, 32; batch mode at c = 8; the consumer's peak memory"
   "$TARGET"/perf/bench-harness || die "the harness benchmark failed"
@@ -51,6 +52,10 @@ if part scale; then
   step "The fence table at 2 and 20 million live fences (database jobs_bench_scale, seeded anew: a few minutes, ~4 GB)"
   DATABASE_URL=$(database_url_for jobs_bench_scale) "$TARGET"/perf/bench-scale || die "the scale benchmark failed"
 fi
+if part storm; then
+  step "A storm in one failure group: valid, all-poison and one-in-ten workloads through 8 consumer processes, both commit modes, and the DLQ ingester; pgbench for context; the same at 1 ms RTT with a synchronous standby (database jobs_bench_storm, emptied before every run; ~12 min)"
+  DATABASE_URL=$(database_url_for jobs_bench_storm) "$TARGET"/perf/bench-storm || die "the storm benchmark failed"
+fi
 if part operations; then
   step "Bulk operations on a storm: 1,000,000 letters of one group discarded, 100,000 replayed to the local SQS API, API reads timed meanwhile (database jobs_bench_ops, seeded anew; ~10 min)"
   psql "$DATABASE_URL" -qc 'DROP DATABASE IF EXISTS jobs_bench_ops WITH (FORCE)' >/dev/null || die "could not drop jobs_bench_ops"
@@ -63,6 +68,6 @@ step "All figures: target/bench/results.json"
 python3 - <<'PY' || die "could not merge the results"
 import json, os
 parts = {name: json.load(open(f"target/bench/{name}.json"))
-         for name in ("harness", "latency", "pooler", "sweep", "api", "scale", "operations") if os.path.exists(f"target/bench/{name}.json")}
+         for name in ("harness", "latency", "pooler", "sweep", "api", "scale", "storm", "operations") if os.path.exists(f"target/bench/{name}.json")}
 json.dump(parts, open("target/bench/results.json", "w"), indent=2)
 PY

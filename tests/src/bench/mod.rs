@@ -1,13 +1,16 @@
 //! What the benchmark binaries (`src/bin/bench-*.rs`) share: the database they measure on, the
-//! baselines' SQL scripts (`bench/*.sql`) run through psql, medians, and pools built as the
-//! functions build theirs.
+//! baselines' SQL scripts (`bench/*.sql`) run through psql, medians, pools built as the
+//! functions build theirs, the functions' binaries driven with SQS events ([`lambda`]), and the
+//! primary with a synchronous standby behind the latency proxy ([`standby`]).
 
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use std::process::Command;
 use std::time::Duration;
 
+pub mod lambda;
 pub mod runs;
+pub mod standby;
 
 /// The database a benchmark measures on.
 pub struct BenchDatabase {

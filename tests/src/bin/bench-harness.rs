@@ -15,7 +15,7 @@ use e2e::bench::runs::{
     BATCH, BATCH_STEPS, DUPS, Load, bare_sqlx, harness, harness_batches, message, pgbench,
     pgbench_with,
 };
-use e2e::bench::{self, BenchDatabase, median, psql};
+use e2e::bench::{self, BenchDatabase, lambda, median, psql};
 use rand::seq::SliceRandom;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
@@ -160,38 +160,20 @@ async fn batch_figures(url: &str, workers: usize) -> Vec<Value> {
     ]
 }
 
+/// An SQS event of `jobs` new jobs.
 fn sqs_event(jobs: usize) -> Value {
-    let records: Vec<Value> = (0..jobs)
-        .map(|_| {
-            let msg = message(uuid::Uuid::new_v4());
-            json!({"messageId": msg.message_id, "receiptHandle": "bench", "body": msg.body,
-                "attributes": {"ApproximateReceiveCount": "1"}, "messageAttributes": {},
-                "md5OfBody": "", "eventSource": "aws:sqs",
-                "eventSourceARN": "arn:aws:sqs:us-east-1:123456789012:bench", "awsRegion": "us-east-1"})
-        })
-        .collect();
-    json!({ "Records": records })
+    lambda::sqs_event((0..jobs).map(|_| message(uuid::Uuid::new_v4())))
 }
 
 /// The consumer binary's peak RSS (KiB) after one batch and after [`RSS_BATCHES`] batches of 10.
 async fn consumer_memory(url: &str) -> (u64, u64, f64) {
     let binaries = e2e::stack::Binaries::beside_current_exe();
-    let host = e2e::lambda_host::LambdaHost::new(e2e::lambda_host::FunctionSpec {
-        name: "consumer".into(),
-        binary: binaries.consumer,
-        env: [
-            ("DATABASE_URL", url),
-            ("CONSUMER_NAME", "award-points"),
-            ("ALERTING_DISABLED", "true"),
-            ("DATABASE_POOL_SIZE", "5"),
-            ("RUST_LOG", "warn"),
-        ]
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .to_vec(),
-        timeout: Duration::from_secs(60),
-        log_file: None,
-        deadline_as_duration: false,
-    });
+    let host = lambda::host(
+        "consumer",
+        binaries.consumer,
+        url,
+        &[("DATABASE_POOL_SIZE", "5")],
+    );
     host.invoke(&sqs_event(10))
         .await
         .expect("the consumer answers");

@@ -3,7 +3,8 @@
 //! Multi-AZ), on this machine:
 //!
 //! - a throwaway primary and a streaming standby of its own (`synchronous_commit = on`,
-//!   `synchronous_standby_names` = the standby), both started here and removed at the end;
+//!   `synchronous_standby_names` = the standby), both started here ([`e2e::bench::standby`])
+//!   and removed at the end;
 //! - the latency proxy (`e2e::latency_proxy`) between every client and the primary and
 //!   between the primary and its standby, at each round-trip time in [`RTTS`]; pgbench and the
 //!   harness go through the same proxy, which counts every round trip each side makes;
@@ -19,15 +20,14 @@
 //! A measurement, not a test (`tests/tests/round_trips.rs` pins the counts).
 
 use e2e::bench::runs::{
-    BATCH, BATCH_STEPS, DUPS, Load, Rate, harness, harness_batches, pgbench, pgbench_extended,
+    BATCH, BATCH_STEPS, Load, Rate, harness, harness_batches, pgbench, pgbench_extended,
     pgbench_with,
 };
-use e2e::bench::{self, BenchDatabase, median, psql};
+use e2e::bench::standby::{Deployment, calibrate};
+use e2e::bench::{self, BenchDatabase, median};
 use e2e::latency_proxy::LatencyProxy;
-use e2e::throwaway_pg::ThrowawayCluster;
 use rand::seq::SliceRandom;
 use serde_json::{Value, json};
-use std::net::SocketAddr;
 use std::time::Duration;
 
 /// Round-trip times, in milliseconds.
@@ -37,7 +37,6 @@ const ROUNDS: usize = 3;
 const RUN: Duration = Duration::from_secs(3);
 /// Messages prepared per harness run: more than RUN can take here through the proxy.
 const MESSAGES_PER_RUN: usize = 40_000;
-const STANDBY: &str = "standby1";
 
 /// The sides of a figure: pgbench's three baselines, then the harness's four paths.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,84 +129,12 @@ async fn measure(url: &str, proxy: &LatencyProxy, workers: usize) -> Vec<Runs> {
     runs
 }
 
-/// The round trip a client gets through the proxy (a `SELECT 1` on one connection, the median
-/// of 200) and a commit (an empty-row insert committed, waiting for the standby), in ms.
-async fn calibrate(url: &str) -> (f64, f64) {
-    use sqlx::Connection;
-    let mut conn = sqlx::PgConnection::connect(url).await.expect("connect");
-    sqlx::raw_sql("CREATE TABLE IF NOT EXISTS bench_commit (at timestamptz)")
-        .execute(&mut conn)
-        .await
-        .unwrap();
-    let mut trips = Vec::new();
-    let mut commits = Vec::new();
-    for _ in 0..200 {
-        let started = std::time::Instant::now();
-        sqlx::raw_sql("SELECT 1").execute(&mut conn).await.unwrap();
-        trips.push(started.elapsed().as_secs_f64() * 1000.0);
-    }
-    for _ in 0..50 {
-        let started = std::time::Instant::now();
-        sqlx::raw_sql("INSERT INTO bench_commit VALUES (now())")
-            .execute(&mut conn)
-            .await
-            .unwrap();
-        commits.push(started.elapsed().as_secs_f64() * 1000.0);
-    }
-    (median(trips), median(commits))
-}
-
-/// The primary, its synchronous standby, and the two proxies (clients → primary, standby →
-/// primary), all at `rtt` until set otherwise.
-struct Deployment {
-    primary: ThrowawayCluster,
-    _standby: ThrowawayCluster,
-    replication: LatencyProxy,
-    clients: LatencyProxy,
-}
-
-impl Deployment {
-    fn start() -> Self {
-        let primary = ThrowawayCluster::start();
-        let address: SocketAddr = format!("127.0.0.1:{}", primary.port).parse().unwrap();
-        let replication = LatencyProxy::start(address, Duration::ZERO);
-        let standby = primary.standby(replication.addr().port(), STANDBY);
-        primary.require_synchronous(STANDBY);
-        let clients = LatencyProxy::start(address, Duration::ZERO);
-        Self {
-            primary,
-            _standby: standby,
-            replication,
-            clients,
-        }
-    }
-
-    /// Started, the bench schema migrated and seeded for the harness on the primary: the
-    /// deployment, the primary's own URL and the server's version. `how` opens the machine line.
-    async fn seeded(how: &str) -> (Self, String, String) {
-        let deployment = Self::start();
-        let direct = deployment.primary.url();
-        let BenchDatabase { version, .. } = bench::open_at(
-            direct.clone(),
-            2,
-            &format!(
-                "{how}, commits waiting for a synchronous standby; {ROUNDS} rounds of {} s per side, alternating, medians",
-                RUN.as_secs()
-            ),
-        )
-        .await;
-        psql(
-            &direct,
-            "reset_for_harness.sql",
-            &[("dups", DUPS.to_string())],
-        );
-        (deployment, direct, version)
-    }
-
-    fn set_rtt(&self, rtt: Duration) {
-        self.replication.set_rtt(rtt);
-        self.clients.set_rtt(rtt);
-    }
+/// How the figures are taken, for the machine line.
+fn rounds() -> String {
+    format!(
+        "{ROUNDS} rounds of {} s per side, alternating, medians",
+        RUN.as_secs()
+    )
 }
 
 /// Clients and server connections of the pooler part: 64 clients over 8.
@@ -224,7 +151,14 @@ async fn main() {
     println!(
         "starting a primary and its synchronous standby (throwaway clusters), and the latency proxies"
     );
-    let (deployment, direct, version) = Deployment::seeded("through the latency proxy").await;
+    let (
+        deployment,
+        BenchDatabase {
+            url: direct,
+            version,
+            ..
+        },
+    ) = Deployment::seeded("through the latency proxy", &rounds()).await;
     let url = deployment.clients.url(&direct);
 
     let mut figures = Vec::new();
@@ -287,8 +221,14 @@ async fn pooler() {
     println!(
         "starting a primary and its synchronous standby, PgBouncer ({POOLED_CLIENTS} clients over {POOL_SIZE} server connections, transaction mode) and the latency proxies"
     );
-    let (deployment, direct, version) =
-        Deployment::seeded(&format!("{POOLED_RTT_MS} ms RTT")).await;
+    let (
+        deployment,
+        BenchDatabase {
+            url: direct,
+            version,
+            ..
+        },
+    ) = Deployment::seeded(&format!("{POOLED_RTT_MS} ms RTT"), &rounds()).await;
     let bouncer = e2e::pooler::Pooler::start(&direct, POOL_SIZE);
     let to_bouncer = LatencyProxy::start(
         format!("127.0.0.1:{}", bouncer.port).parse().unwrap(),
