@@ -589,10 +589,24 @@ fn model_hand_written_histories_keep_the_promises() {
                 send(0, 0, Spelling::Exact),
                 send(0, 0, Spelling::UpperIds),
                 send(2, 0, Spelling::Exact),
-                Rounds { picks: vec![0, 1, 2], times: 6 },
-                Step::Bulk { slot: 0, replay: true, cut: Some(6) },
-                Step::Bulk { slot: 2, replay: true, cut: None },
-                Rounds { picks: vec![0, 1], times: 3 },
+                Rounds {
+                    picks: vec![0, 1, 2],
+                    times: 6,
+                },
+                Step::Bulk {
+                    slot: 0,
+                    replay: true,
+                    cut: Some(6),
+                },
+                Step::Bulk {
+                    slot: 2,
+                    replay: true,
+                    cut: None,
+                },
+                Rounds {
+                    picks: vec![0, 1],
+                    times: 3,
+                },
             ],
         ),
         (
@@ -607,8 +621,16 @@ fn model_hand_written_histories_keep_the_promises() {
                 send(0, 0, Spelling::Exact),
                 send(0, 0, Spelling::Exact),
                 Deliver { picks: vec![0, 1] },
-                Step::Bulk { slot: 0, replay: false, cut: Some(1) },
-                Step::Bulk { slot: 0, replay: true, cut: None },
+                Step::Bulk {
+                    slot: 0,
+                    replay: false,
+                    cut: Some(1),
+                },
+                Step::Bulk {
+                    slot: 0,
+                    replay: true,
+                    cut: None,
+                },
                 Deliver { picks: vec![0] },
             ],
         ),

@@ -49,7 +49,7 @@ pub use review::{
     lock_letter, queued_replays, record_replay_sent, withdraw_replay,
 };
 pub(crate) use settle::{CONFLICT_ERROR, record_without_settling};
-pub use settle::{Settled, record_unless_processed};
+pub use settle::{Settled, record_all_unless_processed, record_unless_processed};
 
 /// The most bytes an identifier keeps in a letter's indexed columns.
 pub use crate::ids::MAX_ID_BYTES;

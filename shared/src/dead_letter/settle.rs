@@ -54,6 +54,37 @@ pub async fn record_unless_processed(
     record_with_fallback(pool, letter, digest, now, Some(wait)).await
 }
 
+/// [`record_unless_processed`] for several letters in one transaction (a batch's poison,
+/// written together): each settled through its job's fence as it would be alone, in job id
+/// order (so two batches claim shared ids in one order), then one commit; the answers in
+/// `letters`' order. Any failure rolls all of them back and is returned: the caller then writes
+/// each alone, with the as-received fallback.
+pub async fn record_all_unless_processed(
+    pool: &sqlx::PgPool,
+    letters: &[(NewDeadLetter<'_>, Option<&JobDigest>)],
+    now: DateTime<Utc>,
+    wait: std::time::Duration,
+) -> Result<Vec<Settled>, FenceError> {
+    let mut order: Vec<usize> = (0..letters.len()).collect();
+    order.sort_by_key(|&i| letters[i].0.job_id.map(|j| j.0));
+    let mut settled = vec![Settled::AlreadyProcessed; letters.len()];
+    let mut tx = pool.begin().await?;
+    for i in order {
+        let (letter, digest) = &letters[i];
+        match settle_in(&mut tx, letter, *digest, now, Some(wait), Storage::Parsed).await {
+            Ok(answer) => settled[i] = answer,
+            Err(e) => {
+                if let Err(rollback) = tx.rollback().await {
+                    tracing::warn!(error = %rollback, "a batch of letters' ROLLBACK failed");
+                }
+                return Err(e);
+            }
+        }
+    }
+    tx.commit().await?;
+    Ok(settled)
+}
+
 /// Writes `letter` without settling through the fence, with [`record_unless_processed`]'s
 /// fallback: for a letter whose fence cannot say anything (an `unsettled` copy) or says the
 /// wrong thing (a `conflict`, another job under a processed job's id).

@@ -86,6 +86,7 @@ impl<C: Consumer> Harness<C> {
         let mut plan = self.plan(msgs, &mut outcomes).await;
         if self.settings.commit == CommitMode::Batch && plan.fresh.len() > 1 && may_start() {
             let fresh = std::mem::take(&mut plan.fresh);
+            let fresh = self.poison_together(msgs, fresh, &mut outcomes).await;
             plan.fresh = self
                 .commit_group(fresh, WorkOrder::JobId, &mut outcomes)
                 .await;

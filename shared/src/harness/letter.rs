@@ -1,11 +1,12 @@
 //! A message's dead letter, written the one way the harness writes letters: settled through the
 //! fence first (a letter is a true record: a job that committed gets none), then paged.
 
+use super::parsed::Record;
 use super::{ALERTS_PER_ROUND, Harness, IncomingMessage, RecordOutcome};
 use crate::consumer::Consumer;
 use crate::dead_letter::{
-    CONFLICT_ERROR, ErrorKind, NewDeadLetter, Recorded, Settled, record_unless_processed,
-    record_without_settling,
+    CONFLICT_ERROR, ErrorKind, NewDeadLetter, Recorded, Settled, record_all_unless_processed,
+    record_unless_processed, record_without_settling,
 };
 use crate::envelope::{JobDigest, PartialIds};
 use crate::fence::FenceError;
@@ -149,5 +150,79 @@ impl<C: Consumer> Harness<C> {
             letter,
             error,
         }
+    }
+
+    /// Batch mode's poison, written together: the letters of the poison records of `fresh`
+    /// (two or more) in one transaction, each settled through its job's fence as it would be
+    /// alone ([`record_all_unless_processed`]), each record then counted and logged in its own
+    /// span. A storm of poison then costs a transaction per batch, not per record. Returns the
+    /// records left to go one by one: the rest, and the poison too if writing them together
+    /// failed (each then writes its own letter, with the as-received fallback).
+    pub(super) async fn poison_together(
+        &self,
+        msgs: &[IncomingMessage],
+        fresh: Vec<Record<C::Payload>>,
+        outcomes: &mut [Option<RecordOutcome>],
+    ) -> Vec<Record<C::Payload>> {
+        let (poison, mut rest): (Vec<_>, Vec<_>) = fresh.into_iter().partition(|(_, p)| p.is_err());
+        if poison.len() < 2 {
+            rest.extend(poison);
+            return rest;
+        }
+        let started = self.clock.now();
+        let letters: Vec<(NewDeadLetter<'_>, Option<&JobDigest>)> = poison
+            .iter()
+            .filter_map(|(i, parsed)| parsed.as_ref().err().map(|p| (&msgs[*i], p)))
+            .map(|(msg, p)| {
+                let letter = NewDeadLetter {
+                    job_id: p.ids.job_id,
+                    tenant_id: p.ids.tenant_id,
+                    consumer: self.consumer.name(),
+                    queue: &msg.queue,
+                    message_id: &msg.message_id,
+                    body: &msg.body,
+                    attempts: 1,
+                    kind: ErrorKind::Poison,
+                    last_error: &p.reason,
+                    correlation_id: p.ids.correlation_id.as_deref(),
+                    replay_of: msg.replay_of,
+                    message_group: msg.message_group.as_deref(),
+                    digest_fields: self.consumer.job_fields(),
+                };
+                (letter, p.digest.as_deref())
+            })
+            .collect();
+        let (now, wait) = (self.clock.now(), self.settings.lock_timeout);
+        let settled = match record_all_unless_processed(&self.pool, &letters, now, wait).await {
+            Ok(settled) => settled,
+            Err(e) => {
+                tracing::warn!(error = %e, records = poison.len(),
+                    "the batch's poison letters could not be written together; each goes alone");
+                rest.extend(poison);
+                return rest;
+            }
+        };
+        drop(letters);
+        for ((i, parsed), settled) in poison.into_iter().zip(settled) {
+            let Err(p) = parsed else { continue };
+            let span = self.span(&msgs[i], &p.ids);
+            let outcome = match settled {
+                Settled::AlreadyProcessed => RecordOutcome::Duplicate,
+                Settled::Recorded(letter) => {
+                    self.lettered(ErrorKind::Poison, letter, p.reason)
+                        .instrument(span.clone())
+                        .await
+                }
+                Settled::Conflict(letter) => {
+                    self.lettered(ErrorKind::Conflict, letter, p.reason)
+                        .instrument(span.clone())
+                        .await
+                }
+            };
+            self.observe_duration_since(started);
+            self.count_and_log(&span, &outcome);
+            outcomes[i] = Some(outcome);
+        }
+        rest
     }
 }

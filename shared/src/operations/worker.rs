@@ -391,7 +391,9 @@ async fn send_replays(
     id: Uuid,
     letters: &[DeadLetter],
 ) -> Result<(), OperationError> {
-    let calls = letters.chunks(10).map(|call| send_call(tools, replayer, id, call));
+    let calls = letters
+        .chunks(10)
+        .map(|call| send_call(tools, replayer, id, call));
     let answered: Vec<Result<Option<String>, sqlx::Error>> = futures_util::stream::iter(calls)
         .buffer_unordered(CALLS_IN_FLIGHT)
         .collect()

@@ -37,11 +37,18 @@ impl<F: Future> Future for Cut<F> {
 impl World {
     async fn sqs(&self) -> (aws_sdk_sqs::Client, String) {
         let sqs = aws_sdk_sqs::Client::new(&aws_config::load_from_env().await);
-        let mut create = sqs.create_queue().queue_name(super::queue_name(self.cfg.fifo));
+        let mut create = sqs
+            .create_queue()
+            .queue_name(super::queue_name(self.cfg.fifo));
         if self.cfg.fifo {
             create = create.attributes(QueueAttributeName::FifoQueue, "true");
         }
-        let url = create.send().await.expect("CreateQueue").queue_url.expect("a URL");
+        let url = create
+            .send()
+            .await
+            .expect("CreateQueue")
+            .queue_url
+            .expect("a URL");
         (sqs, url)
     }
 
@@ -55,7 +62,11 @@ impl World {
             tenant_id: Some(tenant),
             ..ListFilter::default()
         };
-        let action = if replay { Action::Replay } else { Action::Discard };
+        let action = if replay {
+            Action::Replay
+        } else {
+            Action::Discard
+        };
         // Time passes between the letters and the request (the operation takes letters
         // written before it).
         self.clock.advance(chrono::Duration::seconds(1));
@@ -74,14 +85,21 @@ impl World {
             replayer: Some(Replayer::new(sqs.clone())),
         };
         let until = || tokio::time::Instant::now() + Duration::from_secs(30);
-        let mut did = format!("bulk {action} of slot {slot}'s tenant ({} planned)", op.planned);
+        let mut did = format!(
+            "bulk {action} of slot {slot}'s tenant ({} planned)",
+            op.planned
+        );
         if let Some(cut) = cut {
             let first = Cut {
                 inner: Box::pin(operations::work(&tools, until(), 10)),
                 left: cut,
             };
             let finished = first.await.is_some();
-            did += if finished { ", its worker finished" } else { ", its worker killed" };
+            did += if finished {
+                ", its worker finished"
+            } else {
+                ", its worker killed"
+            };
             // The dead worker's lease ends (the driver's takeover, tested with the pagers).
             sqlx::query("UPDATE core.dead_letter_operations SET claimed_until = NULL")
                 .execute(&self.pool)
@@ -91,12 +109,17 @@ impl World {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         for _ in 0..20 {
-            let round = operations::work(&tools, until(), 10).await.expect("a round");
+            let round = operations::work(&tools, until(), 10)
+                .await
+                .expect("a round");
             if round.operations == 0 {
                 break;
             }
         }
-        let op = operations::get(&self.pool, op.id).await.expect("the operation").expect("it exists");
+        let op = operations::get(&self.pool, op.id)
+            .await
+            .expect("the operation")
+            .expect("it exists");
         let p = op.progress;
         did += &format!(
             ": {}; replayed {} (sent {}), already processed {}, discarded {}, left pending {}",
@@ -182,7 +205,8 @@ impl World {
             }
             let name = self.msgs[r].name.clone();
             let of = self.letter_name(i);
-            self.log.push(format!("the replay of {of} arrives as {name}"));
+            self.log
+                .push(format!("the replay of {of} arrives as {name}"));
         }
     }
 }
