@@ -405,13 +405,7 @@ async fn bulk_replay(stack: &Stack) -> u64 {
     };
     let group = partner["id"].to_string();
     let reason = "partner ledger back after its maintenance (demo)";
-    for args in [
-        vec!["groups"],
-        vec!["replay", "--group", &group, "--dry-run"],
-        vec![
-            "replay", "--group", &group, "--yes", "--reason", reason, "--rate", "20",
-        ],
-    ] {
+    let show = |args: &[&str]| {
         println!(
             "  $ dlq {}",
             args.iter()
@@ -419,14 +413,58 @@ async fn bulk_replay(stack: &Stack) -> u64 {
                 .collect::<Vec<_>>()
                 .join(" ")
         );
-        let (status, out) = dlq(&args);
+    };
+    let print = |status: Option<i32>, out: &str| {
         for line in out.lines() {
             println!("    {line}");
         }
         if status != Some(0) {
             println!("    (exit status {status:?})");
         }
+    };
+    for args in [
+        vec!["groups"],
+        vec!["replay", "--group", &group, "--dry-run"],
+    ] {
+        show(&args);
+        let (status, out) = dlq(&args);
+        print(status, &out);
     }
+    // The replay is one operation the scheduled function works (its operations schedule on
+    // AWS; its round invoked here while dlq follows the operation's progress).
+    let args = [
+        "replay",
+        "--group",
+        &group,
+        "--yes",
+        "--reason",
+        reason,
+        "--progress",
+        "none",
+    ];
+    show(&args);
+    let replay = tokio::process::Command::new(&tool)
+        .args(args)
+        .env("DLQ_API_URL", &gateway.url)
+        .env("DLQ_TOKEN", &operator.token)
+        .stdin(std::process::Stdio::null())
+        .output();
+    let worker = async {
+        loop {
+            if let Err(e) = stack.work_operations().await {
+                println!("    (operations round failed: {e})");
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        }
+    };
+    let output = tokio::select! {
+        output = replay => output.expect("the dlq tool runs"),
+        () = worker => unreachable!("the worker loops"),
+    };
+    print(
+        output.status.code(),
+        &String::from_utf8_lossy(&output.stdout),
+    );
     partner["pending_count"].as_u64().unwrap_or(0)
 }
 

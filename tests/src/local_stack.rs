@@ -1,8 +1,9 @@
 //! The local stack kept running (`bash scripts/stack.sh up`): every consumer the workspace
 //! declares (`migrate::consumers::CONSUMERS`), each its own Lambda binary, and its DLQ ingester
 //! on the local SQS API, fed continuously like the event source mappings; the scheduled function
-//! on a timer; and the dead-letter API over HTTP through the local gateway, so curl and `dlq`
-//! work against it with a development token.
+//! on a timer, and its bulk operations' round (`{"work": "operations"}`) again and again beside
+//! it, so an operation `dlq` starts is worked within seconds; and the dead-letter API over HTTP
+//! through the local gateway, so curl and `dlq` work against it with a development token.
 //!
 //! It writes `stack.env` in its state directory (`export` lines: the API's URL, the tokens, the
 //! queues, the database, the SQS endpoint) and runs until SIGTERM or SIGINT.
@@ -16,6 +17,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 use tokio::signal::unix::{SignalKind, signal};
+
+/// The pause between two rounds of the bulk operations' worker (each works up to 10 s): on AWS
+/// its schedule runs it every minute; locally an operation `dlq` follows moves at once.
+const OPERATIONS_EVERY: Duration = Duration::from_secs(2);
 
 /// How the local stack runs.
 #[derive(Debug, Clone)]
@@ -71,33 +76,59 @@ pub async fn run(spec: LocalStackSpec) -> std::io::Result<()> {
     let mut term = signal(SignalKind::terminate())?;
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut last_run = tokio::time::Instant::now();
-    loop {
-        // A poll is never cut off mid-invocation but by a signal to stop: a batch a function
-        // is working on would come back as duplicates.
-        let polled = tokio::select! {
-            _ = term.recv() => break,
-            _ = interrupt.recv() => break,
-            polled = join_all(stacks.iter().map(Stack::poll)) => polled,
-        };
-        for (stack, (jobs, dlq)) in stacks.iter().zip(polled) {
-            if jobs.received + dlq.received > 0 {
-                println!(
-                    "{}: {} record(s) in, {} done, {} back; its DLQ: {} in",
-                    stack.jobs.name, jobs.received, jobs.deleted, jobs.left, dlq.received
-                );
+    let serve = async {
+        loop {
+            // A poll is never cut off mid-invocation but by a signal to stop: a batch a function
+            // is working on would come back as duplicates.
+            let polled = tokio::select! {
+                _ = term.recv() => break,
+                _ = interrupt.recv() => break,
+                polled = join_all(stacks.iter().map(Stack::poll)) => polled,
+            };
+            for (stack, (jobs, dlq)) in stacks.iter().zip(polled) {
+                if jobs.received + dlq.received > 0 {
+                    println!(
+                        "{}: {} record(s) in, {} done, {} back; its DLQ: {} in",
+                        stack.jobs.name, jobs.received, jobs.deleted, jobs.left, dlq.received
+                    );
+                }
+            }
+            if last_run.elapsed() >= spec.schedule {
+                last_run = tokio::time::Instant::now();
+                match stacks[0].tick().await {
+                    Ok(report) => println!("scheduled: {report}"),
+                    Err(e) => println!("scheduled failed: {e}"),
+                }
             }
         }
-        if last_run.elapsed() >= spec.schedule {
-            last_run = tokio::time::Instant::now();
-            match stacks[0].tick().await {
-                Ok(report) => println!("scheduled: {report}"),
-                Err(e) => println!("scheduled failed: {e}"),
+    };
+    // The bulk operations' worker, in a sandbox of its own beside the polls and the scheduled
+    // run (as its own schedule's invocations run on AWS); cut off by a signal to stop, which an
+    // operation survives (its next round goes on from its last chunk).
+    let operations = async {
+        loop {
+            match stacks[0].work_operations().await {
+                Ok(report) if worked_any(&report) => println!("operations: {report}"),
+                Ok(_) => {}
+                Err(e) => println!("operations failed: {e}"),
             }
+            tokio::time::sleep(OPERATIONS_EVERY).await;
         }
+    };
+    tokio::select! {
+        () = serve => {}
+        () = operations => {}
     }
     let _ = std::fs::remove_file(&env_file);
     println!("local stack down");
     Ok(())
+}
+
+/// Whether an operations round's report says it did or met anything (an idle one is not
+/// printed).
+fn worked_any(report: &serde_json::Value) -> bool {
+    let round = &report["operations"];
+    round.is_null() || round["operations"] != 0 || round["failed"] != 0
 }
 
 fn env_lines(

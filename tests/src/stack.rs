@@ -74,6 +74,10 @@ macro_rules! test_binaries {
     };
 }
 
+/// The operations' sandbox's function timeout ([`Stack::work_operations`]): the scheduled
+/// function keeps 10 s of it free, so a round works for 10 s.
+pub const OPERATIONS_TIMEOUT: Duration = Duration::from_secs(20);
+
 /// How to set the stack up.
 #[derive(Debug, Clone)]
 pub struct StackSpec {
@@ -298,6 +302,10 @@ pub struct Stack {
     pub ingester: LambdaHost,
     /// The scheduled function (EventBridge invokes it on AWS; [`Stack::tick`] here).
     pub scheduled: LambdaHost,
+    /// The same function in a sandbox of its own for its bulk operations' round
+    /// ([`Stack::work_operations`]): on AWS its own schedule's invocations run beside the
+    /// scheduled run's, each in a sandbox, and a round may take the whole invocation.
+    pub operations: LambdaHost,
     /// The dead-letter API: `dead-letters-read`, `-replay` and `-discard` (shared with a local
     /// [`crate::gateway::Gateway`]).
     pub api: std::sync::Arc<ApiFunctions>,
@@ -353,10 +361,14 @@ impl Stack {
         let log = |name: &str| spec.log_file(name);
         let consumer = LambdaHost::new(spec.consumer_function("consumer"));
         // The ingester gets the consumer's retry policy too, as in template.yaml's stanza.
-        let ingester_env = spec
+        let retry_policy: Vec<(String, String)> = spec
             .consumer_env
             .iter()
             .filter(|(k, _)| k.starts_with("RETRY_"))
+            .cloned()
+            .collect();
+        let ingester_env = retry_policy
+            .iter()
             .cloned()
             .chain([("JOB_QUEUE_NAME".to_owned(), jobs.name.clone())]);
         let ingester = LambdaHost::new(FunctionSpec {
@@ -367,14 +379,23 @@ impl Stack {
             log_file: log("dlq-ingester"),
             deadline_as_duration: false,
         });
-        let scheduled = LambdaHost::new(FunctionSpec {
-            name: "scheduled".into(),
-            binary: spec.binaries.scheduled.clone(),
-            env: common.to_vec(),
-            timeout: Duration::from_secs(60),
-            log_file: log("scheduled"),
-            deadline_as_duration: false,
-        });
+        // The scheduled function checks the stack's redrive count against the retry policy as
+        // the others do: it gets the consumer's policy too (a stack whose consumer gives up
+        // after 2 executions redrives after 4 receives, which the default 5 attempts refuse).
+        let scheduled_function = |log_name: &str, timeout: Duration| {
+            LambdaHost::new(FunctionSpec {
+                name: "scheduled".into(),
+                binary: spec.binaries.scheduled.clone(),
+                env: common.iter().chain(&retry_policy).cloned().collect(),
+                timeout,
+                log_file: log(log_name),
+                deadline_as_duration: false,
+            })
+        };
+        let scheduled = scheduled_function("scheduled", Duration::from_secs(60));
+        // A round works until 10 s before its deadline: 10 s of work a round, so a local stack
+        // gives an operation's worker back within seconds and shows its progress move.
+        let operations = scheduled_function("scheduled-operations", OPERATIONS_TIMEOUT);
         let api_function = |name: &str| {
             LambdaHost::new(FunctionSpec {
                 name: name.into(),
@@ -398,6 +419,7 @@ impl Stack {
             consumer,
             ingester,
             scheduled,
+            operations,
             api,
             batch_size: spec.batch_size,
         }
@@ -409,6 +431,16 @@ impl Stack {
             "source": "aws.events", "account": "123456789012", "time": chrono::Utc::now(), "region": "us-east-1",
             "resources": [], "detail": {}});
         self.scheduled.invoke(&event).await
+    }
+
+    /// Invokes the scheduled function once with its operations event (`{"work": "operations"}`,
+    /// as `OperationsSchedule` does every minute on AWS): it works the bulk operations that are
+    /// running for up to [`OPERATIONS_TIMEOUT`] less its margin, and returns its round's report.
+    pub async fn work_operations(
+        &self,
+    ) -> Result<serde_json::Value, crate::lambda_host::InvokeError> {
+        let event = serde_json::json!({ "work": scheduled::OPERATIONS_WORK });
+        self.operations.invoke(&event).await
     }
 
     /// Sends `body` to the job queue; returns the message id. On a FIFO queue, in the group

@@ -1,11 +1,12 @@
 //! `functions/dead-letter-api/openapi.yaml` against the code: the same routes and scopes, the same
-//! query parameters and bounds, the same enums, and the same fields in the letters the API sends.
+//! query parameters and bounds, the same enums, and the same fields in the letters, groups and
+//! bulk operations the API sends.
 
 use dead_letter_api::api::list_query::{
     DEFAULT_LIMIT, GROUP_PARAMETERS, LIST_PARAMETERS, MAX_LIMIT,
 };
 use dead_letter_api::api::{MAX_REASON_CHARS, ROUTES, Scope};
-use serde_json::Value;
+use serde_json::{Value, json};
 use shared::dead_letter::{DeadLetter, ErrorKind, LetterHead};
 use shared::dead_letter::{LetterSummary, ReviewStatus};
 use std::collections::BTreeSet;
@@ -234,7 +235,7 @@ fn the_group_schema_has_exactly_the_fields_the_api_sends() {
 }
 
 /// Issue 22, item 7: the bounds the document states are the ones the API enforces, and the
-/// throttle it names is the template's and the dlq tool's ceiling.
+/// throttle it names is the template's, which the dlq tool's polling stays well within.
 #[test]
 fn the_documented_bounds_are_the_ones_the_api_and_the_tool_enforce() {
     use dead_letter_api::api::MAX_BODY_BYTES;
@@ -296,14 +297,129 @@ fn the_documented_bounds_are_the_ones_the_api_and_the_tool_enforce() {
         .trim()
         .parse()
         .unwrap();
-    assert_eq!(
-        throttle,
-        dlq::args::MAX_RATE,
-        "dlq --rate stays within the throttle"
+    assert!(
+        1.0 / dlq::bulk::POLL.as_secs_f64() <= throttle / 10.0,
+        "dlq's polling of an operation it follows stays well within the throttle"
     );
     let description = doc["info"]["description"].as_str().unwrap();
     assert!(
         description.contains(&format!("{throttle} requests/s")),
         "{description}"
     );
+}
+
+/// Issue 36: the bulk operations' schemas have exactly the fields the API sends (a real
+/// `shared::operations::Operation`, its progress and its selection with every filter set, and a
+/// plan), the enums are the code's, the request's filter takes the letter list's parameters but
+/// those an operation refuses, and each operation route answers with these schemas.
+#[test]
+fn the_operation_schemas_have_exactly_the_fields_the_api_sends() {
+    use shared::dead_letter::ListFilter;
+    use shared::ids::{GroupId, JobId, TenantId};
+    use shared::operations::{Action, Operation, Plan, Progress, Status};
+    let doc = document();
+    let schemas = &doc["components"]["schemas"];
+    let now = chrono::Utc::now();
+    let nil = uuid::Uuid::nil();
+    let selection = ListFilter {
+        status: None,
+        queue: Some("q".into()),
+        consumer: Some("c".into()),
+        error_kind: Some(ErrorKind::Exhausted),
+        created_from: Some(now),
+        created_before: Some(now),
+        job_id: Some(JobId(nil)),
+        correlation_id: Some("order-1".into()),
+        tenant_id: Some(TenantId(nil)),
+        message_id: Some("m".into()),
+        group_id: Some(GroupId(7)),
+        id_range: Some((nil, nil)),
+    };
+    let operation = Operation {
+        id: nil,
+        action: Action::Replay,
+        selection,
+        reason: "partner back".into(),
+        requested_by: "oncall".into(),
+        created_at: now,
+        through: now,
+        planned: 3,
+        status: Status::Running,
+        progress: Progress::default(),
+        cancelled_by: None,
+        cancel_reason: None,
+        finished_at: None,
+        updated_at: now,
+        failures: 0,
+        last_error: None,
+    };
+    let sent = serde_json::to_value(&operation).unwrap();
+    let schema = &schemas["Operation"];
+    assert_eq!(keys(&schema["properties"]), keys(&sent));
+    let required: BTreeSet<String> = strings(&schema["required"]).into_iter().collect();
+    assert_eq!(
+        required,
+        keys(&sent),
+        "every field is always sent (null when unset)"
+    );
+    assert_eq!(
+        keys(&schemas["OperationProgress"]["properties"]),
+        keys(&sent["progress"])
+    );
+    assert_eq!(
+        keys(&schemas["Selection"]["properties"]),
+        keys(&sent["selection"]),
+        "every filter an operation keeps (status never: it takes pending letters)"
+    );
+    let plan = serde_json::to_value(Plan::default()).unwrap();
+    assert_eq!(keys(&schemas["Plan"]["properties"]), keys(&plan));
+    let actions: Vec<_> = Action::ALL.iter().map(|a| a.as_str().to_owned()).collect();
+    assert_eq!(strings(&schemas["OperationAction"]["enum"]), actions);
+    let statuses: Vec<_> = Status::ALL.iter().map(|s| s.as_str().to_owned()).collect();
+    assert_eq!(strings(&schema["properties"]["status"]["enum"]), statuses);
+
+    let request = &schemas["OperationRequest"]["properties"];
+    let filters: BTreeSet<String> = LIST_PARAMETERS
+        .iter()
+        .filter(|p| !["status", "limit", "cursor"].contains(p))
+        .map(|p| p.to_string())
+        .collect();
+    assert_eq!(keys(&request["filter"]["properties"]), filters);
+    assert_eq!(request["reason"]["maxLength"], MAX_REASON_CHARS);
+
+    let answer = |path: &str, method: &str, status: &str| -> Value {
+        let response = &doc["paths"][path][method]["responses"][status];
+        resolve(
+            &doc,
+            &resolve(&doc, response)["content"]["application/json"]["schema"],
+        )
+        .clone()
+    };
+    let operation_ref = json!({"$ref": "#/components/schemas/Operation"});
+    for action in ["replay", "discard"] {
+        let path = format!("/v1/core/dead-letter-operations/{action}");
+        assert_eq!(
+            answer(&path, "post", "202")["properties"]["operation"],
+            operation_ref
+        );
+        let planned = answer(&path, "post", "200");
+        assert_eq!(
+            planned["properties"]["plan"],
+            json!({"$ref": "#/components/schemas/Plan"}),
+            "{path}: a dry run answers the plan"
+        );
+    }
+    let one = "/v1/core/dead-letter-operations/{id}";
+    assert_eq!(
+        answer(one, "get", "200")["properties"]["operation"],
+        operation_ref
+    );
+    let cancel = "/v1/core/dead-letter-operations/{id}/cancel";
+    assert_eq!(
+        answer(cancel, "post", "200")["properties"]["operation"],
+        operation_ref
+    );
+    assert!(keys(&doc["paths"][cancel]["post"]["responses"]).contains("409"));
+    let listed = answer("/v1/core/dead-letter-operations", "get", "200");
+    assert_eq!(listed["properties"]["items"]["items"], operation_ref);
 }

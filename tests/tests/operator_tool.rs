@@ -2,8 +2,10 @@
 //! the local gateway (development tokens, API Gateway's route and scope checks) to the real API
 //! functions, next to the real consumer on the local SQS API. A partner's ledger goes offline,
 //! a group of jobs fails; the tool finds the group, dry-runs a replay (nothing changes), replays
-//! it in bulk (each job applied once, the summary and the letters' final state checked), and an
-//! interrupted run resumed finishes the rest without touching what was done.
+//! it in bulk as one operation the real scheduled binary works while `dlq` follows it (each job
+//! applied once, the summary and the letters' final state checked); an interrupted `dlq` leaves
+//! its operation running, following it again sees it to its end, and an operation left running
+//! (`--detach`) is cancelled by whoever may start it.
 
 use consumer::count_awards;
 use e2e::demo::partner_ledger;
@@ -14,7 +16,6 @@ use shared::dead_letter::{GroupFilter, list_groups};
 use shared::ids::{GroupId, JobId, TenantId};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use std::sync::Arc;
 use std::time::Duration;
 use uuid::Uuid;
 
@@ -133,13 +134,32 @@ async fn run(s: &Setup, token: &str, args: &[&str]) -> Run {
     }
 }
 
-async fn replayed(pool: &PgPool) -> Vec<(Uuid, chrono::DateTime<chrono::Utc>)> {
-    sqlx::query_as(
-        "SELECT id, reviewed_at FROM core.dead_letters WHERE status = 'replayed' ORDER BY id",
-    )
-    .fetch_all(pool)
-    .await
-    .unwrap()
+/// Runs `dlq` with `args` while the scheduled function's operations round is invoked again and
+/// again (its own schedule's work on AWS), so an operation `dlq` starts is worked as it follows.
+async fn run_with_worker(s: &Setup, token: &str, args: &[&str]) -> Run {
+    let tool = dlq(s, token, args).output();
+    let worker = async {
+        loop {
+            s.stack
+                .work_operations()
+                .await
+                .expect("the operations round");
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    };
+    let out = tokio::select! {
+        out = tool => out.expect("dlq runs"),
+        () = worker => unreachable!("the worker loops"),
+    };
+    Run {
+        status: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+async fn scalar(pool: &PgPool, sql: &'static str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
 }
 
 /// Waits until every job of `jobs` is applied and the queues are empty, then checks each was
@@ -221,17 +241,25 @@ async fn a_dry_run_changes_nothing_and_a_bulk_replay_applies_each_job_of_the_gro
     .await;
     assert_eq!(plan.status, 0, "{}", plan.stderr);
     let plan = plan.last_json();
-    assert_eq!(plan["letters"], 5, "{plan:#}");
     assert_eq!(
-        plan["would"],
-        json!({"run": 4, "already_processed": 1, "not_replayable": 0})
+        (&plan["dry_run"], &plan["action"], &plan["selection"]),
+        (
+            &json!(true),
+            &json!("replay"),
+            &json!({"group_id": group.0})
+        ),
+        "{plan:#}"
     );
-    assert_eq!(plan["groups"][0]["group_id"], group.0);
+    assert_eq!(
+        plan["plan"],
+        json!({"letters": 5, "by_kind": {"exhausted": 5}, "not_replayable": 0})
+    );
     let human = run(&s, &token, &["replay", "--group", &g, "--dry-run"]).await;
     assert!(
         human
             .stdout
-            .contains("Plan: replay 5 letter(s) pending review")
+            .contains("Plan: replay 5 letter(s) pending review, selected by --group")
+            && human.stdout.contains("partner ledger offline")
             && human.stdout.contains("Dry run: nothing was changed."),
         "{}",
         human.stdout
@@ -243,30 +271,23 @@ async fn a_dry_run_changes_nothing_and_a_bulk_replay_applies_each_job_of_the_gro
         "a dry run changes nothing"
     );
 
-    // A token without the replay scope: refused before the plan is read or printed (the
-    // gateway's 403 to a probe), nothing done; a dry run with it says the real run would stop.
-    let refused = run(
-        &s,
-        &s.reader.token,
-        &["replay", "--group", &g, "--yes", "--reason", REASON],
-    )
-    .await;
-    assert_eq!(refused.status, 2, "{}\n{}", refused.stdout, refused.stderr);
-    assert!(
-        refused.stderr.contains("403")
-            && refused.stderr.contains("may not replay")
-            && refused.stderr.contains("core.dead_letters.replay"),
-        "{}",
-        refused.stderr
-    );
-    assert!(refused.stdout.is_empty(), "no plan: {}", refused.stdout);
-    let dry = run(&s, &s.reader.token, &["replay", "--group", &g, "--dry-run"]).await;
-    assert_eq!(dry.status, 0, "{}", dry.stderr);
-    assert!(
-        dry.stderr.contains("the real run would stop here"),
-        "{}",
-        dry.stderr
-    );
+    // A token without the replay scope: refused before anything is printed (the gateway's 403
+    // to the plan, which is the operation's own route), a dry run too; nothing done.
+    for args in [
+        &["replay", "--group", &g, "--yes", "--reason", REASON][..],
+        &["replay", "--group", &g, "--dry-run"],
+    ] {
+        let refused = run(&s, &s.reader.token, args).await;
+        assert_eq!(refused.status, 2, "{}\n{}", refused.stdout, refused.stderr);
+        assert!(
+            refused.stderr.contains("403")
+                && refused.stderr.contains("may not replay")
+                && refused.stderr.contains("core.dead_letters.replay"),
+            "{}",
+            refused.stderr
+        );
+        assert!(refused.stdout.is_empty(), "no plan: {}", refused.stdout);
+    }
     assert_eq!(e2e::api_client::fingerprint(&s.pool).await, before);
     // A real run needs a reason, and a non-terminal needs --yes: both refused before anything.
     assert_eq!(
@@ -284,28 +305,41 @@ async fn a_dry_run_changes_nothing_and_a_bulk_replay_applies_each_job_of_the_gro
     assert_eq!(e2e::api_client::fingerprint(&s.pool).await, before);
 
     partner_ledger(&s.pool, true).await.unwrap(); // the cause is fixed
-    let bulk = run(
+    let bulk = run_with_worker(
         &s,
         &token,
         &[
-            "--json", "replay", "--group", &g, "--yes", "--reason", REASON, "--rate", "20",
+            "--json", "replay", "--group", &g, "--yes", "--reason", REASON,
         ],
     )
     .await;
     assert_eq!(bulk.status, 0, "{}\n{}", bulk.stdout, bulk.stderr);
-    let summary = &bulk.last_json()["summary"];
+    assert_eq!(
+        bulk.stdout.lines().count(),
+        1,
+        "--json: one document\n{}",
+        bulk.stdout
+    );
+    let ended = bulk.last_json();
+    let op = &ended["operation"];
     assert_eq!(
         (
-            &summary["selected"],
-            &summary["replayed"],
-            &summary["already_processed"],
-            &summary["failed"],
-            &summary["not_done"]
+            &ended["ending"],
+            &op["status"],
+            &op["planned"],
+            &op["reason"]
         ),
-        (&json!(5), &json!(4), &json!(1), &json!(0), &json!(0)),
-        "{summary:#}"
+        (&json!("done"), &json!("done"), &json!(5), &json!(REASON)),
+        "{ended:#}"
     );
-    for out in [&bulk.stdout, &bulk.stderr, &groups.stdout, &refused.stderr] {
+    assert_eq!(
+        op["progress"],
+        json!({"replayed": 4, "sent": 4, "already_processed": 1, "discarded": 0,
+               "skipped_not_replayable": 0, "skipped_not_sendable": 0}),
+        "{ended:#}"
+    );
+    let operation: Uuid = op["id"].as_str().unwrap().parse().unwrap();
+    for out in [&bulk.stdout, &bulk.stderr, &groups.stdout] {
         assert!(
             !out.contains(&token) && !out.contains(&s.reader.token),
             "the token never shows"
@@ -318,20 +352,36 @@ async fn a_dry_run_changes_nothing_and_a_bulk_replay_applies_each_job_of_the_gro
         0,
         "already processed: nothing was sent"
     );
-    type Review = (String, Option<String>, Option<String>, Option<String>);
+    type Review = (
+        String,
+        Option<String>,
+        Option<String>,
+        Option<String>,
+        Option<Uuid>,
+    );
     let letters: Vec<Review> = sqlx::query_as(
-        "SELECT status, reviewed_by, replay_reason, replay_outcome FROM core.dead_letters
-         WHERE group_id = $1",
+        "SELECT status, reviewed_by, replay_reason, replay_outcome, operation_id
+         FROM core.dead_letters WHERE group_id = $1",
     )
     .bind(group.0)
     .fetch_all(&s.pool)
     .await
     .unwrap();
     assert_eq!(letters.len(), 5);
-    for (status, by, reason, _) in &letters {
+    for (status, by, reason, _, by_operation) in &letters {
         assert_eq!(
-            (status.as_str(), by.as_deref(), reason.as_deref()),
-            ("replayed", Some("dev-operator"), Some(REASON))
+            (
+                status.as_str(),
+                by.as_deref(),
+                reason.as_deref(),
+                *by_operation
+            ),
+            (
+                "replayed",
+                Some("dev-operator"),
+                Some(REASON),
+                Some(operation)
+            )
         );
     }
     let outcomes = letters
@@ -347,21 +397,35 @@ async fn a_dry_run_changes_nothing_and_a_bulk_replay_applies_each_job_of_the_gro
         (group_now.status, group_now.pending_count),
         (shared::dead_letter::GroupStatus::Resolved, 0)
     );
-    assert_eq!(
-        run(
-            &s,
-            &token,
-            &["replay", "--group", &g, "--yes", "--reason", REASON]
-        )
+    let again = run(
+        &s,
+        &token,
+        &["replay", "--group", &g, "--yes", "--reason", REASON],
+    )
+    .await;
+    assert_eq!(again.status, 0, "{}", again.stderr);
+    assert!(
+        again.stdout.contains("Nothing to replay."),
+        "{}",
+        again.stdout
+    );
+    let listed = run(&s, &s.reader.token, &["--json", "operations"])
         .await
-        .status,
-        0,
-        "a second run finds nothing left to do"
+        .last_json();
+    assert_eq!(
+        listed.as_array().map(Vec::len),
+        Some(1),
+        "a second run finds nothing left to do and starts no operation: {listed:#}"
     );
 }
 
+/// Ctrl-C stops `dlq` following an operation, never the operation: it says how to follow or
+/// stop it, the operation runs on, and following it again (by the first digits of its id) sees
+/// it to its end; a letter of the same failure written after it started is left alone. An
+/// operation left running (`--detach`) is cancelled by whoever may start its action, with a
+/// reason; a reader may not, and a second cancel is refused.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
-async fn an_interrupted_bulk_replay_resumed_finishes_the_rest_without_touching_the_done_ones(
+async fn an_interrupted_dlq_leaves_its_operation_running_and_following_it_again_sees_it_end(
     pool_opts: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
@@ -377,42 +441,56 @@ async fn an_interrupted_bulk_replay_resumed_finishes_the_rest_without_touching_t
         "--yes",
         "--reason",
         REASON,
-        "--rate",
-        "2",
         "--progress",
         "lines",
     ];
+    // No worker yet: dlq starts the operation and waits for it.
     let child = dlq(&s, &token, &args).spawn().unwrap();
     let pid = child.id().unwrap();
-    let pool = Arc::new(s.pool.clone());
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while replayed(&pool).await.len() < 2 {
-        assert!(tokio::time::Instant::now() < deadline, "no progress");
+    while scalar(&s.pool, "SELECT count(*) FROM core.dead_letter_operations").await == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no operation started"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    tokio::time::sleep(Duration::from_millis(1500)).await; // following it
     let killed = std::process::Command::new("kill")
         .args(["-INT", &pid.to_string()])
         .status()
         .unwrap();
     assert!(killed.success());
     let out = child.wait_with_output().await.unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert_eq!(out.status.code(), Some(130), "{stdout}");
-    let done = replayed(&s.pool).await;
-    assert!(
-        (2..6).contains(&done.len()),
-        "interrupted part-way: {}",
-        done.len()
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
     );
-    assert!(stdout.contains("Interrupted after"), "{stdout}");
-    let before = stdout
-        .split("--before ")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .unwrap_or_else(|| panic!("the rerun command names the pin: {stdout}"))
-        .to_owned();
+    assert_eq!(out.status.code(), Some(130), "{stdout}\n{stderr}");
+    let (operation, status): (Uuid, String) =
+        sqlx::query_as("SELECT id, status FROM core.dead_letter_operations")
+            .fetch_one(&s.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        status, "running",
+        "interrupting dlq does not stop the operation"
+    );
+    for said in [
+        format!("Started replay operation {operation}: 6 letter(s) planned"),
+        "goes on server-side".to_owned(),
+        "nothing was cancelled".to_owned(),
+        format!("dlq operation {operation} --follow"),
+        format!("dlq cancel {operation} --reason"),
+    ] {
+        assert!(stdout.contains(&said), "{said:?} in:\n{stdout}");
+    }
+    assert!(
+        stderr.contains("0/6 waiting for the scheduled worker"),
+        "a line on stderr while it waits: {stderr}"
+    );
 
-    // A letter of the same failure written after the pin: the resumed run must leave it alone.
+    // A letter of the same failure written after the operation started: outside it.
     let sample = shared::dead_letter::group(&s.pool, group)
         .await
         .unwrap()
@@ -443,34 +521,118 @@ async fn an_interrupted_bulk_replay_resumed_finishes_the_rest_without_touching_t
         "the late letter is of the same group"
     );
 
-    let resumed = run(
+    let prefix = operation.simple().to_string()[..8].to_owned();
+    let followed = run_with_worker(
+        &s,
+        &s.reader.token,
+        &["--json", "operation", &prefix, "--follow"],
+    )
+    .await;
+    assert_eq!(
+        followed.status, 0,
+        "{}\n{}",
+        followed.stdout, followed.stderr
+    );
+    let ended = followed.last_json();
+    assert_eq!(
+        (
+            &ended["ending"],
+            &ended["operation"]["id"],
+            &ended["operation"]["progress"]["replayed"]
+        ),
+        (&json!("done"), &json!(operation), &json!(6)),
+        "{ended:#}"
+    );
+    let status_of = |id: shared::ids::DeadLetterId| {
+        let pool = s.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, String>("SELECT status FROM core.dead_letters WHERE id = $1")
+                .bind(id.0)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(
+        status_of(late).await,
+        "pending_review",
+        "outside the operation"
+    );
+    each_applied_once(&s, &jobs).await;
+
+    // Left running on purpose, then stopped: by whoever may start a discard, with a reason.
+    let detached = run(
         &s,
         &token,
         &[
-            "--json", "replay", "--group", &g, "--before", &before, "--yes", "--reason", REASON,
+            "discard", "--group", &g, "--yes", "--reason", "wrong", "--detach",
         ],
     )
     .await;
-    assert_eq!(resumed.status, 0, "{}\n{}", resumed.stdout, resumed.stderr);
-    let summary = &resumed.last_json()["summary"];
-    assert_eq!(summary["selected"], json!(6 - done.len()), "{summary:#}");
-    assert_eq!(summary["replayed"], json!(6 - done.len()));
-    let after = replayed(&s.pool).await;
-    assert_eq!(after.len(), 6);
-    for (id, reviewed_at) in &done {
-        assert!(
-            after.contains(&(*id, *reviewed_at)),
-            "a letter done before the interruption was touched again: {id}"
-        );
-    }
-    let late_status: String =
-        sqlx::query_scalar("SELECT status FROM core.dead_letters WHERE id = $1")
-            .bind(late.0)
+    assert_eq!(
+        detached.status, 0,
+        "{}\n{}",
+        detached.stdout, detached.stderr
+    );
+    let discard: Uuid =
+        sqlx::query_scalar("SELECT id FROM core.dead_letter_operations WHERE action = 'discard'")
             .fetch_one(&s.pool)
             .await
             .unwrap();
-    assert_eq!(late_status, "pending_review", "outside the pinned set");
-    each_applied_once(&s, &jobs).await;
+    assert!(
+        detached
+            .stdout
+            .contains(&format!("dlq operation {discard} --follow")),
+        "{}",
+        detached.stdout
+    );
+    let listed = run(&s, &s.reader.token, &["operations"]).await;
+    assert!(
+        listed.stdout.contains(&discard.to_string())
+            && listed.stdout.contains(&operation.to_string())
+            && listed.stdout.contains("2 operation(s)"),
+        "{}",
+        listed.stdout
+    );
+    let id = discard.to_string();
+    let reader = run(&s, &s.reader.token, &["cancel", &id, "--reason", "stop"]).await;
+    assert_eq!(reader.status, 2, "{}", reader.stderr);
+    assert!(
+        reader.stderr.contains("may not cancel")
+            && reader.stderr.contains("core.dead_letters.discard"),
+        "{}",
+        reader.stderr
+    );
+    let cancelled = run(&s, &token, &["cancel", &id, "--reason", "wrong group"]).await;
+    assert_eq!(cancelled.status, 0, "{}", cancelled.stderr);
+    assert!(
+        cancelled
+            .stdout
+            .contains(&format!("Cancelled discard operation {discard}")),
+        "{}",
+        cancelled.stdout
+    );
+    let again = run(&s, &token, &["cancel", &id, "--reason", "again"]).await;
+    assert_eq!(again.status, 2, "{}", again.stderr);
+    assert!(
+        again.stderr.contains("cancelled already") && again.stderr.contains("nothing changed"),
+        "{}",
+        again.stderr
+    );
+    let shown = run(&s, &s.reader.token, &["operation", &id]).await;
+    assert!(
+        shown
+            .stdout
+            .contains("cancelled     by dev-operator: wrong group"),
+        "{}",
+        shown.stdout
+    );
+    s.stack.work_operations().await.unwrap();
+    assert_eq!(
+        status_of(late).await,
+        "pending_review",
+        "cancelled before any worker came"
+    );
 }
 
 /// `dlq edit` (issue 25), as on-call uses it: a poison letter (a producer wrote the points as
@@ -602,8 +764,6 @@ async fn dlq_edit_shows_the_diff_and_the_plan_then_replays_the_corrected_body_un
     assert!(again.stderr.contains("replayed"), "{}", again.stderr);
 }
 
-/// `bash scripts/stack.sh up`'s process: it migrates, serves the API over HTTP with its
-/// development tokens (written to stack.env), feeds the consumers, and stops on SIGTERM.
 /// Text a producer wrote reaches the operator's terminal inert: a poison message whose
 /// correlation id and payload carry escape sequences (clear the screen, set the window title,
 /// a C1 CSI, a right-to-left override) is listed, shown, grouped and printed as JSON by the
@@ -707,6 +867,9 @@ async fn a_letters_escape_sequences_are_shown_to_the_operator_never_sent_to_the_
     );
 }
 
+/// `bash scripts/stack.sh up`'s process: it migrates, serves the API over HTTP with its
+/// development tokens (written to stack.env), feeds the consumers, works the bulk operations
+/// `dlq` starts, and stops on SIGTERM.
 #[sqlx::test(migrations = false)]
 async fn the_local_stack_serves_the_api_over_http_with_its_development_tokens(
     _: PgPoolOptions,
@@ -771,6 +934,21 @@ async fn the_local_stack_serves_the_api_over_http_with_its_development_tokens(
     let stranger = list("not-a-token");
     assert_eq!(stranger.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&stranger.stderr).contains("401"));
+    // A bulk operation started against it is worked by its operations round, while dlq follows.
+    let discard = std::process::Command::new(env!("CARGO_BIN_EXE_local-dlq"))
+        .args(["discard", "--queue", &queue, "--yes", "--progress", "none"])
+        .args(["--reason", "local stack: a poison message of the test"])
+        .env("DLQ_API_URL", &vars["DLQ_API_URL"])
+        .env("DLQ_TOKEN", &vars["DLQ_TOKEN"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&discard.stdout);
+    assert!(
+        discard.status.success() && said.contains("Done: discard operation"),
+        "{said}\n{}",
+        String::from_utf8_lossy(&discard.stderr)
+    );
     let pid = child.id().unwrap().to_string();
     std::process::Command::new("kill")
         .args(["-TERM", &pid])
@@ -782,8 +960,9 @@ async fn the_local_stack_serves_the_api_over_http_with_its_development_tokens(
 }
 
 /// Issue 22, item 7: `dlq replay --rate 1e-20` passed the tool's check and panicked when the
-/// run began. The real binary now refuses every number out of its bounds (and a reason the API
-/// would refuse) before it asks the API anything: exit 2, a message naming the flag, no panic.
+/// run began. The real binary now refuses every number out of its bounds, an id that is none,
+/// and a reason the API would refuse, before it asks the API anything: exit 2, a message naming
+/// the flag, no panic. (A bulk command takes no rate any more: it starts one operation.)
 #[test]
 fn the_dlq_binary_refuses_a_number_out_of_bounds_with_a_message_not_a_panic() {
     let long = "x".repeat(1001);
@@ -794,35 +973,11 @@ fn the_dlq_binary_refuses_a_number_out_of_bounds_with_a_message_not_a_panic() {
             ],
             "--rate",
         ),
+        (vec!["operation", "12"], "operation id"),
+        (vec!["cancel", "not-an-id", "--reason", "r"], "operation id"),
         (
-            vec![
-                "replay",
-                "--group",
-                "1",
-                "--reason",
-                "r",
-                "--yes",
-                "--rate=-1",
-            ],
-            "--rate",
-        ),
-        (
-            vec![
-                "discard", "--group", "1", "--reason", "r", "--yes", "--rate", "NaN",
-            ],
-            "--rate",
-        ),
-        (
-            vec![
-                "discard", "--group", "1", "--reason", "r", "--yes", "--rate", "inf",
-            ],
-            "--rate",
-        ),
-        (
-            vec![
-                "replay", "--group", "1", "--reason", "r", "--yes", "--rate", "21",
-            ],
-            "--rate",
+            vec!["cancel", "481e82ee", "--reason", "\u{1b}[2J"],
+            "--reason",
         ),
         (vec!["list", "--limit", "0"], "--limit"),
         (vec!["list", "--limit", "18446744073709551616"], "--limit"),

@@ -501,6 +501,64 @@ fn every_route_is_on_its_function_behind_the_jwt_authorizer_with_its_scope() {
     );
 }
 
+/// The scheduled function runs on two schedules: the scheduled run's (`SweepSchedule`, an
+/// event the function does not take for the operations' work) and the bulk operations'
+/// (`OperationsSchedule`, every minute by default), whose fixed input is the event the function
+/// works the operations on. Without the second, an operation an operator starts never moves.
+#[test]
+fn the_scheduled_function_runs_the_scheduled_run_and_the_bulk_operations_on_their_schedules() {
+    let t = template();
+    let f = resource(&t, "ScheduledFunction");
+    assert_eq!(binary(f), "scheduled");
+    let mut schedules: BTreeMap<String, Option<Value>> = BTreeMap::new();
+    for (name, e) in f["Properties"]["Events"].as_object().unwrap() {
+        assert_eq!(e["Type"], "ScheduleV2", "{name}");
+        let p = &e["Properties"];
+        let parameter = p["ScheduleExpression"]["Ref"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{name}: its expression is a parameter"));
+        let declared = &t["Parameters"][parameter];
+        assert!(
+            declared["Default"]
+                .as_str()
+                .is_some_and(|d| d.starts_with("rate(") || d.starts_with("cron(")),
+            "{name}: {parameter} defaults to an expression"
+        );
+        let input = p.get("Input").map(|i| {
+            serde_json::from_str::<Value>(i.as_str().expect("Input is a JSON string"))
+                .unwrap_or_else(|e| panic!("{name}: Input is not JSON: {e}"))
+        });
+        schedules.insert(parameter.to_owned(), input);
+    }
+    assert_eq!(
+        schedules.keys().collect::<Vec<_>>(),
+        ["OperationsSchedule", "SweepSchedule"],
+        "the scheduled run and the bulk operations, each on its own parameter"
+    );
+    let operations = schedules["OperationsSchedule"]
+        .as_ref()
+        .expect("the operations schedule sends the operations event");
+    assert!(
+        scheduled::works_operations(operations),
+        "{operations}: the event the function works the operations on"
+    );
+    assert_eq!(operations, &json!({"work": scheduled::OPERATIONS_WORK}));
+    assert!(
+        schedules["SweepSchedule"]
+            .as_ref()
+            .is_none_or(|input| !scheduled::works_operations(input)),
+        "the scheduled run's schedule runs the scheduled run"
+    );
+    assert_eq!(
+        t["Parameters"]["OperationsSchedule"]["Default"], "rate(1 minute)",
+        "an operation waits at most a minute for its worker"
+    );
+    assert_eq!(
+        t["Parameters"]["OperationsSchedule"]["AllowedPattern"],
+        t["Parameters"]["SweepSchedule"]["AllowedPattern"]
+    );
+}
+
 #[test]
 fn the_functions_join_a_vpc_only_when_subnets_are_given() {
     let t = template();
@@ -711,11 +769,26 @@ fn every_alarm_reaches_a_person_and_the_alarms_cover_the_flow() {
     ] {
         assert!(has(metric, "scheduled"), "an alarm on {metric}");
     }
+    // A scheduler that stopped: watched on the run's own report (a metric every run emits),
+    // since the operations schedule keeps invoking the function without it.
     let stopped = alarms(&t)
         .into_iter()
-        .find(|(_, a)| a["MetricName"] == "Invocations")
+        .find(|(_, a)| a["TreatMissingData"] == "breaching")
         .expect("an alarm for a scheduler that stopped");
-    assert_eq!(stopped.1["TreatMissingData"], "breaching");
+    assert_eq!(
+        (
+            stopped.1["MetricName"].as_str(),
+            stopped.1["Statistic"].as_str(),
+            stopped.1["ComparisonOperator"].as_str()
+        ),
+        (
+            Some("ScheduledStepsFailed"),
+            Some("SampleCount"),
+            Some("LessThanThreshold")
+        ),
+        "{}: counts the scheduled run's reports, not the function's invocations",
+        stopped.0
+    );
     let scheduled = environment(&t, resource(&t, "ScheduledFunction"));
     assert!(scheduled.contains_key("BETTERSTACK_HEARTBEAT_URL"));
     assert_eq!(

@@ -24,6 +24,15 @@ const OPERATIONS_PER_ROUND: i64 = 10;
 /// An operations invocation's time without a deadline.
 const OPERATIONS_ROUND: Duration = Duration::from_secs(60);
 
+/// The `work` of the event that makes an invocation work the bulk operations
+/// (`{"work": "operations"}`: its own schedule in `template.yaml`, `OperationsSchedule`).
+pub const OPERATIONS_WORK: &str = "operations";
+
+/// Whether `event` asks for the bulk operations' round rather than the scheduled run.
+pub fn works_operations(event: &Value) -> bool {
+    event.get("work").and_then(Value::as_str) == Some(OPERATIONS_WORK)
+}
+
 /// Builds everything once from the environment, then serves scheduled invocations.
 pub async fn run() -> Result<(), Error> {
     shared::telemetry::init();
@@ -67,7 +76,7 @@ pub async fn run() -> Result<(), Error> {
             let left = (at - now).to_std().unwrap_or_default();
             tokio::time::Instant::now() + left.saturating_sub(DEADLINE_MARGIN)
         });
-        if event.payload.get("work").and_then(Value::as_str) == Some("operations") {
+        if works_operations(&event.payload) {
             // Without a deadline (a local emulator's), a minute.
             let until = deadline.unwrap_or_else(|| tokio::time::Instant::now() + OPERATIONS_ROUND);
             let round = shared::operations::work(operations, until, OPERATIONS_PER_ROUND).await;

@@ -1,11 +1,13 @@
 //! `dlq`, the on-call operator's tool over the dead-letter API: find a letter from what a ticket
 //! names (job, correlation id, tenant, message), see failures grouped as they page, and replay
-//! or discard a whole group (or any filter) in bulk: a dry run first, a pinned set, a rate, a
-//! progress bar, a summary and an exit status a script can use.
+//! or discard a whole group (or any filter) in bulk: a dry run first, then one operation worked
+//! server-side, followed with a progress bar (its rate, the time left) until it ends, a summary
+//! and an exit status a script can use.
 //!
-//! Invariant: nothing is changed but through the API's one-letter replay, edit and discard
-//! routes, so every guarantee of a single replay (same job id, the fence, a 409 for a letter
-//! already reviewed) holds for every letter of a bulk run and for an edit.
+//! Invariant: nothing is changed but through the API: its one-letter edit route, and its bulk
+//! operations, which review each letter with every guarantee of a one-letter review (same job
+//! id, the fence, a letter reviewed once). Following an operation only reads it: interrupting
+//! `dlq` never stops one; `dlq cancel` does.
 
 #![warn(missing_docs)]
 

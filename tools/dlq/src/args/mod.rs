@@ -1,18 +1,18 @@
 //! The command line: what an operator can ask for, and the selection a bulk command works on.
 //!
 //! Invariant: every number and every reason is checked here, by clap, before anything is
-//! asked of the API: a rate is finite and within the API's throttle, a limit and a group id
-//! are within what the API takes, a time is RFC 3339, a reason is what the API keeps. A bad
-//! value is a usage error (exit 2) naming the flag, never a panic.
+//! asked of the API: a limit and a group id are within what the API takes, a time is RFC 3339,
+//! an id is a UUID or its first hex digits, a reason is what the API keeps. A bad value is a
+//! usage error (exit 2) naming the flag, never a panic.
 
 mod selection;
 mod values;
 
 pub use selection::{Bulk, Filter, Progress};
 pub use values::{
-    LetterId, MAX_GROUPS, MAX_LIST, MAX_RATE, MAX_REASON_CHARS, MIN_RATE, parse_group_id,
-    parse_group_limit, parse_letter_id, parse_list_limit, parse_rate, parse_reason, parse_time,
-    rfc3339, shell_word,
+    LetterId, MAX_GROUPS, MAX_LIST, MAX_REASON_CHARS, OperationId, parse_group_id,
+    parse_group_limit, parse_letter_id, parse_list_limit, parse_operation_id, parse_reason,
+    parse_time, rfc3339, shell_word,
 };
 
 use clap::{Parser, Subcommand};
@@ -26,7 +26,7 @@ pub struct Cli {
     #[arg(long, env = "DLQ_API_URL", global = true)]
     pub api: Option<String>,
     /// An access token with the scopes the command needs (core.dead_letters.read, .replay,
-    /// .discard). Prefer the environment: a flag shows in the shell's history.
+    /// .discard, .edit). Prefer the environment: a flag shows in the shell's history.
     #[arg(long, env = "DLQ_TOKEN", hide_env_values = true, global = true)]
     pub token: Option<String>,
     /// JSON on stdout instead of tables (for scripts).
@@ -83,7 +83,8 @@ pub enum Command {
         #[arg(value_parser = parse_group_id)]
         id: i64,
     },
-    /// Replay letters pending review (same job id: a job that already committed is not sent).
+    /// Replay the letters pending review a filter selects, as one bulk operation worked
+    /// server-side (same job id: a job that already committed is not sent), and follow it.
     Replay {
         /// Which letters.
         #[command(flatten)]
@@ -113,7 +114,8 @@ pub enum Command {
         #[arg(short = 'y', long)]
         yes: bool,
     },
-    /// Discard letters pending review, with a reason.
+    /// Discard the letters pending review a filter selects, with a reason, as one bulk
+    /// operation worked server-side, and follow it.
     Discard {
         /// Which letters.
         #[command(flatten)]
@@ -122,5 +124,30 @@ pub enum Command {
         /// unless --dry-run.
         #[arg(long, value_parser = parse_reason)]
         reason: Option<String>,
+    },
+    /// List the latest bulk operations (replays and discards), newest first, with their
+    /// progress.
+    Operations,
+    /// Show one bulk operation and its progress; --follow shows it until it ends.
+    Operation {
+        /// The operation's id, or its first hex digits (at least 4) among the latest ones.
+        #[arg(value_parser = parse_operation_id)]
+        id: OperationId,
+        /// Follow its progress until it ends (Ctrl-C stops following, not the operation).
+        #[arg(long, short = 'f')]
+        follow: bool,
+        /// How the progress shows with --follow.
+        #[arg(long, value_enum, default_value_t = Progress::Auto)]
+        progress: Progress,
+    },
+    /// Stop a running bulk operation, with a reason: what it did stays done, the rest of its
+    /// letters stay pending. Needs the scope of its action (replay or discard).
+    Cancel {
+        /// The operation's id, or its first hex digits (at least 4) among the latest ones.
+        #[arg(value_parser = parse_operation_id)]
+        id: OperationId,
+        /// Why it is stopped (kept on the operation; at most 1000 characters).
+        #[arg(long, value_parser = parse_reason)]
+        reason: String,
     },
 }

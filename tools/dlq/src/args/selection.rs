@@ -1,6 +1,6 @@
-//! The selection a list or a bulk command works on: its filters, and how a bulk run goes.
+//! The selection a list or a bulk command works on: its filters, and how a bulk command goes.
 
-use super::values::{parse_group_id, parse_rate, parse_time, rfc3339, shell_word};
+use super::values::{parse_group_id, parse_time, rfc3339, shell_word};
 use chrono::{DateTime, Utc};
 use clap::{Args, ValueEnum};
 
@@ -34,15 +34,15 @@ pub struct Filter {
     /// Written at or after (RFC 3339).
     #[arg(long, value_parser = parse_time)]
     pub from: Option<DateTime<Utc>>,
-    /// Written strictly before (RFC 3339). A bulk command pins its set here (now, if not
-    /// given), so letters written while it runs are not picked up; rerun with the same value to
-    /// finish an interrupted run.
+    /// Written strictly before (RFC 3339). A bulk operation takes only letters written before
+    /// it started, whatever this says: letters written while it runs are not picked up.
     #[arg(long, value_parser = parse_time)]
     pub before: Option<DateTime<Utc>>,
 }
 
 impl Filter {
-    /// Whether any filter is set (a bulk command refuses to touch every letter unasked).
+    /// Whether any filter is set (a bulk command refuses to touch every letter unasked; the API
+    /// too).
     pub fn is_empty(&self) -> bool {
         self.group.is_none()
             && self.queue.is_none()
@@ -77,7 +77,15 @@ impl Filter {
         q
     }
 
-    /// The same filter as command-line flags, to say how to rerun a command.
+    /// The bulk operation's `filter`: the list's query parameters as a JSON object of strings.
+    pub fn operation_filter(&self) -> serde_json::Map<String, serde_json::Value> {
+        self.query()
+            .into_iter()
+            .map(|(k, v)| (k, serde_json::Value::String(v)))
+            .collect()
+    }
+
+    /// The same filter as command-line flags, to say how to run a command on it.
     pub fn flags(&self) -> String {
         let mut f = Vec::new();
         let mut put = |k: &str, v: Option<String>| {
@@ -105,26 +113,26 @@ pub struct Bulk {
     /// Which letters (always only those pending review).
     #[command(flatten)]
     pub filter: Filter,
-    /// Say what would happen and change nothing.
+    /// Show the plan (how many letters, of which kinds) and change nothing.
     #[arg(long)]
     pub dry_run: bool,
     /// Do not ask for confirmation.
     #[arg(long, short = 'y')]
     pub yes: bool,
-    /// Letters per second at most: from 0.001 to 20, the API's throttle.
-    #[arg(long, default_value_t = 5.0, value_parser = parse_rate)]
-    pub rate: f64,
+    /// Start the operation and exit without following it (it runs server-side either way).
+    #[arg(long)]
+    pub detach: bool,
     /// How the progress shows.
     #[arg(long, value_enum, default_value_t = Progress::Auto)]
     pub progress: Progress,
 }
 
-/// Whether to draw a progress bar.
+/// Whether to draw a progress bar while following an operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Progress {
-    /// On a terminal only.
+    /// A bar on a terminal; nothing until the summary otherwise.
     Auto,
-    /// A line per letter on stderr instead (for logs).
+    /// A line on stderr each time the operation moves instead (for logs).
     Lines,
     /// Nothing until the summary.
     None,

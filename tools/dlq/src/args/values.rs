@@ -3,45 +3,12 @@
 
 use chrono::{DateTime, Utc};
 
-/// The fastest `--rate`, letters per second: the API's throttle (`ThrottlingRateLimit` in
-/// `template.yaml`, 20 requests/s), one request per letter.
-pub const MAX_RATE: f64 = 20.0;
-/// The slowest `--rate`: one letter every 1,000 s.
-pub const MIN_RATE: f64 = 0.001;
 /// The most letters `dlq list` reads (page by page).
 pub const MAX_LIST: usize = 10_000;
 /// The most groups `dlq groups` shows: one page of the API (its `limit` maximum).
 pub const MAX_GROUPS: usize = 200;
 /// The longest reason the API keeps, in characters (after trimming).
 pub const MAX_REASON_CHARS: usize = 1000;
-
-/// `--rate`: letters per second, a finite number from [`MIN_RATE`] to [`MAX_RATE`].
-pub fn parse_rate(s: &str) -> Result<f64, String> {
-    let rate: f64 = s
-        .trim()
-        .parse()
-        .map_err(|_| format!("{s:?} is not a number of letters per second, such as 5 or 0.5"))?;
-    if !rate.is_finite() || rate <= 0.0 {
-        return Err(format!(
-            "{s:?} is not a positive finite number of letters per second; give one from \
-             {MIN_RATE} to {MAX_RATE}"
-        ));
-    }
-    if rate > MAX_RATE {
-        return Err(format!(
-            "{s} letters per second is faster than the API's throttle ({MAX_RATE} requests/s, \
-             one per letter); give at most {MAX_RATE}"
-        ));
-    }
-    if rate < MIN_RATE {
-        return Err(format!(
-            "{s} letters per second is slower than one letter every {:.0} s; give at least \
-             {MIN_RATE}",
-            1.0 / MIN_RATE
-        ));
-    }
-    Ok(rate)
-}
 
 fn count_in(s: &str, max: usize) -> Result<usize, String> {
     match s.trim().parse::<u64>() {
@@ -70,7 +37,8 @@ pub fn parse_group_id(s: &str) -> Result<i64, String> {
     }
 }
 
-/// A letter named on the command line: its whole id, or the first hex digits of it.
+/// A letter (or an operation) named on the command line: its whole id, or the first hex digits
+/// of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LetterId {
     /// A whole id.
@@ -79,8 +47,21 @@ pub enum LetterId {
     Prefix(String),
 }
 
+/// An operation named on the command line: as a letter, its whole id or its first hex digits.
+pub type OperationId = LetterId;
+
 /// A letter id, or at least its first 4 hex digits.
 pub fn parse_letter_id(s: &str) -> Result<LetterId, String> {
+    parse_id(s, "a letter id")
+}
+
+/// A bulk operation's id, or at least its first 4 hex digits (found among the latest
+/// operations, `dlq operations`).
+pub fn parse_operation_id(s: &str) -> Result<OperationId, String> {
+    parse_id(s, "an operation id")
+}
+
+fn parse_id(s: &str, what: &str) -> Result<LetterId, String> {
     let s = s.trim();
     if let Ok(id) = uuid::Uuid::try_parse(s) {
         return Ok(LetterId::Whole(id));
@@ -90,7 +71,7 @@ pub fn parse_letter_id(s: &str) -> Result<LetterId, String> {
         return Ok(LetterId::Prefix(s.to_ascii_lowercase()));
     }
     Err(format!(
-        "{s:?} is not a letter id: give the whole id (481e82ee-0733-4a23-bad4-7a61e82b1778) or at \
+        "{s:?} is not {what}: give the whole id (481e82ee-0733-4a23-bad4-7a61e82b1778) or at \
          least its first 4 hex digits (481e82ee)"
     ))
 }

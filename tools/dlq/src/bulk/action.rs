@@ -10,7 +10,8 @@ pub enum Action {
 }
 
 impl Action {
-    pub(super) fn verb(self) -> &'static str {
+    /// The verb, as the API spells the operation's action and its scope.
+    pub fn verb(self) -> &'static str {
         match self {
             Self::Replay => "replay",
             Self::Discard => "discard",

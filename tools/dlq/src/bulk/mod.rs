@@ -1,20 +1,23 @@
-//! Replaying or discarding many letters at once, safely.
+//! Replaying or discarding many letters at once: one bulk operation, worked server-side.
 //!
-//! Invariants: the set is pinned before anything changes (letters pending review written before
-//! one instant, `--before`), so letters written while the run goes (a replay that fails again
-//! included) are never picked up; a letter is changed only through the API's one-letter routes,
-//! one at a time at a bounded rate, so an interrupted run leaves every letter either done or
-//! untouched, and running the same command again (same `--before`) finishes the rest without
-//! touching what is done. A dry run only reads.
+//! Invariants: a bulk command changes letters only by starting one operation on the API
+//! (`/v1/core/dead-letter-operations`), which the scheduled function works in chunks, each
+//! chunk's reviews and the operation's progress committed together, with every guarantee of a
+//! one-letter review (same job id, the fence, the audit); the tool only plans, starts, follows
+//! and cancels. The operation takes the letters pending review written before it started, so
+//! letters written while it runs (a replay that fails again included) are never picked up. A
+//! dry run only reads. Following is only reading: Ctrl-C (or `--detach`) leaves the operation
+//! running, and says how to follow or stop it.
 
 mod action;
-mod apply;
+mod follow;
 mod plan;
 mod run;
-mod select;
 mod summary;
 
 pub use action::Action;
+pub use follow::{Followed, Interrupt, Meter, POLL, follow};
 pub use run::run;
-pub use select::{Selection, select};
-pub use summary::{Ending, Summary};
+pub use summary::{
+    counts, exit_status, print_ended, print_interrupted, print_operation, selection_flags,
+};

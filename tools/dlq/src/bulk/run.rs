@@ -1,24 +1,26 @@
-//! A bulk command from start to end: checks, the pinned set, the plan, the prompt, the run and
-//! its summary.
+//! A bulk command from start to end: checks, the plan, the prompt, the operation started on the
+//! API, then followed to its end (or left running: Ctrl-C, `--detach`).
 
 use super::action::Action;
-use super::apply::{Stop, apply_all, may_apply};
+use super::follow::{Followed, Interrupt, follow};
 use super::plan::print_plan;
-use super::select::{Selection, patterns, select};
-use super::summary::{Ending, Summary, print_summary};
-use crate::args::{Bulk, MAX_RATE, MIN_RATE, parse_rate};
-use crate::client::Client;
-use std::time::{Duration, Instant};
+use super::summary::{exit_status, print_ended, print_interrupted};
+use crate::args::Bulk;
+use crate::client::{ApiError, Client, Plan};
+use crate::exit;
+use std::time::Instant;
 
-/// Runs a bulk command: pins and reads the set, prints the plan, asks, then changes one letter
-/// at a time at the rate, with progress, until done or interrupted.
+/// The reason a dry run sends: the API asks for one, and records nothing.
+const DRY_RUN_REASON: &str = "dlq --dry-run: the plan only";
+
+/// Runs a bulk command; the exit status says how it ended.
 pub async fn run(
     client: &Client,
     action: Action,
     bulk: &Bulk,
     reason: Option<&str>,
     json_out: bool,
-) -> Result<(Ending, Summary), String> {
+) -> Result<u8, String> {
     if bulk.filter.is_empty() {
         return Err(format!(
             "say which letters to {}: --group, --queue, --kind, --job-id, … (every pending letter \
@@ -26,46 +28,89 @@ pub async fn run(
             action.verb()
         ));
     }
-    let pause = pause(bulk)?;
     let reason = reason_for(action, bulk.dry_run, reason)?;
-    check_scope(client, action, bulk.dry_run).await?;
-    let selection = select(client, bulk).await.map_err(|e| e.to_string())?;
-    let patterns = patterns(client, &selection).await;
-    print_plan(action, bulk, &selection, &patterns, json_out);
-    let mut summary = Summary {
-        selected: selection.letters.len(),
-        ..Default::default()
-    };
-    if let Some(ending) = ends_unchanged(action, bulk, &selection, json_out)? {
-        return Ok((ending, summary));
+    let filter = bulk.filter.operation_filter();
+    let answer = client
+        .plan_operation(
+            action.verb(),
+            &filter,
+            reason.as_deref().unwrap_or(DRY_RUN_REASON),
+        )
+        .await
+        .map_err(|e| refused(action, e))?;
+    let plan: Plan = serde_json::from_value(answer["plan"].clone())
+        .map_err(|e| format!("the API's plan is not what this tool expects: {e}"))?;
+    // `--json`: one document on stdout; a real run's is its ending.
+    if bulk.dry_run || !json_out {
+        print_plan(client, action, bulk, &plan, &answer, json_out).await;
+    }
+    if bulk.dry_run {
+        if !json_out {
+            println!("Dry run: nothing was changed.");
+        }
+        return Ok(exit::OK);
+    }
+    if plan.letters == 0 {
+        if json_out {
+            let out = serde_json::json!({"operation": null, "ending": "nothing_to_do",
+                                         "plan": answer["plan"]});
+            println!("{}", crate::terminal::json(&out, false));
+        } else {
+            println!("Nothing to {}.", action.verb());
+        }
+        return Ok(exit::OK);
+    }
+    if !bulk.yes && !confirm(action, plan.letters)? {
+        return Ok(exit::DECLINED);
     }
     let reason = reason.expect("checked above: only a dry run goes without a reason");
-    let started = Instant::now();
-    let letters = &selection.letters;
-    let refused = apply_all(client, action, bulk, letters, &reason, pause, &mut summary).await;
-    summary.not_done = summary.selected - summary.done();
-    if let Some((line, stop)) = refused {
-        return Err(stopped(action, &line, stop, &summary));
+    let interrupt = Interrupt::on_ctrl_c();
+    let op = client
+        .start_operation(action.verb(), &filter, &reason)
+        .await
+        .map_err(|e| not_started(action, e))?;
+    if bulk.detach || interrupt.caught() {
+        if !json_out {
+            println!(
+                "Started {} operation {}: {} letter(s) planned; the scheduled function works it \
+                 (every minute).",
+                action.verb(),
+                op.id,
+                op.planned
+            );
+        }
+        let ending = if bulk.detach {
+            "detached"
+        } else {
+            "interrupted"
+        };
+        print_interrupted(&op, ending, json_out);
+        return Ok(if bulk.detach {
+            exit::OK
+        } else {
+            exit::INTERRUPTED
+        });
     }
-    let ending = summary.ending();
-    let took = started.elapsed();
-    print_summary(action, bulk, &selection, &summary, ending, took, json_out);
-    Ok((ending, summary))
-}
-
-/// The pause between two letters, from `--rate`.
-fn pause(bulk: &Bulk) -> Result<Duration, String> {
-    // Checked by clap already; again here for a `Bulk` built otherwise.
-    parse_rate(&bulk.rate.to_string())
-        .ok()
-        .and_then(|rate| Duration::try_from_secs_f64(1.0 / rate).ok())
-        .ok_or_else(|| {
-            format!(
-                "--rate must be a finite number from {MIN_RATE} to {MAX_RATE} letters per \
-                 second, got {}",
-                bulk.rate
-            )
-        })
+    if !json_out {
+        println!(
+            "Started {} operation {}: {} letter(s) planned. Following it (Ctrl-C stops following, \
+             not the operation):",
+            action.verb(),
+            op.id,
+            op.planned
+        );
+    }
+    let started = Instant::now();
+    match follow(client, op, bulk.progress, &interrupt).await? {
+        Followed::Ended(op) => {
+            print_ended(&op, started.elapsed(), json_out);
+            Ok(exit_status(&op))
+        }
+        Followed::Interrupted(op) => {
+            print_interrupted(&op, "interrupted", json_out);
+            Ok(exit::INTERRUPTED)
+        }
+    }
 }
 
 /// The reason kept on each letter: required, but for a dry run.
@@ -84,47 +129,47 @@ fn reason_for(
     }
 }
 
-/// Stops a run whose token may not `action`; a dry run goes on, saying so.
-async fn check_scope(client: &Client, action: Action, dry_run: bool) -> Result<(), String> {
-    if let Err(refused) = may_apply(client, action).await {
-        if !dry_run {
-            return Err(refused);
-        }
-        eprintln!("dlq: {refused}; the dry run goes on, but the real run would stop here");
+/// The plan refused: a token without the action's scope said in those words (a dry run needs
+/// it too: the plan is the operation's own route).
+fn refused(action: Action, e: ApiError) -> String {
+    match e {
+        ApiError::Refused {
+            status: status @ (401 | 403),
+            message,
+            ..
+        } => format!(
+            "the token may not {verb} letters ({status}: {message}): {verb}, and its dry run, \
+             need the scope core.dead_letters.{verb} (DLQ_TOKEN / --token); nothing was changed",
+            verb = action.verb(),
+        ),
+        e => e.to_string(),
     }
-    Ok(())
 }
 
-/// How the run ends before anything changes, if it does: a dry run, nothing to do, or a no at
-/// the prompt.
-fn ends_unchanged(
-    action: Action,
-    bulk: &Bulk,
-    selection: &Selection,
-    json_out: bool,
-) -> Result<Option<Ending>, String> {
-    if bulk.dry_run {
-        if !json_out {
-            println!("Dry run: nothing was changed.");
-        }
-        return Ok(Some(Ending::Done));
+/// The start failed: if it may have reached the API, the operation may exist all the same.
+fn not_started(action: Action, e: ApiError) -> String {
+    let maybe = match &e {
+        ApiError::Unreachable(_) => true,
+        ApiError::Refused { status, .. } => *status >= 500,
+    };
+    if maybe {
+        format!(
+            "the {} operation's start got no answer ({e}): it may have started all the same. \
+             Look with `dlq operations` before starting it again",
+            action.verb()
+        )
+    } else {
+        refused(action, e)
     }
-    if selection.letters.is_empty() {
-        if !json_out {
-            println!("Nothing to {}.", action.verb());
-        }
-        return Ok(Some(Ending::Done));
-    }
-    if !bulk.yes && !confirm(action, selection.letters.len())? {
-        return Ok(Some(Ending::Declined));
-    }
-    Ok(None)
 }
 
 /// Asks on the terminal; refuses to guess when there is none.
-fn confirm(action: Action, letters: usize) -> Result<bool, String> {
+fn confirm(action: Action, letters: i64) -> Result<bool, String> {
     crate::terminal::confirmed(
-        &format!("{} {letters} letter(s)?", capitalized(action.verb())),
+        &format!(
+            "{} {letters} letter(s), as one operation worked server-side?",
+            capitalized(action.verb())
+        ),
         "run with --dry-run first, then --yes",
     )
 }
@@ -134,23 +179,4 @@ fn capitalized(s: &str) -> String {
     c.next()
         .map(|f| f.to_uppercase().chain(c).collect())
         .unwrap_or_default()
-}
-
-/// The error a run stopped by a refusal ends with: the refusal, why every letter would meet
-/// it, and how many letters it left untouched.
-fn stopped(action: Action, line: &str, stop: Stop, summary: &Summary) -> String {
-    let why = match stop {
-        Stop::Token => format!(
-            "The token lacks what {} needs (scope core.dead_letters.{}), or has expired",
-            action.verb(),
-            action.verb()
-        ),
-        Stop::Reason => "The API refuses the reason, as it would for every letter: \
-                         change --reason"
-            .to_owned(),
-    };
-    format!(
-        "stopped at the first letter: {line}. {why}; {} letter(s) untouched",
-        summary.not_done + summary.failed
-    )
 }

@@ -52,19 +52,32 @@ impl Client {
         query: &[(String, String)],
     ) -> Result<Answer, ApiError> {
         let url = format!("{}{path}", self.base);
-        self.send(|| self.http.get(&url).query(query)).await
+        self.send(|| self.http.get(&url).query(query), Retry::Unanswered)
+            .await
     }
 
     pub(super) async fn post(&self, path: &str, body: &Value) -> Result<Answer, ApiError> {
         let url = format!("{}{path}", self.base);
-        self.send(|| self.http.post(&url).json(body)).await
+        self.send(|| self.http.post(&url).json(body), Retry::Unanswered)
+            .await
     }
 
-    /// Sends `request` until it is answered, retrying throttling, unavailability and no answer
-    /// with backoff (or the `Retry-After` the API asks for).
+    /// A POST that is not repeated once it may have reached the function (no answer, a 502,
+    /// 503 or 504): only a throttled one (429, never served) is tried again. For a request
+    /// whose repeat would do it twice (starting a bulk operation).
+    pub(super) async fn post_once(&self, path: &str, body: &Value) -> Result<Answer, ApiError> {
+        let url = format!("{}{path}", self.base);
+        self.send(|| self.http.post(&url).json(body), Retry::Throttled)
+            .await
+    }
+
+    /// Sends `request` until it is answered, retrying throttling (and, with
+    /// [`Retry::Unanswered`], unavailability and no answer) with backoff (or the `Retry-After`
+    /// the API asks for).
     async fn send(
         &self,
         request: impl Fn() -> reqwest::RequestBuilder,
+        retry: Retry,
     ) -> Result<Answer, ApiError> {
         let mut delay = Duration::from_millis(500);
         let mut attempt = 0;
@@ -72,7 +85,10 @@ impl Client {
             attempt += 1;
             let last = attempt > self.retries;
             let next = match request().bearer_auth(&self.token).send().await {
-                Ok(response) => answered(response, last).await,
+                Ok(response) => answered(response, last, retry).await,
+                Err(e) if retry == Retry::Throttled => Next::Return(Err(ApiError::Unreachable(
+                    format!("no answer from {}: {}", self.base, causes(e)),
+                ))),
                 Err(e) => self.unanswered(e, attempt, last),
             };
             match next {
@@ -107,6 +123,15 @@ impl Client {
     }
 }
 
+/// Which failures of a request are tried again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Retry {
+    /// Throttling, unavailability (502–504) and no answer: a request safe to repeat.
+    Unanswered,
+    /// Throttling only (429: the gateway served nothing).
+    Throttled,
+}
+
 /// What follows one try of a request.
 enum Next {
     /// Done: this is the answer (or the error).
@@ -117,7 +142,7 @@ enum Next {
 
 /// An answer: a success, a throttling or unavailability to retry (unless it was the last try),
 /// or a refusal.
-async fn answered(response: reqwest::Response, last: bool) -> Next {
+async fn answered(response: reqwest::Response, last: bool, retry: Retry) -> Next {
     let status = response.status().as_u16();
     let retry_after = response
         .headers()
@@ -129,7 +154,11 @@ async fn answered(response: reqwest::Response, last: bool) -> Next {
     if (200..300).contains(&status) {
         return Next::Return(Ok(Answer { status, body }));
     }
-    if matches!(status, 429 | 502 | 503 | 504) && !last {
+    let again = match retry {
+        Retry::Unanswered => matches!(status, 429 | 502 | 503 | 504),
+        Retry::Throttled => status == 429,
+    };
+    if again && !last {
         return Next::Retry(retry_after);
     }
     Next::Return(Err(refused(status, &body, &text)))

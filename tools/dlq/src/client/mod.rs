@@ -11,4 +11,4 @@ mod types;
 
 pub use error::{ApiError, as_flags};
 pub use http::Client;
-pub use types::{Answer, FailedReplays, Group, Letter, Page};
+pub use types::{Answer, FailedReplays, Group, Letter, Operation, OperationProgress, Page, Plan};

@@ -1,8 +1,9 @@
-//! The API's routes the tool uses: what it reads and the one-letter changes it makes.
+//! The API's routes the tool uses: what it reads, the one-letter changes it makes, and the bulk
+//! operations it starts, follows and cancels.
 
 use super::error::{ApiError, decode};
 use super::http::Client;
-use super::types::{Answer, Group, Letter, Page};
+use super::types::{Answer, Group, Letter, Operation, Page};
 use serde_json::{Value, json};
 
 impl Client {
@@ -93,4 +94,66 @@ impl Client {
         let path = format!("/v1/core/dead-letters/{id}/discard");
         self.post(&path, &json!({ "reason": reason })).await
     }
+
+    /// Asks for the plan of a bulk `action` (`replay` or `discard`) on `filter` (the list's
+    /// query parameters): the API's dry-run answer (`dry_run`, `action`, `selection`, `plan`).
+    /// Needs the action's scope.
+    pub async fn plan_operation(
+        &self,
+        action: &str,
+        filter: &serde_json::Map<String, Value>,
+        reason: &str,
+    ) -> Result<Value, ApiError> {
+        let path = format!("/v1/core/dead-letter-operations/{action}");
+        let body = json!({"reason": reason, "filter": filter, "dry_run": true});
+        Ok(self.post(&path, &body).await?.body)
+    }
+
+    /// Starts a bulk `action` on `filter` with `reason`: the operation, running. Not repeated
+    /// once it may have reached the API (a repeat would start a second operation).
+    pub async fn start_operation(
+        &self,
+        action: &str,
+        filter: &serde_json::Map<String, Value>,
+        reason: &str,
+    ) -> Result<Operation, ApiError> {
+        let path = format!("/v1/core/dead-letter-operations/{action}");
+        let body = json!({"reason": reason, "filter": filter});
+        operation_of(self.post_once(&path, &body).await?)
+    }
+
+    /// One operation, with its progress.
+    pub async fn operation(&self, id: uuid::Uuid) -> Result<Operation, ApiError> {
+        operation_of(
+            self.get(&format!("/v1/core/dead-letter-operations/{id}"), &[])
+                .await?,
+        )
+    }
+
+    /// The latest operations, newest first.
+    pub async fn operations(&self) -> Result<Vec<Operation>, ApiError> {
+        let answer = self.get("/v1/core/dead-letter-operations", &[]).await?;
+        decode(Answer {
+            status: answer.status,
+            body: answer.body["items"].clone(),
+        })
+    }
+
+    /// Cancels a running operation, saying why: the operation as it stopped.
+    pub async fn cancel_operation(
+        &self,
+        id: uuid::Uuid,
+        reason: &str,
+    ) -> Result<Operation, ApiError> {
+        let path = format!("/v1/core/dead-letter-operations/{id}/cancel");
+        operation_of(self.post(&path, &json!({ "reason": reason })).await?)
+    }
+}
+
+/// The `operation` of an answer.
+fn operation_of(answer: Answer) -> Result<Operation, ApiError> {
+    decode(Answer {
+        status: answer.status,
+        body: answer.body["operation"].clone(),
+    })
 }

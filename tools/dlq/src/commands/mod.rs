@@ -3,11 +3,12 @@
 mod fields;
 mod groups;
 mod letters;
+mod operations;
 
-use crate::args::{Bulk, Cli, Command};
-use crate::bulk::{self, Action, Ending};
+use crate::args::{Cli, Command};
+use crate::bulk::{self, Action};
 use crate::client::Client;
-use crate::{edit, exit};
+use crate::edit;
 
 /// Runs the command `cli` names; `Ok` holds the exit status, `Err` what stopped it (a usage
 /// error).
@@ -33,7 +34,7 @@ pub(crate) async fn run(cli: Cli) -> Result<u8, String> {
         }
         Command::Group { id } => groups::show(&client, id, json).await,
         Command::Replay { bulk, reason } => {
-            run_bulk(&client, Action::Replay, &bulk, reason, json).await
+            bulk::run(&client, Action::Replay, &bulk, reason.as_deref(), json).await
         }
         Command::Edit {
             id,
@@ -52,8 +53,15 @@ pub(crate) async fn run(cli: Cli) -> Result<u8, String> {
             edit::run(&client, id, &how, json).await
         }
         Command::Discard { bulk, reason } => {
-            run_bulk(&client, Action::Discard, &bulk, reason, json).await
+            bulk::run(&client, Action::Discard, &bulk, reason.as_deref(), json).await
         }
+        Command::Operations => operations::list(&client, json).await,
+        Command::Operation {
+            id,
+            follow,
+            progress,
+        } => operations::show(&client, id, follow, progress, json).await,
+        Command::Cancel { id, reason } => operations::cancel(&client, id, &reason, json).await,
     }
 }
 
@@ -68,21 +76,4 @@ fn connect(api: Option<String>, token: Option<String>) -> Result<Client, String>
          (docs/operations.md says how to get one)",
     )?;
     Client::new(&api, token)
-}
-
-/// `dlq replay` and `dlq discard`: the bulk run, and its ending as the exit status.
-async fn run_bulk(
-    client: &Client,
-    action: Action,
-    bulk: &Bulk,
-    reason: Option<String>,
-    json: bool,
-) -> Result<u8, String> {
-    let (ending, _) = bulk::run(client, action, bulk, reason.as_deref(), json).await?;
-    Ok(match ending {
-        Ending::Done => exit::OK,
-        Ending::SomeFailed => exit::SOME_FAILED,
-        Ending::Declined => exit::DECLINED,
-        Ending::Interrupted => exit::INTERRUPTED,
-    })
 }
