@@ -6,8 +6,9 @@ use dead_letter_api::api::{Api, ApiRequest, ApiResponse, Scope};
 use e2e::api_client::{caller, request, with_body};
 use e2e::event_source::{Queue, create_queue, depth, sqs_client};
 use serde_json::{Value, json};
-use shared::clock::SystemClock;
-use shared::operations::{self, OperationTools};
+use shared::clock::{Clock, ManualClock, SystemClock};
+use shared::dead_letter::ListFilter;
+use shared::operations::{self, Action, OperationTools, Request};
 use shared::replay::Replayer;
 use sqlx::PgPool;
 use std::sync::Arc;
@@ -517,4 +518,103 @@ async fn an_operation_survives_its_worker_killed_at_any_point(pool: PgPool) {
     assert_eq!(sent, 500, "every replay reached its queue");
     let messages = depth(&sqs, &q).await;
     assert!(messages >= 500, "{messages} messages for 500 replays");
+}
+
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+/// Found by the wiring's review: a worker claimed every operation due and worked them one after
+/// another, so the claims waiting their turn ran out (120 s) and the next minute's worker took
+/// them over, sending replays twice. Now each is claimed when its turn comes.
+async fn an_operation_waiting_its_turn_is_never_worked_by_two_workers(pool: PgPool) {
+    let sqs = sqs_client().await;
+    let q = create_queue(
+        &sqs,
+        &format!("lease-{}", &Uuid::new_v4().simple().to_string()[..12]),
+        &[],
+    )
+    .await;
+    for _ in 0..2 {
+        seed(&pool, "big-q", 4_000, "exhausted", true, "x failed").await;
+    }
+    seed(&pool, &q.name, 600, "exhausted", true, "x failed").await;
+    let clock = Arc::new(ManualClock::new(chrono::Utc::now()));
+    let tools = |clock: Arc<ManualClock>| OperationTools {
+        pool: pool.clone(),
+        clock,
+        replayer: Some(Replayer::new(sqs.clone())),
+    };
+    let start = |action, selection: ListFilter| {
+        let pool = pool.clone();
+        let now = clock.now();
+        async move {
+            let request = Request {
+                action,
+                selection: &selection,
+                reason: "repro",
+                actor: "me",
+            };
+            operations::start(&pool, &request, now).await.unwrap().id
+        }
+    };
+    let big = start(
+        Action::Discard,
+        ListFilter {
+            queue: Some("big-q".into()),
+            ..Default::default()
+        },
+    )
+    .await;
+    clock.advance(chrono::Duration::milliseconds(10));
+    let small = start(
+        Action::Replay,
+        ListFilter {
+            queue: Some(q.name.clone()),
+            ..Default::default()
+        },
+    )
+    .await;
+    clock.advance(chrono::Duration::milliseconds(10));
+    // Worker 1 claims both (the big one first) and works the big one.
+    let first = {
+        let tools = tools(clock.clone());
+        tokio::spawn(async move {
+            let until = tokio::time::Instant::now() + Duration::from_secs(40);
+            operations::work(&tools, until, 10).await.unwrap()
+        })
+    };
+    loop {
+        let done: i64 =
+            sqlx::query_scalar("SELECT discarded FROM core.dead_letter_operations WHERE id = $1")
+                .bind(big)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        if done > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The big one takes longer than LEASE (120 s): the small one's claim, waiting, runs out.
+    clock.advance(chrono::Duration::seconds(150));
+    let second = {
+        let tools = tools(clock.clone());
+        tokio::spawn(async move {
+            let until = tokio::time::Instant::now() + Duration::from_secs(40);
+            operations::work(&tools, until, 10).await.unwrap()
+        })
+    };
+    let (first, second) = (first.await.unwrap(), second.await.unwrap());
+    let sent: i64 =
+        sqlx::query_scalar("SELECT sent FROM core.dead_letter_operations WHERE id = $1")
+            .bind(small)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    let messages = depth(&sqs, &q).await;
+    assert_eq!(
+        first.operations + second.operations,
+        2,
+        "{first:?} {second:?}"
+    );
+    assert_eq!(sent, 600);
+    assert_eq!(messages, 600, "one message per replay");
 }

@@ -329,27 +329,38 @@ pub struct Round {
 }
 
 /// Works up to `limit` running operations, the oldest first, one after the other until `until`
-/// ([`crate::lease::deliver`]). Only a failure to claim is returned.
+/// ([`crate::lease::deliver`]). Each is claimed only when its turn comes, so no claim waits
+/// behind another operation's work while its lease runs out (a claimed operation's lease is
+/// renewed by each chunk). Only a failure to claim is returned.
 pub async fn work(tools: &OperationTools, until: Instant, limit: i64) -> sqlx::Result<Round> {
-    let round = crate::lease::Round {
-        pool: &tools.pool,
-        client: tools,
-        clock: tools.clock.as_ref(),
-        until,
-        per_step: until.saturating_duration_since(Instant::now()),
-        pace: crate::lease::Pace::Share,
-    };
     let mut report = Round::default();
-    crate::lease::deliver(round, &Operations, limit, |outcome| match outcome {
-        crate::lease::Outcome::Done(worked) => {
-            report.operations += 1;
-            report.chunks += worked.chunks;
-            report.letters += worked.letters;
-            report.ended += u64::from(worked.ended);
+    for _ in 0..limit.max(0) {
+        let round = crate::lease::Round {
+            pool: &tools.pool,
+            client: tools,
+            clock: tools.clock.as_ref(),
+            until,
+            per_step: until.saturating_duration_since(Instant::now()),
+            pace: crate::lease::Pace::Share,
+        };
+        let mut claimed = false;
+        let tally = |outcome: crate::lease::Outcome<'_, Worked, OperationError>| {
+            claimed = true;
+            match outcome {
+                crate::lease::Outcome::Done(worked) => {
+                    report.operations += 1;
+                    report.chunks += worked.chunks;
+                    report.letters += worked.letters;
+                    report.ended += u64::from(worked.ended);
+                }
+                crate::lease::Outcome::Failed(_) => report.failed += 1,
+                crate::lease::Outcome::Deferred => {}
+            }
+        };
+        crate::lease::deliver(round, &Operations, 1, tally).await?;
+        if !claimed || until.saturating_duration_since(Instant::now()).is_zero() {
+            break;
         }
-        crate::lease::Outcome::Failed(_) => report.failed += 1,
-        crate::lease::Outcome::Deferred => {}
-    })
-    .await?;
+    }
     Ok(report)
 }

@@ -11,7 +11,6 @@ use crate::dead_letter::{
 use crate::lease::{LEASE, Lease, Leased};
 use crate::replay::{Refusal, Replayer, letter_body, refused_by_sqs, replayable};
 use chrono::{DateTime, Utc};
-use futures_util::StreamExt;
 use sqlx::{PgConnection, PgPool};
 use std::fmt;
 use std::sync::Arc;
@@ -391,13 +390,14 @@ async fn send_replays(
     id: Uuid,
     letters: &[DeadLetter],
 ) -> Result<(), OperationError> {
-    let calls = letters
-        .chunks(10)
-        .map(|call| send_call(tools, replayer, id, call));
-    let answered: Vec<Result<Option<String>, sqlx::Error>> = futures_util::stream::iter(calls)
-        .buffer_unordered(CALLS_IN_FLIGHT)
-        .collect()
-        .await;
+    let mut answered: Vec<Result<Option<String>, sqlx::Error>> = Vec::new();
+    for flight in letters.chunks(10 * CALLS_IN_FLIGHT) {
+        let mut calls = Vec::with_capacity(CALLS_IN_FLIGHT);
+        for call in flight.chunks(10) {
+            calls.push(send_call(tools, replayer, id, call));
+        }
+        answered.extend(futures_util::future::join_all(calls).await);
+    }
     let mut queue_refusal = None;
     for answer in answered {
         queue_refusal = queue_refusal.or(answer?);

@@ -56,6 +56,8 @@ fn parse_start(body: &[u8]) -> Result<Start, ApiError> {
     let reason = match fields.remove("reason") {
         Some(Value::String(reason)) => reason_text(&reason).map_err(ApiError::invalid_body)?,
         Some(_) => return Err(ApiError::invalid_body("`reason` must be a string")),
+        // A dry run records nothing: it needs no reason.
+        None if dry_run => String::new(),
         None => {
             return Err(ApiError::invalid_body(
                 "`reason` is required: say why, for the next person who reads the letters",
