@@ -1640,3 +1640,40 @@ async fn every_list_filter_selects_in_an_operation_what_the_list_shows(pool: PgP
     }
     groups_exact(&pool).await;
 }
+
+/// Letters written at one and the same instant (a burst the clock does not tell apart): the
+/// walk's position (created_at, id) goes through them chunk by chunk, none skipped or taken
+/// twice, for a discard (chunks of 1,000) and a replay (chunks of 200).
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn letters_of_one_instant_are_each_worked_once(pool: PgPool) {
+    let sqs = sqs_client().await;
+    let apis = Apis::new(&pool, &sqs);
+    let q = queue(&sqs).await;
+    for (queue, n) in [("tie-q", 2_500), (q.name.as_str(), 450)] {
+        sqlx::query(
+            "INSERT INTO core.dead_letters (job_id, tenant_id, consumer, queue, message_id, payload,
+                 body, attempts, error_kind, last_error, created_at)
+             SELECT j, '00000000-0000-0000-0000-000000000001', 'award-points', $1, 'm-' || gen_random_uuid(),
+                    jsonb_build_object('job_id', j), json_build_object('job_id', j)::text, 5,
+                    'exhausted', 'partner answered 503', '2026-12-01T00:00:00Z'
+             FROM (SELECT gen_random_uuid() AS j FROM generate_series(1, $2)) AS jobs",
+        )
+        .bind(queue)
+        .bind(n)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    let discard = apis.start("discard", json!({"queue": "tie-q"})).await;
+    let replay = apis.start("replay", json!({"queue": q.name})).await;
+    work_all(&tools(&pool, &sqs)).await;
+    let d = progress_is_the_letters(&pool, &apis, discard).await;
+    let r = progress_is_the_letters(&pool, &apis, replay).await;
+    assert_eq!(d["progress"]["discarded"], 2_500, "{d:#}");
+    assert_eq!((r["progress"]["replayed"].as_i64(), r["progress"]["sent"].as_i64()), (Some(450), Some(450)), "{r:#}");
+    let pending = scalar(&pool, "SELECT count(*) FROM core.dead_letters WHERE status = 'pending_review'").await;
+    assert_eq!(pending, 0);
+    let messages = drain(&sqs, &q).await;
+    assert_eq!(messages.len(), 450);
+    groups_exact(&pool).await;
+}
