@@ -281,7 +281,9 @@ pub enum Cancelled {
 }
 
 /// Cancels operation `id` for `actor` with `reason` at `now`. Waits for the chunk in flight (it
-/// holds the operation's row), so what the answer shows is final.
+/// holds the operation's row), so the reviews the answer shows are final; the replays of the
+/// last committed chunk may still be going out (their verdicts are recorded: a replay operation
+/// sends what it reviewed), and `sent` may grow by one chunk after the answer.
 pub async fn cancel(
     pool: &PgPool,
     id: Uuid,

@@ -415,10 +415,23 @@ async fn send_call(
     id: Uuid,
     call: &[DeadLetter],
 ) -> sqlx::Result<Option<String>> {
-    let refs: Vec<&DeadLetter> = call.iter().collect();
-    let results = replayer.send_batch(&refs).await;
+    // Read again right before the call: a replay withdrawn (or sent by another sender) since
+    // its chunk committed is not sent. (One withdrawn while this call is in flight lands, as a
+    // one-letter replay's does: the withdrawal finds it sent or records nothing.)
+    let ids: Vec<Uuid> = call.iter().map(|l| l.id.0).collect();
+    let still: Vec<Uuid> = sqlx::query_scalar!(
+        r#"SELECT id AS "id!" FROM core.dead_letters WHERE id = ANY($1) AND replay_outcome = 'queued'"#,
+        &ids,
+    )
+    .fetch_all(&tools.pool)
+    .await?;
+    let call: Vec<&DeadLetter> = call.iter().filter(|l| still.contains(&l.id.0)).collect();
+    if call.is_empty() {
+        return Ok(None);
+    }
+    let results = replayer.send_batch(&call).await;
     let (mut ids, mut messages, mut queue_refusal) = (Vec::new(), Vec::new(), None);
-    for (letter, result) in call.iter().zip(results) {
+    for (letter, result) in call.into_iter().zip(results) {
         match result {
             Ok(sent) => {
                 ids.push(letter.id.0);

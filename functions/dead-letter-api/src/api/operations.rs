@@ -35,6 +35,14 @@ fn parse_start(body: &[u8]) -> Result<Start, ApiError> {
             Err(_) => ApiError::invalid_json(SHAPE),
         });
     };
+    // A key given twice would be read as its last value, silently: refused, as a review's
+    // reason given twice is.
+    if let Err(key) = serde_json::from_slice::<Unique>(body) {
+        return Err(ApiError::invalid_body(format!(
+            "{}; give each field once",
+            key.to_string().split(" at line").next().unwrap_or_default()
+        )));
+    }
     let dry_run = match fields.remove("dry_run") {
         None | Some(Value::Bool(false)) => false,
         Some(Value::Bool(true)) => true,
@@ -75,6 +83,61 @@ fn parse_start(body: &[u8]) -> Result<Start, ApiError> {
         selection: selection(filter)?,
         dry_run,
     })
+}
+
+/// Any JSON whose objects, at every depth, name each key once.
+struct Unique;
+
+impl<'de> serde::Deserialize<'de> for Unique {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(UniqueVisitor)
+    }
+}
+
+struct UniqueVisitor;
+
+impl<'de> serde::de::Visitor<'de> for UniqueVisitor {
+    type Value = Unique;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("JSON")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Unique, E> {
+        Ok(Unique)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Unique, E> {
+        Ok(Unique)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Unique, E> {
+        Ok(Unique)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Unique, E> {
+        Ok(Unique)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Unique, E> {
+        Ok(Unique)
+    }
+    fn visit_unit<E>(self) -> Result<Unique, E> {
+        Ok(Unique)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Unique, A::Error> {
+        while seq.next_element::<Unique>()?.is_some() {}
+        Ok(Unique)
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Unique, A::Error> {
+        let mut seen = std::collections::HashSet::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if !seen.insert(key.clone()) {
+                return Err(serde::de::Error::custom(format!(
+                    "`{}` is given more than once",
+                    shown(&key)
+                )));
+            }
+            map.next_value::<Unique>()?;
+        }
+        Ok(Unique)
+    }
 }
 
 /// The filter object as the list's query would take it: each value a string (or a number, for
@@ -246,6 +309,14 @@ mod tests {
                 422,
             ),
             (br#"{"reason": " ", "filter": {"queue": "q"}}"#, 422),
+            (
+                br#"{"reason": "x", "reason": "y", "filter": {"queue": "q"}}"#,
+                422,
+            ),
+            (
+                br#"{"reason": "x", "filter": {"queue": "a", "queue": "b"}}"#,
+                422,
+            ),
             (b"not json", 400),
             (b"[1]", 422),
         ] {
