@@ -10,7 +10,7 @@ use e2e::api_client::{
 use e2e::stack::Stack;
 use serde_json::{Value, json};
 use shared::dead_letter::{ErrorKind, letters_for_job};
-use shared::ids::{JobId, TenantId};
+use shared::ids::{DeadLetterId, JobId, TenantId};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use std::time::Duration;
@@ -56,7 +56,17 @@ async fn route_request(
     if template.starts_with("/v1/core/processed-jobs") {
         r.query = vec![("consumer".into(), letter_job(pool, letter).await.1)];
     }
-    if path.ends_with("/discard") || path.ends_with("/withdraw") {
+    if template.starts_with("/v1/core/dead-letter-operations/") && !template.contains("{id}") {
+        // A dry run: the whole route, checks and plan, changing nothing.
+        let queue: String = sqlx::query_scalar("SELECT queue FROM core.dead_letters WHERE id = $1")
+            .bind(letter)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        let start = json!({"filter": {"queue": queue}, "dry_run": true});
+        with_body(r, &start.to_string())
+    } else if path.ends_with("/discard") || path.ends_with("/withdraw") || path.ends_with("/cancel")
+    {
         with_body(r, r#"{"reason": "auth matrix"}"#)
     } else if path.ends_with("/edit") {
         let mut body: Value = serde_json::from_str(&letter_body(pool, letter).await).unwrap();
@@ -124,6 +134,35 @@ async fn every_route_needs_a_token_and_its_own_scope(
             .await
             .unwrap();
         }
+        // An operation's routes take an operation's id: a discard of the letter's queue, which
+        // its cancel's caller may stop with the discard scope.
+        let (id, allowed_scopes): (DeadLetterId, Vec<Scope>) = if route
+            .path
+            .starts_with("/v1/core/dead-letter-operations/{id}")
+        {
+            let queue: String =
+                sqlx::query_scalar("SELECT queue FROM core.dead_letters WHERE id = $1")
+                    .bind(id.0)
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+            let selection = shared::dead_letter::ListFilter {
+                queue: Some(queue),
+                ..Default::default()
+            };
+            let request = shared::operations::Request {
+                action: shared::operations::Action::Discard,
+                selection: &selection,
+                reason: "auth matrix",
+                actor: "ops-1",
+            };
+            let op = shared::operations::start(&pool, &request, chrono::Utc::now())
+                .await
+                .unwrap();
+            (DeadLetterId(op.id), vec![route.scope, Scope::Discard])
+        } else {
+            (id, vec![route.scope])
+        };
         let before = fingerprint(&pool).await;
         let others: Vec<Scope> = ALL.into_iter().filter(|s| *s != route.scope).collect();
         let cases: [(Option<&[Scope]>, u16); 2] = [(None, 401), (Some(&others), 403)];
@@ -154,7 +193,7 @@ async fn every_route_needs_a_token_and_its_own_scope(
             assert_eq!(fingerprint(&pool).await, before);
         }
         let allowed =
-            route_request(&pool, route.method, route.path, id.0, Some(&[route.scope])).await;
+            route_request(&pool, route.method, route.path, id.0, Some(&allowed_scopes)).await;
         let response = stack.api.call(&allowed).await;
         assert_eq!(
             response.status, 200,
