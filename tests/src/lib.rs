@@ -15,6 +15,7 @@ pub mod gateway;
 pub mod lambda_host;
 pub mod latency_proxy;
 pub mod local_stack;
+pub mod operations_kit;
 pub mod pooler;
 pub mod smoke;
 pub mod soak;

@@ -2,11 +2,14 @@
 //! server-side by one call. Real PostgreSQL, the local SQS API, the API's handlers, the worker
 //! both in-process and as the real scheduled binary killed with SIGKILL mid-work.
 
-use dead_letter_api::api::{Api, ApiRequest, ApiResponse, Scope};
+use dead_letter_api::api::Scope;
 use e2e::api_client::{caller, request, with_body};
-use e2e::event_source::{Queue, create_queue, depth, sqs_client};
-use serde_json::{Value, json};
-use shared::clock::{Clock, ManualClock, SystemClock};
+use e2e::event_source::{create_queue, depth, sqs_client};
+use e2e::operations_kit::{
+    Apis, OPERATIONS, group_of, operator, queue, scalar, seed, tools, work_all,
+};
+use serde_json::json;
+use shared::clock::{Clock, ManualClock};
 use shared::dead_letter::ListFilter;
 use shared::operations::{self, Action, OperationTools, Request};
 use shared::replay::Replayer;
@@ -14,144 +17,6 @@ use sqlx::PgPool;
 use std::sync::Arc;
 use std::time::Duration;
 use uuid::Uuid;
-
-const OPERATIONS: &str = "/v1/core/dead-letter-operations";
-
-struct Apis {
-    read: Api,
-    replay: Api,
-    discard: Api,
-}
-
-impl Apis {
-    fn new(pool: &PgPool, sqs: &aws_sdk_sqs::Client) -> Self {
-        let clock = Arc::new(SystemClock);
-        let wait = Duration::from_secs(2);
-        Self {
-            read: Api::read(pool.clone(), clock.clone(), wait),
-            replay: Api::replay(
-                pool.clone(),
-                clock.clone(),
-                wait,
-                Replayer::new(sqs.clone()),
-            ),
-            discard: Api::discard(pool.clone(), clock, wait),
-        }
-    }
-
-    async fn call(&self, request: ApiRequest) -> ApiResponse {
-        let api = match dead_letter_api::api::function_for(&request.method, &request.path) {
-            Some("dead-letters-replay") => &self.replay,
-            Some("dead-letters-discard") => &self.discard,
-            _ => &self.read,
-        };
-        api.handle(&request).await
-    }
-
-    /// Starts `action` on `filter`, as `who` with every scope; the operation's id.
-    async fn start(&self, action: &str, filter: Value) -> Uuid {
-        let body = json!({"reason": "partner back after INC-42", "filter": filter}).to_string();
-        let answer = self
-            .call(with_body(
-                request("POST", &format!("{OPERATIONS}/{action}"), Some(operator())),
-                &body,
-            ))
-            .await;
-        assert_eq!(answer.status, 202, "{:#}", answer.body);
-        answer.body["operation"]["id"]
-            .as_str()
-            .unwrap()
-            .parse()
-            .unwrap()
-    }
-
-    async fn operation(&self, id: Uuid) -> Value {
-        let answer = self
-            .call(request(
-                "GET",
-                &format!("{OPERATIONS}/{id}"),
-                Some(operator()),
-            ))
-            .await;
-        assert_eq!(answer.status, 200, "{:#}", answer.body);
-        answer.body["operation"].clone()
-    }
-}
-
-fn operator() -> dead_letter_api::api::Caller {
-    caller(
-        "oncall@example.com",
-        &[Scope::Read, Scope::Replay, Scope::Discard],
-    )
-}
-
-fn tools(pool: &PgPool, sqs: &aws_sdk_sqs::Client) -> OperationTools {
-    OperationTools {
-        pool: pool.clone(),
-        clock: Arc::new(SystemClock),
-        replayer: Some(Replayer::new(sqs.clone())),
-    }
-}
-
-/// Works every running operation to its end, in-process.
-async fn work_all(tools: &OperationTools) {
-    for _ in 0..100 {
-        let until = tokio::time::Instant::now() + Duration::from_secs(30);
-        let round = operations::work(tools, until, 10).await.unwrap();
-        if round.operations == 0 {
-            return;
-        }
-    }
-    panic!("the operations never ended");
-}
-
-/// `n` pending letters of one failure on `queue` (a group of their own), written by SQL in one
-/// statement through the same triggers as any letter; `kind` and whether they carry a job id.
-async fn seed(pool: &PgPool, queue: &str, n: i64, kind: &str, with_job: bool, error: &str) {
-    sqlx::query(
-        "INSERT INTO core.dead_letters (job_id, tenant_id, consumer, queue, message_id, payload,
-             body, attempts, error_kind, last_error, created_at)
-         SELECT CASE WHEN $5 THEN j END, '00000000-0000-0000-0000-000000000001', 'award-points', $1,
-                'm-' || gen_random_uuid(),
-                jsonb_build_object('job_id', j, 'tenant_id', '00000000-0000-0000-0000-000000000001',
-                                   'payload', jsonb_build_object('account_id', 'a', 'points', i)),
-                json_build_object('job_id', j, 'tenant_id', '00000000-0000-0000-0000-000000000001',
-                                  'payload', json_build_object('account_id', 'a', 'points', i))::text,
-                CASE WHEN $3 = 'poison' THEN 1 ELSE 5 END, $3, $4,
-                now() - make_interval(secs => i::float8 / 1000)
-         FROM (SELECT i, gen_random_uuid() AS j FROM generate_series(1, $2) AS i) AS jobs",
-    )
-    .bind(queue)
-    .bind(n)
-    .bind(kind)
-    .bind(error)
-    .bind(with_job)
-    .execute(pool)
-    .await
-    .unwrap();
-}
-
-async fn group_of(pool: &PgPool, queue: &str) -> i64 {
-    sqlx::query_scalar(
-        "SELECT id FROM core.dead_letter_groups WHERE queue = $1 ORDER BY id LIMIT 1",
-    )
-    .bind(queue)
-    .fetch_one(pool)
-    .await
-    .unwrap()
-}
-
-async fn scalar(pool: &PgPool, sql: &str) -> i64 {
-    sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
-        .fetch_one(pool)
-        .await
-        .unwrap()
-}
-
-async fn queue(sqs: &aws_sdk_sqs::Client) -> Queue {
-    let name = format!("ops-{}", &Uuid::new_v4().simple().to_string()[..12]);
-    create_queue(sqs, &name, &[]).await
-}
 
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn a_discard_operation_reviews_every_selected_letter_once_with_its_audit(pool: PgPool) {
