@@ -43,6 +43,8 @@ pub async fn run() -> Result<(), Error> {
     let pool = database.pool().clone();
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let alerts = config.alerts.as_ref();
+    // One SQS client for both kinds of invocation (it is cheap to clone).
+    let sqs = aws_sdk_sqs::Client::new(&sdk);
     let scheduled = ScheduledRun {
         alerter: alerts.map(|a| or_exit(a.alerter(pool.clone(), clock.clone(), &secrets))),
         pool,
@@ -50,18 +52,14 @@ pub async fn run() -> Result<(), Error> {
         sweep: config.sweep,
         escalate_after: config.escalate_after,
         // Sends replays that were recorded but whose own send failed.
-        replayer: Some(shared::replay::Replayer::new(aws_sdk_sqs::Client::new(
-            &sdk,
-        ))),
+        replayer: Some(shared::replay::Replayer::new(sqs.clone())),
         heartbeat: config.heartbeat_url.clone().map(Heartbeat::new),
         replay_alert_after: config.replay_alert_after,
     };
     let operations = OperationTools {
         pool: scheduled.pool.clone(),
         clock: scheduled.clock.clone(),
-        replayer: Some(shared::replay::Replayer::new(aws_sdk_sqs::Client::new(
-            &sdk,
-        ))),
+        replayer: Some(shared::replay::Replayer::new(sqs.clone())),
     };
     let (scheduled, config, database) = (&scheduled, &config, &database);
     let operations = &operations;
