@@ -98,7 +98,8 @@ pub enum Step {
     /// The operator discards the `pick`th pending letter, with a reason.
     Discard { pick: u8 },
     /// The operator replays (or discards) in one bulk operation the pending letters of job
-    /// `slot`'s tenant; its worker is killed after `cut` polls, if given, and the next goes on.
+    /// `slot`'s tenant; its worker is killed after `cut` polls, if given, and the next goes on
+    /// (an even `cut`: the operator first withdraws a replay the dead worker left unsent).
     Bulk {
         slot: u8,
         replay: bool,

@@ -107,6 +107,9 @@ impl World {
                 .expect("ending the lease");
             // A send the dead worker had in flight may still land.
             tokio::time::sleep(Duration::from_millis(50)).await;
+            if cut % 2 == 0 {
+                did += &self.withdraw_one_left(op.id).await;
+            }
         }
         for _ in 0..20 {
             let round = operations::work(&tools, until(), 10)
@@ -208,5 +211,40 @@ impl World {
             self.log
                 .push(format!("the replay of {of} arrives as {name}"));
         }
+    }
+
+    /// The operator withdraws a replay the dead worker recorded and never sent (found by the
+    /// outside attack: the next worker must not send it): as the API's withdraw route does.
+    async fn withdraw_one_left(&mut self, operation: uuid::Uuid) -> String {
+        let left: Option<uuid::Uuid> = sqlx::query_scalar(
+            "SELECT id FROM core.dead_letters
+             WHERE operation_id = $1 AND replay_outcome = 'queued' ORDER BY id LIMIT 1",
+        )
+        .bind(operation)
+        .fetch_optional(&self.pool)
+        .await
+        .expect("the queued replays");
+        let Some(id) = left else {
+            return String::new();
+        };
+        let letters = self.letters().await;
+        let i = letters
+            .iter()
+            .find(|(l, _)| l.id == id)
+            .and_then(|(_, i)| *i);
+        let answer = shared::dead_letter::withdraw_replay(
+            &self.pool,
+            DeadLetterId(id),
+            super::OPERATOR,
+            "model: withdrawn while its operation runs",
+            self.clock.now(),
+        )
+        .await
+        .expect("withdrawing");
+        self.withdrawals.push((i, true, answer));
+        format!(
+            ", the replay of {} withdrawn meanwhile: {answer:?}",
+            self.letter_name(i)
+        )
     }
 }
