@@ -21,10 +21,16 @@ server, so here they follow SQS:
   behind it are delivered first. SQS refuses that (MessageNotInflight), and a receipt handle
   older than the message's last receive changes nothing. Here, on FIFO queues, the same.
 
+One change for speed, not for behaviour: moto answers every lookup of one queue attribute (each
+send asks for ContentBasedDeduplication) by computing them all, the message counts included,
+each a pass over the queue, so a send cost grew with the queue's depth (measured: 240 messages/s
+into an empty queue, 26/s at 2,500 deep). Here one attribute is computed alone.
+
 Everything else is moto's own; scripts/lib.sh starts the server through this file.
 """
 
 import sys
+from collections.abc import Mapping
 import threading
 import time
 
@@ -90,6 +96,41 @@ def receive_message(self, queue_name, count, wait_seconds_timeout, visibility_ti
 
 
 SQSBackend.receive_message = receive_message
+
+_all_attributes = Queue.attributes.fget
+
+
+class _Attributes(Mapping):
+    """A queue's attributes, computed whole only when more than one is asked for."""
+
+    def __init__(self, queue):
+        self._queue = queue
+        self._whole = None
+
+    def _all(self):
+        if self._whole is None:
+            self._whole = _all_attributes(self._queue)
+        return self._whole
+
+    def get(self, key, default=None):
+        if key == "ContentBasedDeduplication":
+            if not self._queue.fifo_queue:
+                return default
+            value = self._queue.content_based_deduplication
+            return str(value).lower() if isinstance(value, bool) else value
+        return self._all().get(key, default)
+
+    def __getitem__(self, key):
+        return self._all()[key]
+
+    def __iter__(self):
+        return iter(self._all())
+
+    def __len__(self):
+        return len(self._all())
+
+
+Queue.attributes = property(_Attributes)
 
 if __name__ == "__main__":
     sys.exit(main())
