@@ -72,6 +72,7 @@ impl DlqIngester {
                 &msg.message_id,
                 &Default::default(),
             );
+            crate::telemetry::otel::describe_job(&span, msg.delivery());
             let ingested = self
                 .ingest_one(&msg, sent_at(record))
                 .instrument(span.clone());
@@ -127,6 +128,7 @@ impl DlqIngester {
             replay_of: msg.replay_of,
             message_group: msg.message_group.as_deref(),
             digest_fields: &fields,
+            trace: msg.trace.original(),
         };
         let settled = self.write(&letter, digest.as_ref(), now).await?;
         self.count(settled, judged.kind);

@@ -56,9 +56,12 @@ where
 
     // Boxed: the service future is deep enough to overflow the compiler's layout query depth in
     // optimized builds of the consumer crates (seen with the perf and release profiles).
-    Box::pin(lambda_runtime::run(service_fn(
-        move |event: LambdaEvent<SqsEvent>| invoke(harness, visibility, config, database, event),
-    )))
+    Box::pin(crate::telemetry::otel::serve(
+        lambda_runtime::layers::OpenTelemetryFaasTrigger::PubSub,
+        service_fn(move |event: LambdaEvent<SqsEvent>| {
+            invoke(harness, visibility, config, database, event)
+        }),
+    ))
     .await
 }
 

@@ -119,6 +119,7 @@ fn delivery(record: SqsMessage) -> (IncomingMessage, Option<Receipt>) {
         .and_then(|a| a.string_value.as_deref())
         .and_then(|v| v.parse().ok())
         .map(DeadLetterId);
+    let trace = trace_of(&record);
     let msg = IncomingMessage {
         message_id: record
             .message_id
@@ -132,6 +133,7 @@ fn delivery(record: SqsMessage) -> (IncomingMessage, Option<Receipt>) {
         receive_count,
         replay_of,
         message_group: record.attributes.get("MessageGroupId").cloned(),
+        trace,
     };
     let receipt = queue
         .zip(record.receipt_handle)
@@ -140,6 +142,23 @@ fn delivery(record: SqsMessage) -> (IncomingMessage, Option<Receipt>) {
             handle,
         });
     (msg, receipt)
+}
+
+/// The trace contexts `record` carried: SQS's `AWSTraceHeader` system attribute and a
+/// `traceparent` message attribute, each only if it is one (a producer wrote them).
+fn trace_of(record: &SqsMessage) -> crate::telemetry::otel::MessageTrace {
+    use crate::telemetry::otel::{AWS_TRACE_HEADER, TRACEPARENT_ATTRIBUTE, TraceParent};
+    crate::telemetry::otel::MessageTrace {
+        aws: record
+            .attributes
+            .get(AWS_TRACE_HEADER)
+            .and_then(|h| TraceParent::from_xray(h)),
+        w3c: record
+            .message_attributes
+            .get(TRACEPARENT_ATTRIBUTE)
+            .and_then(|a| a.string_value.as_deref())
+            .and_then(TraceParent::from_w3c),
+    }
 }
 
 /// `ApproximateReceiveCount`, at least 1.

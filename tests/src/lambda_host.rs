@@ -79,6 +79,8 @@ struct SandboxState {
     next: tokio::sync::Mutex<mpsc::Receiver<Invocation>>,
     reply: Mutex<Option<(String, oneshot::Sender<Reply>)>>,
     init_error: Mutex<Option<String>>,
+    /// `GET …/invocation/next` requests so far, the host's count (see [`LambdaHost::nexts`]).
+    nexts: Arc<std::sync::atomic::AtomicU32>,
 }
 
 struct Sandbox {
@@ -105,6 +107,8 @@ pub struct LambdaHost {
     pid: std::sync::atomic::AtomicU32,
     /// The X-Ray trace header of every invocation so far.
     trace_headers: Mutex<Vec<String>>,
+    /// How many times its processes asked for the next invocation.
+    nexts: Arc<std::sync::atomic::AtomicU32>,
 }
 
 impl LambdaHost {
@@ -117,7 +121,15 @@ impl LambdaHost {
             starts: Mutex::new(0),
             pid: Default::default(),
             trace_headers: Default::default(),
+            nexts: Default::default(),
         }
+    }
+
+    /// How many times its processes asked for the next invocation (`GET …/invocation/next`):
+    /// the moment Lambda may freeze a sandbox, so whatever an invocation does after its
+    /// response (a flush) must be done by then.
+    pub fn nexts(&self) -> u32 {
+        self.nexts.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// The `Lambda-Runtime-Trace-Id` each invocation was given, in order: a sampled trace of its
@@ -250,6 +262,7 @@ impl LambdaHost {
             next: tokio::sync::Mutex::new(next),
             reply: Mutex::new(None),
             init_error: Mutex::new(None),
+            nexts: self.nexts.clone(),
         });
         let server = tokio::spawn(serve(listener, state.clone()));
         let stderr = match &self.spec.log_file {
@@ -358,6 +371,9 @@ async fn route(
         .collect();
     let response = match (method, parts.as_slice()) {
         (Method::GET, ["invocation", "next"]) => {
+            state
+                .nexts
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             let Some(inv) = state.next.lock().await.recv().await else {
                 return Ok(status(StatusCode::GONE));
             };

@@ -16,6 +16,7 @@ pub mod lambda_host;
 pub mod latency_proxy;
 pub mod local_stack;
 pub mod operations_kit;
+pub mod otlp_receiver;
 pub mod pooler;
 pub mod smoke;
 pub mod soak;

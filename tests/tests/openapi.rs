@@ -178,6 +178,7 @@ fn the_letter_schemas_have_exactly_the_fields_the_api_sends() {
         replay_withdrawn_at: None,
         replay_withdraw_reason: None,
         operation_id: None,
+        trace_parent: None,
     };
     let sent = serde_json::to_value(&letter).unwrap();
     assert_eq!(keys(&schemas["DeadLetter"]["properties"]), keys(&sent));

@@ -230,6 +230,7 @@ async fn any_message_body_is_processed_once_or_dead_lettered_never_lost(pool: Pg
             receive_count: 1,
             replay_of: None,
             message_group: None,
+            trace: Default::default(),
         };
         let outcome = harness.process(&msg).await;
         let letter = letter_for_message(&pool, &e2e::consumer_name(), &message_id)

@@ -17,7 +17,7 @@ use shared::config::{
     ApiConfig, ConsumerConfig, DatabaseConfig, DlqIngesterConfig, Env, ScheduledConfig,
 };
 use shared::telemetry::LogSettings;
-use shared::telemetry::xray::Tracing;
+use shared::telemetry::otel::Tracing;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
@@ -292,6 +292,11 @@ fn tracing_is_one_parameter_off_by_default_that_every_function_and_role_follows(
         root["Metadata"]["ConsumerParameters"]["Tracing"]["Ref"], "Tracing",
         "each consumer's nested stack is traced as its stack is"
     );
+    assert_eq!(
+        root["Metadata"]["ConsumerParameters"]["TracingCollectorLayer"]["Ref"],
+        "TracingCollectorLayer",
+        "and exports to the same collector layer"
+    );
     let sources = std::iter::once(("template.yaml".to_owned(), root.clone()))
         .chain(stacks::nested_sources(&root));
     for (file, source) in sources {
@@ -308,7 +313,19 @@ fn tracing_is_one_parameter_off_by_default_that_every_function_and_role_follows(
         );
         assert_eq!(
             globals["Environment"]["Variables"]["TRACING"]["Ref"], "Tracing",
-            "{file}: and the function sends its job and statement subsegments"
+            "{file}: and the function exports its invocation, job and statement spans"
+        );
+        assert_eq!(
+            globals["Layers"],
+            serde_json::json!({"Fn::If": ["Traced",
+                [{"Fn::Sub": "arn:${AWS::Partition}:lambda:${AWS::Region}:901920570463:layer:${TracingCollectorLayer}"}],
+                {"Ref": "AWS::NoValue"}]}),
+            "{file}: to ADOT's collector layer, only when traced"
+        );
+        assert_eq!(
+            globals["Environment"]["Variables"]["OTEL_EXPORTER_OTLP_ENDPOINT"],
+            "http://localhost:4318",
+            "{file}: where the collector layer listens"
         );
     }
     for (name, f) in functions(&template()) {

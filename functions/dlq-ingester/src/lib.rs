@@ -40,8 +40,9 @@ pub async fn run() -> Result<(), Error> {
 
     // Boxed, as the consumer's service: unboxed, the service future overflows the compiler's
     // layout query depth in optimized builds (the perf profile, at fc3e797).
-    Box::pin(lambda_runtime::run(service_fn(
-        move |event: LambdaEvent<SqsEvent>| async move {
+    Box::pin(shared::telemetry::otel::serve(
+        lambda_runtime::layers::OpenTelemetryFaasTrigger::PubSub,
+        service_fn(move |event: LambdaEvent<SqsEvent>| async move {
             if let Err(e) = database.ready().await {
                 tracing::error!(error = %e, "the database is not ready");
             }
@@ -54,7 +55,7 @@ pub async fn run() -> Result<(), Error> {
                 chrono::Utc::now(),
             )?;
             Ok::<_, Error>(response)
-        },
-    )))
+        }),
+    ))
     .await
 }

@@ -105,8 +105,9 @@ pub async fn run() -> Result<(), Error> {
     let (database, http) = (&database, &http);
     // Boxed, as every function's service: the futures are deep enough to overflow the
     // compiler's layout query depth.
-    Box::pin(lambda_runtime::run(service_fn(
-        move |event: LambdaEvent<Value>| async move {
+    Box::pin(shared::telemetry::otel::serve(
+        lambda_runtime::layers::OpenTelemetryFaasTrigger::Other,
+        service_fn(move |event: LambdaEvent<Value>| async move {
             let now = SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .unwrap_or_default();
@@ -124,7 +125,7 @@ pub async fn run() -> Result<(), Error> {
                 left.saturating_sub(ANSWER_MARGIN),
             ))
             .await
-        },
-    )))
+        }),
+    ))
     .await
 }

@@ -64,34 +64,39 @@ pub async fn run() -> Result<(), Error> {
     let (scheduled, config, database) = (&scheduled, &config, &database);
     let operations = &operations;
 
-    lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| async move {
-        if let Err(e) = database.ready().await {
-            tracing::error!(error = %e, "the database is not ready");
-        }
-        // A deadline already past cannot be real (a local emulator sends a duration): none then.
-        let now = scheduled.clock.now();
-        let deadline = shared::sqs::invocation_deadline(event.context.deadline, now).map(|at| {
-            let left = (at - now).to_std().unwrap_or_default();
-            tokio::time::Instant::now() + left.saturating_sub(DEADLINE_MARGIN)
-        });
-        if works_operations(&event.payload) {
-            // Without a deadline (a local emulator's), a minute.
-            let until = deadline.unwrap_or_else(|| tokio::time::Instant::now() + OPERATIONS_ROUND);
-            let round = shared::operations::work(operations, until, OPERATIONS_PER_ROUND).await;
-            return Ok(match round {
-                Ok(round) => serde_json::json!({ "operations": round }),
-                Err(e) => {
-                    tracing::error!(error = %e, "could not claim the bulk operations due");
-                    serde_json::json!({ "operations": null, "error": e.to_string() })
-                }
-            });
-        }
-        let report = scheduled.run(deadline).await;
-        println!(
-            "{}",
-            report.emf(&config.metrics_namespace, scheduled.clock.now())
-        );
-        Ok::<_, Error>(report.to_json())
-    }))
+    shared::telemetry::otel::serve(
+        lambda_runtime::layers::OpenTelemetryFaasTrigger::Timer,
+        service_fn(move |event: LambdaEvent<Value>| async move {
+            if let Err(e) = database.ready().await {
+                tracing::error!(error = %e, "the database is not ready");
+            }
+            // A deadline already past cannot be real (a local emulator sends a duration): none then.
+            let now = scheduled.clock.now();
+            let deadline =
+                shared::sqs::invocation_deadline(event.context.deadline, now).map(|at| {
+                    let left = (at - now).to_std().unwrap_or_default();
+                    tokio::time::Instant::now() + left.saturating_sub(DEADLINE_MARGIN)
+                });
+            if works_operations(&event.payload) {
+                // Without a deadline (a local emulator's), a minute.
+                let until =
+                    deadline.unwrap_or_else(|| tokio::time::Instant::now() + OPERATIONS_ROUND);
+                let round = shared::operations::work(operations, until, OPERATIONS_PER_ROUND).await;
+                return Ok(match round {
+                    Ok(round) => serde_json::json!({ "operations": round }),
+                    Err(e) => {
+                        tracing::error!(error = %e, "could not claim the bulk operations due");
+                        serde_json::json!({ "operations": null, "error": e.to_string() })
+                    }
+                });
+            }
+            let report = scheduled.run(deadline).await;
+            println!(
+                "{}",
+                report.emf(&config.metrics_namespace, scheduled.clock.now())
+            );
+            Ok::<_, Error>(report.to_json())
+        }),
+    )
     .await
 }

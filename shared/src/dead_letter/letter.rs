@@ -44,6 +44,9 @@ pub struct NewDeadLetter<'a> {
     /// The payload fields the job's digest covers, as its consumer names them (empty: the
     /// whole payload); kept with a letter that has a digest.
     pub digest_fields: &'a [&'a str],
+    /// The trace context its message carried ([`crate::telemetry::otel::MessageTrace::original`]),
+    /// which its replay carries on, so the replayed job's span links to the original's trace.
+    pub trace: Option<crate::telemetry::otel::TraceParent>,
 }
 
 /// What a stored letter and its list item ([`super::LetterSummary`]) both show: the letter
@@ -130,6 +133,9 @@ pub struct DeadLetter {
     pub replay_withdraw_reason: Option<String>,
     /// The bulk operation that reviewed it (its `reviewed_by` asked for it), if one did.
     pub operation_id: Option<Uuid>,
+    /// The W3C trace context of the message it was written from (its producer's, or for a
+    /// replay the original job's), which its replay sends as the `traceparent` attribute.
+    pub trace_parent: Option<String>,
 }
 
 /// A stored body, shown as the JSON it is.

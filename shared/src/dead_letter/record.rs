@@ -68,12 +68,12 @@ pub(super) async fn record_stored(
     let inserted = sqlx::query_scalar!(
         "INSERT INTO core.dead_letters (job_id, tenant_id, consumer, queue, message_id, payload,
              body, attempts, error_kind, last_error, correlation_id, replay_of, created_at,
-             job_digest, message_group, digest_fields)
+             job_digest, message_group, digest_fields, trace_parent)
          -- replay_of comes from a message attribute any producer can set: it links only to a
          -- letter of the same job, so a stray id can never make the letter unwritable.
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11,
                  (SELECT id FROM core.dead_letters WHERE id = $12 AND job_id IS NOT DISTINCT FROM $1), $13,
-                 $14, $15, $16)
+                 $14, $15, $16, $17)
          ON CONFLICT ON CONSTRAINT dead_letters_one_per_message DO NOTHING
          RETURNING id",
         letter.job_id.map(|j| j.0),
@@ -93,6 +93,7 @@ pub(super) async fn record_stored(
         letter.message_group.and_then(crate::ids::message_group),
         // `&[&str]` for `text[]`, which the macro's check knows only as `&[String]`.
         digest_fields as _,
+        letter.trace.map(|t| t.to_w3c()),
     )
     .fetch_optional(&mut *conn)
     .await?;

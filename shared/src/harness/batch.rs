@@ -88,7 +88,7 @@ impl<C: Consumer> Harness<C> {
             let fresh = std::mem::take(&mut plan.fresh);
             let fresh = self.poison_together(msgs, fresh, &mut outcomes).await;
             plan.fresh = self
-                .commit_group(fresh, WorkOrder::JobId, &mut outcomes)
+                .commit_group(msgs, fresh, WorkOrder::JobId, &mut outcomes)
                 .await;
         }
         let start = |(i, parsed): Record<C::Payload>| async move {

@@ -180,7 +180,7 @@ impl<C: Consumer> Harness<C> {
         }
         leading.sort_by_key(|(i, _)| *i);
         for (i, parsed) in self
-            .commit_group(leading, WorkOrder::Delivery, outcomes)
+            .commit_group(msgs, leading, WorkOrder::Delivery, outcomes)
             .await
         {
             steps[i] = Some(Step::Run(parsed));
@@ -301,6 +301,7 @@ mod tests {
             receive_count: 1,
             replay_of: None,
             message_group: group.map(str::to_owned),
+            trace: Default::default(),
         }
     }
 

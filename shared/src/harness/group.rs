@@ -13,9 +13,12 @@
 
 use super::attempt::{Committed, Jobs, Unfinished};
 use super::parsed::{ParsedJob, Record};
-use super::{Harness, RecordOutcome};
+use super::{Harness, IncomingMessage, RecordOutcome};
 use crate::consumer::{Consumer, Job};
+use crate::ids::bounded_correlation_id;
 use crate::metrics::Metric;
+use crate::telemetry::{RECORD_SPAN_TARGET, otel};
+use tracing::Instrument;
 
 impl<C: Consumer> Harness<C> {
     /// Commits the new jobs of `fresh` (one record per job, see `process_batch`) as one group and
@@ -24,6 +27,7 @@ impl<C: Consumer> Harness<C> {
     /// tells a duplicate from another job under its id), or all when the group did not commit.
     pub(super) async fn commit_group(
         &self,
+        msgs: &[IncomingMessage],
         fresh: Vec<Record<C::Payload>>,
         order: WorkOrder,
         outcomes: &mut [Option<RecordOutcome>],
@@ -37,12 +41,32 @@ impl<C: Consumer> Harness<C> {
         }
         let (members, mut group) = self.group_of(runners, order);
         let started = self.clock.now();
-        let committed = self.transact(Jobs::Group(&mut group)).await;
+        // The group's statements are its jobs': a span of its own, which each job's hangs from.
+        let span =
+            tracing::error_span!(target: RECORD_SPAN_TARGET, "commit group", jobs = members.len());
+        let wall = std::time::SystemTime::now();
+        let committed = self
+            .transact(Jobs::Group(&mut group))
+            .instrument(span.clone())
+            .await;
         let committed = self.count_group(committed, members.len());
         for (i, job) in members.into_iter().zip(group) {
             if committed.contains(&job.envelope.job_id) {
                 self.metrics.increment(Metric::Processed);
                 self.observe_duration_since(started);
+                let envelope = &job.envelope;
+                let ids = [
+                    ("consumer", self.consumer.name().as_str().to_owned()),
+                    ("message_id", msgs[i].message_id.clone()),
+                    ("job_id", envelope.job_id.to_string()),
+                    ("tenant_id", envelope.tenant_id.to_string()),
+                    (
+                        "correlation_id",
+                        bounded_correlation_id(&envelope.correlation_id).into_owned(),
+                    ),
+                    ("attempt", "1".to_owned()),
+                ];
+                otel::group_member(&span, wall, msgs[i].delivery(), &ids);
                 outcomes[i] = Some(RecordOutcome::Processed);
             } else {
                 alone.push((i, Ok((job.envelope, job.digest))));

@@ -105,6 +105,7 @@ impl<C: Consumer> Harness<C> {
             replay_of: msg.replay_of,
             message_group: msg.message_group.as_deref(),
             digest_fields: self.consumer.job_fields(),
+            trace: msg.trace.original(),
         };
         let settled = self.record(&letter, digest, settle).await;
         match settled {
@@ -188,6 +189,7 @@ impl<C: Consumer> Harness<C> {
                     replay_of: msg.replay_of,
                     message_group: msg.message_group.as_deref(),
                     digest_fields: self.consumer.job_fields(),
+                    trace: msg.trace.original(),
                 };
                 (letter, p.digest.as_deref())
             })

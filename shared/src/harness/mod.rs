@@ -154,7 +154,10 @@ impl<C: Consumer> Harness<C> {
 
     /// The span `msg`'s lines are written in ([`crate::telemetry::record_span`]).
     fn span(&self, msg: &IncomingMessage, ids: &PartialIds) -> tracing::Span {
-        crate::telemetry::record_span(self.consumer.name().as_str(), &msg.message_id, ids)
+        let span =
+            crate::telemetry::record_span(self.consumer.name().as_str(), &msg.message_id, ids);
+        crate::telemetry::otel::describe_job(&span, msg.delivery());
+        span
     }
 
     /// [`Harness::process`] for a message whose body is already `parsed`: the life of the
@@ -177,6 +180,7 @@ impl<C: Consumer> Harness<C> {
     /// written in its span.
     fn count_and_log(&self, span: &tracing::Span, outcome: &RecordOutcome) {
         self.metrics.increment(outcome.metric());
+        crate::telemetry::otel::conclude_job(span, outcome.name(), outcome.failed());
         let _entered = span.enter();
         log_outcome(outcome);
     }

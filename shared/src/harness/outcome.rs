@@ -4,6 +4,7 @@
 use crate::dead_letter::{ErrorKind, Recorded};
 use crate::ids::DeadLetterId;
 use crate::metrics::Metric;
+use crate::telemetry::otel::MessageTrace;
 use std::time::Duration;
 
 /// One delivery of a queue message, independent of the transport.
@@ -23,6 +24,19 @@ pub struct IncomingMessage {
     /// The message's group on a FIFO queue (SQS `MessageGroupId`); `None` on a standard queue.
     /// A batch with groups keeps their order ([`crate::harness`]'s FIFO path).
     pub message_group: Option<String>,
+    /// The trace contexts it carried, which its job's span links to and its letter keeps.
+    pub trace: MessageTrace,
+}
+
+impl IncomingMessage {
+    /// What its job's span says of it.
+    pub fn delivery(&self) -> crate::telemetry::otel::Delivery<'_> {
+        crate::telemetry::otel::Delivery {
+            queue: &self.queue,
+            message_id: &self.message_id,
+            trace: &self.trace,
+        }
+    }
 }
 
 /// What became of one message; the transport turns it into an ack or a delayed redelivery.
@@ -118,6 +132,28 @@ impl RecordOutcome {
                 error: "another record of the same job in this batch ran it".into(),
             },
         }
+    }
+
+    /// Its name, as a job's span and its lines give it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Processed => "processed",
+            Self::Duplicate => "duplicate",
+            Self::Contended { .. } => "contended",
+            Self::Retry { .. } => "retry",
+            Self::DeadLettered { .. } => "dead_lettered",
+            Self::DeadLetterFailed { .. } => "dead_letter_failed",
+            Self::HandedBack { .. } => "handed_back",
+            Self::HeldBack => "held_back",
+        }
+    }
+
+    /// Whether the job failed for good here: its span's status is an error.
+    pub fn failed(&self) -> bool {
+        matches!(
+            self,
+            Self::DeadLettered { .. } | Self::DeadLetterFailed { .. }
+        )
     }
 
     pub(super) fn metric(&self) -> Metric {

@@ -11,6 +11,7 @@
 pub mod sends;
 
 use crate::dead_letter::{DeadLetter, ErrorKind, REPLAY_OF_ATTRIBUTE};
+use crate::telemetry::otel::TRACEPARENT_ATTRIBUTE;
 use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_sqs::types::{MessageAttributeValue, SendMessageBatchRequestEntry};
 use serde_json::Value;
@@ -127,6 +128,7 @@ impl Replayer {
             .queue_url(&queue_url)
             .message_body(letter_body(letter))
             .message_attributes(REPLAY_OF_ATTRIBUTE, attribute)
+            .set_message_attributes(with_trace(letter, None))
             .set_message_group_id(group)
             .set_message_deduplication_id(deduplication)
             .send()
@@ -176,10 +178,12 @@ impl Replayer {
                 .string_value(letter.id.to_string())
                 .build();
             let entry = attribute.and_then(|attribute| {
+                let mut attributes = HashMap::from([(REPLAY_OF_ATTRIBUTE.to_owned(), attribute)]);
+                attributes.extend(with_trace(letter, None).unwrap_or_default());
                 SendMessageBatchRequestEntry::builder()
                     .id(n.to_string())
                     .message_body(letter_body(letter))
-                    .message_attributes(REPLAY_OF_ATTRIBUTE, attribute)
+                    .set_message_attributes(Some(attributes))
                     .set_message_group_id(group)
                     .set_message_deduplication_id(deduplication)
                     .build()
@@ -329,12 +333,53 @@ pub fn replayable(
     Ok(job_id)
 }
 
+/// The message attributes a replay carries besides [`REPLAY_OF_ATTRIBUTE`]: `extra`, and the
+/// letter's trace context as [`TRACEPARENT_ATTRIBUTE`] (none if it kept none). A send's
+/// `message_attributes` call adds to these.
+fn with_trace(
+    letter: &DeadLetter,
+    extra: Option<HashMap<String, MessageAttributeValue>>,
+) -> Option<HashMap<String, MessageAttributeValue>> {
+    let mut attributes = extra.unwrap_or_default();
+    if let Some(trace) = sent_trace(letter)
+        && let Ok(value) = MessageAttributeValue::builder()
+            .data_type("String")
+            .string_value(trace)
+            .build()
+    {
+        attributes.insert(TRACEPARENT_ATTRIBUTE.to_owned(), value);
+    }
+    (!attributes.is_empty()).then_some(attributes)
+}
+
+/// The letter's trace context, if its replay sends it: only where the message stays within
+/// [`MAX_MESSAGE_BYTES`] with it (a trace never makes a replay unsendable: [`refused_by_sqs`]
+/// does not count it).
+fn sent_trace(letter: &DeadLetter) -> Option<&str> {
+    let trace = letter.trace_parent.as_deref()?;
+    let with_it = letter_body(letter).len()
+        + REPLAY_OF_ATTRIBUTE.len()
+        + "String".len()
+        + letter.id.to_string().len()
+        + trace_attribute_bytes(trace);
+    (with_it <= MAX_MESSAGE_BYTES).then_some(trace)
+}
+
+/// The bytes SQS counts for `trace` as the [`TRACEPARENT_ATTRIBUTE`].
+fn trace_attribute_bytes(trace: &str) -> usize {
+    TRACEPARENT_ATTRIBUTE.len() + "String".len() + trace.len()
+}
+
 /// `letters` cut into `SendMessageBatch` calls: indexes of one queue's letters, in order, at most
 /// ten and [`MAX_MESSAGE_BYTES`] of bodies and attributes a call.
 fn batches(letters: &[&DeadLetter]) -> Vec<Vec<usize>> {
     let mut batches: Vec<(String, usize, Vec<usize>)> = Vec::new();
     for (i, letter) in letters.iter().enumerate() {
-        let size = letter_body(letter).len() + REPLAY_OF_ATTRIBUTE.len() + "String".len() + 36;
+        let size = letter_body(letter).len()
+            + REPLAY_OF_ATTRIBUTE.len()
+            + "String".len()
+            + 36
+            + sent_trace(letter).map_or(0, trace_attribute_bytes);
         let fits = |(queue, bytes, batch): &&mut (String, usize, Vec<usize>)| {
             *queue == letter.queue && batch.len() < 10 && bytes + size <= MAX_MESSAGE_BYTES
         };

@@ -20,15 +20,15 @@
 //! outermost first: at `INFO` and below, the runtime's `Lambda runtime invoke` span (an INFO
 //! span of its own) gives each line the invocation's `requestId` and `xrayTraceId`.
 //!
-//! **Tracing** (X-Ray, off by default) is [`xray`]'s: a subsegment for each job and each
-//! database statement, from the same spans.
+//! **Traces** (OpenTelemetry, off by default) are [`otel`]'s: a span for each invocation, each
+//! job and each database statement, from the same spans.
 
-pub mod xray;
+pub mod otel;
 
 use crate::config::{ConfigError, Env};
 use crate::envelope::PartialIds;
 use tracing_subscriber::Layer;
-use tracing_subscriber::filter::{EnvFilter, Targets};
+use tracing_subscriber::filter::EnvFilter;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
@@ -104,14 +104,14 @@ impl LogSettings {
     }
 }
 
-/// Installs the global subscriber from the process environment (the logs, and the X-Ray
-/// segments where [`xray::TRACING`] is `Active`), or stops the process naming the variable at
+/// Installs the global subscriber from the process environment (the logs, and the spans'
+/// export where [`otel::TRACING`] is `Active`), or stops the process naming the variable at
 /// fault. Call once, first thing in `main`.
 pub fn init() {
     let env = Env::process();
     let settings = crate::config::or_exit(LogSettings::from_env(&env));
-    let tracing = crate::config::or_exit(xray::Tracing::from_env(&env));
-    install(&settings, tracing);
+    let tracing = crate::config::or_exit(otel::Tracing::from_env(&env));
+    install(&settings, &tracing);
     if settings.level_from == Some(AWS_LAMBDA_LOG_LEVEL) && env.get(RUST_LOG).is_some() {
         tracing::debug!("RUST_LOG is ignored: the function's AWS_LAMBDA_LOG_LEVEL is set");
     }
@@ -119,9 +119,9 @@ pub fn init() {
 
 /// Installs `settings` (and `tracing`) as the global subscriber; a second call (a test harness
 /// that already installed one) is not an error. Each layer has its own filter: the log level
-/// never turns a segment off, and the statements X-Ray sees (`sqlx::query` at `DEBUG`) are not
+/// never turns a span off, and the statements traced (`sqlx::query` at `DEBUG`) are not
 /// logged unless the level asks for them.
-pub fn install(settings: &LogSettings, tracing: xray::Tracing) {
+pub fn install(settings: &LogSettings, tracing: &otel::Tracing) {
     // The record span's own target, always enabled: a filter naming only other targets
     // (`redeem_reward=debug`) would otherwise turn it off, and its lines would lose their ids.
     let filter = EnvFilter::new(format!("{},{RECORD_SPAN_TARGET}=error", settings.filter));
@@ -138,17 +138,13 @@ pub fn install(settings: &LogSettings, tracing: xray::Tracing) {
             .boxed(),
         LogFormat::Text => lines.boxed(),
     };
-    let segments = tracing.layer().map(|layer| {
-        layer.with_filter(
-            Targets::new()
-                .with_target("lambda_runtime", tracing::Level::INFO)
-                .with_target(RECORD_SPAN_TARGET, tracing::Level::ERROR)
-                .with_target("sqlx::query", tracing::Level::DEBUG),
-        )
-    });
+    let spans = match tracing {
+        otel::Tracing::Disabled => None,
+        otel::Tracing::Active(endpoint) => otel::tracer(endpoint).map(otel::layers),
+    };
     let _ = tracing_subscriber::registry()
         .with(lines.with_filter(filter))
-        .with(segments)
+        .with(spans)
         .try_init();
 }
 
@@ -165,7 +161,8 @@ pub fn lambda_log_level(value: &str) -> Option<&'static str> {
 }
 
 /// The span a record's lines are written in: the consumer, the message and every id its body
-/// carries (`attempt` is recorded once known). Enabled at every level (see the module).
+/// carries (`attempt` and `outcome` are recorded once known). Enabled at every level (see the
+/// module).
 pub fn record_span(consumer: &str, message_id: &str, ids: &PartialIds) -> tracing::Span {
     let span = tracing::error_span!(
         "job",
@@ -175,6 +172,9 @@ pub fn record_span(consumer: &str, message_id: &str, ids: &PartialIds) -> tracin
         correlation_id = tracing::field::Empty,
         tenant_id = tracing::field::Empty,
         attempt = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+        // OpenTelemetry's span kind, recorded only where spans are exported (`consumer`).
+        otel.kind = tracing::field::Empty,
     );
     record_ids(&span, ids);
     span

@@ -54,6 +54,7 @@ pub fn message_on(queue: &str, body: &str, receive_count: u32) -> IncomingMessag
         receive_count,
         replay_of: None,
         message_group: None,
+        trace: Default::default(),
     }
 }
 
@@ -145,6 +146,7 @@ impl TestLetter {
             replay_of: self.replay_of,
             message_group: self.message_group.as_deref(),
             digest_fields: &[],
+            trace: None,
         }
     }
 }

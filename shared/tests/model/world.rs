@@ -421,6 +421,7 @@ impl World {
             receive_count: m.receives,
             replay_of: m.replay_of,
             message_group: m.group.clone(),
+            trace: Default::default(),
         }
     }
 

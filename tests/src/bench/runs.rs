@@ -125,6 +125,7 @@ pub fn message(job_id: uuid::Uuid) -> IncomingMessage {
         receive_count: 1,
         replay_of: None,
         message_group: None,
+        trace: Default::default(),
     }
 }
 

@@ -57,6 +57,7 @@ async fn consumers(pool: &PgPool) -> f64 {
                         receive_count: 1,
                         replay_of: None,
                         message_group: None,
+                        trace: Default::default(),
                     };
                     assert_eq!(harness.process(&msg).await, RecordOutcome::Processed);
                 }

@@ -22,6 +22,7 @@ async fn main() {
             receive_count: 1,
             replay_of: None,
             message_group: None,
+            trace: Default::default(),
         })
         .collect();
     assert!(!msgs.is_empty(), "usage: hang-after-work <message body>…");

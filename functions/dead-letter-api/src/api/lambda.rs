@@ -176,23 +176,26 @@ pub fn lambda_response(response: ApiResponse) -> Value {
 /// (its credentials read again if it rejects them); a database that is not ready is a 503.
 pub async fn serve(api: Api, database: shared::db::Database) -> Result<(), Error> {
     let (api, database) = (&api, &database);
-    lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| async move {
-        let response = match database.ready().await {
-            Ok(()) => {
-                let (request, problem) = api_request(&event.payload);
-                api.handle_unless(&request, problem).await
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "the database is not ready");
-                ApiError::unavailable(
-                    "database_unavailable",
-                    "the database is unavailable; nothing was changed, retry later",
-                )
-                .into()
-            }
-        };
-        Ok::<_, Error>(lambda_response(response))
-    }))
+    shared::telemetry::otel::serve(
+        lambda_runtime::layers::OpenTelemetryFaasTrigger::Http,
+        service_fn(move |event: LambdaEvent<Value>| async move {
+            let response = match database.ready().await {
+                Ok(()) => {
+                    let (request, problem) = api_request(&event.payload);
+                    api.handle_unless(&request, problem).await
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "the database is not ready");
+                    ApiError::unavailable(
+                        "database_unavailable",
+                        "the database is unavailable; nothing was changed, retry later",
+                    )
+                    .into()
+                }
+            };
+            Ok::<_, Error>(lambda_response(response))
+        }),
+    )
     .await
 }
 
