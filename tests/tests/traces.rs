@@ -274,7 +274,10 @@ async fn each_job_is_one_span_with_its_link_and_its_statements(
                 by_id(&spans, &span.parent_span_id).is_some_and(|p| p.name == "commit group")
             })
             .count();
-        assert!(grouped >= 2, "batch mode committed the valid jobs as a group: {spans:#?}");
+        assert!(
+            grouped >= 2,
+            "batch mode committed the valid jobs as a group: {spans:#?}"
+        );
     }
     let everything = format!("{spans:?}");
     assert!(
@@ -434,5 +437,87 @@ async fn a_job_whose_process_dies_mid_job_is_never_exported_as_done(
         )
         .await,
         0
+    );
+}
+
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn a_letter_keeps_its_trace_and_its_replay_links_the_replayed_job_to_it(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    use dead_letter_api::api::Scope;
+    use e2e::api_client::{caller, request, with_body};
+    let (pool, stack, receiver) = traced_stack(pool_opts, connect, true, CommitMode::PerJob).await;
+    let (job, tenant) = (JobId(Uuid::new_v4()), TenantId(Uuid::new_v4()));
+    // A producer's release wrote the points as words: poison, lettered with its trace.
+    let poison = envelope(
+        job,
+        tenant,
+        "c-replayed",
+        json!({"account_id": ACCOUNT, "points": "seven"}),
+    );
+    let (_, producer) = send_traced(&stack, &poison).await;
+    stack
+        .run_until(SETTLE, || async {
+            count(&pool, "SELECT count(*) FROM core.dead_letters").await == 1
+        })
+        .await;
+    let letter: Uuid = sqlx::query_scalar("SELECT id FROM core.dead_letters")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let traceparent = format!("00-{}-{}-01", producer.0, producer.1);
+    let shown = stack
+        .api
+        .call(&request(
+            "GET",
+            &format!("/v1/core/dead-letters/{letter}"),
+            Some(caller("ops-1", &[Scope::Read])),
+        ))
+        .await;
+    assert_eq!(
+        shown.body["letter"]["trace_parent"],
+        json!(traceparent),
+        "{}",
+        shown.body
+    );
+    // Edited and replayed: the replay carries the letter's trace, and the job it runs links to
+    // the request that produced it.
+    let edited = envelope(
+        job,
+        tenant,
+        "c-replayed",
+        json!({"account_id": ACCOUNT, "points": 7}),
+    );
+    let response = stack
+        .api
+        .call(&with_body(
+            request(
+                "POST",
+                &format!("/v1/core/dead-letters/{letter}/edit"),
+                Some(caller("ops-1", &[Scope::Edit])),
+            ),
+            &json!({"body": serde_json::from_str::<serde_json::Value>(&edited).unwrap(), "reason": "points as words in 4.2"}).to_string(),
+        ))
+        .await;
+    assert_eq!(response.status, 200, "{}", response.body);
+    stack
+        .run_until(SETTLE, || async {
+            count(&pool, "SELECT count(*) FROM core.processed_jobs").await == 1
+        })
+        .await;
+    let service = "consumer";
+    let processed = |spans: &[Received]| {
+        job_spans(spans, job, service)
+            .into_iter()
+            .find(|s| s.attr("outcome") == Some("processed"))
+            .cloned()
+    };
+    let spans = spans_when(&receiver, |spans| processed(spans).is_some()).await;
+    let replayed =
+        processed(&spans).unwrap_or_else(|| panic!("the replayed job's span: {spans:#?}"));
+    assert!(
+        replayed.links.contains(&producer),
+        "the replayed job links to the original request's trace {producer:?}: {replayed:#?}"
     );
 }

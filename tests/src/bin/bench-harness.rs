@@ -6,7 +6,10 @@
 //! - batch mode (issue 17), 8 workers, batches of 10: new jobs against pgbench's per-job
 //!   transaction and against pgbench running batch mode's own statements; a batch of ten
 //!   duplicates against pgbench's duplicate path;
-//! - the consumer binary's peak memory over 5,000 jobs in batches of 10.
+//! - the consumer binary's peak memory over 5,000 jobs in batches of 10;
+//! - tracing's cost (issue 37): the consumer binary through the local Lambda host, batches of
+//!   10 new jobs, with `TRACING=Active` exporting every span to an OTLP receiver in this process
+//!   against the same binary with tracing off.
 //!
 //! Each pair runs alternately, in random order, for several rounds; medians and ratios are
 //! printed and written to `target/bench/harness.json`. A measurement, not a test.
@@ -198,6 +201,67 @@ async fn consumer_memory(url: &str) -> (u64, u64, f64) {
     )
 }
 
+/// Batches of ten timed per side and round in [`tracing_cost`].
+const TRACED_BATCHES: usize = 60;
+
+/// The consumer binary's jobs/s with tracing off and on (spans exported to a local OTLP
+/// receiver each invocation), alternating in random order for [`ROUNDS`] rounds: medians.
+async fn tracing_cost(url: &str) -> Value {
+    let receiver = e2e::otlp_receiver::OtlpReceiver::start().await;
+    let binary = e2e::stack::Binaries::beside_current_exe().consumer;
+    let pool = ("DATABASE_POOL_SIZE", "5");
+    let off = lambda::host("consumer-untraced", binary.clone(), url, &[pool]);
+    let on = lambda::host(
+        "consumer-traced",
+        binary,
+        url,
+        &[
+            pool,
+            ("TRACING", "Active"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &receiver.url),
+        ],
+    );
+    let (mut rates_off, mut rates_on) = (Vec::new(), Vec::new());
+    for host in [&off, &on] {
+        host.invoke(&sqs_event(10))
+            .await
+            .expect("the consumer answers");
+    }
+    for _ in 0..ROUNDS {
+        let mut sides = [(true, &on), (false, &off)];
+        sides.shuffle(&mut rand::rng());
+        for (traced, host) in sides {
+            let started = Instant::now();
+            for _ in 0..TRACED_BATCHES {
+                let response = host
+                    .invoke(&sqs_event(10))
+                    .await
+                    .expect("the consumer answers");
+                assert_eq!(
+                    response["batchItemFailures"],
+                    json!([]),
+                    "every record done"
+                );
+            }
+            let rate = (TRACED_BATCHES * 10) as f64 / started.elapsed().as_secs_f64();
+            if traced {
+                rates_on.push(rate)
+            } else {
+                rates_off.push(rate)
+            }
+        }
+    }
+    let (off_rate, on_rate) = (median(rates_off), median(rates_on));
+    let spans = receiver.spans().len();
+    println!(
+        "\ntracing: consumer binary, batches of 10 through the local Lambda host: off {off_rate:.0} jobs/s, \
+         on {on_rate:.0} jobs/s ({:.2} x; {spans} spans received)",
+        on_rate / off_rate
+    );
+    json!({"figure": "tracing on / off", "unit": "jobs/s", "off": off_rate, "on": on_rate,
+           "ratio": on_rate / off_rate, "spans_received": spans})
+}
+
 #[tokio::main]
 async fn main() {
     let BenchDatabase { url, version, .. } = bench::open(
@@ -231,6 +295,9 @@ async fn main() {
     }
     if "batch mode".contains(&only) || only.is_empty() {
         figures.extend(batch_figures(&url, 8).await);
+    }
+    if "tracing".contains(&only) || only.is_empty() {
+        figures.push(tracing_cost(&url).await);
     }
     // `bench-harness memory` runs only the consumer's memory; any other filter skips it.
     if !only.is_empty() && only != "memory" {
