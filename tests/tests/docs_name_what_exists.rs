@@ -850,7 +850,7 @@ shared/src/
   fence.rs      gone, though config/ has one (config/fence.rs)
   paging/       whom incidents page (routes.rs), and (no_such.rs)
     mod.rs      the Pager trait
-  ledger.rs, metrics/   two entries, telemetry/xray.rs beside them
+  ledger.rs, metrics/   two entries, telemetry/otel.rs beside them
 tests/          crate e2e (src/dev.rs, bin dev: scripts/dev.sh)
 ```
 ";
