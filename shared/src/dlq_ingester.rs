@@ -76,7 +76,14 @@ impl DlqIngester {
             let ingested = self
                 .ingest_one(&msg, sent_at(record))
                 .instrument(span.clone());
-            if let Err(e) = ingested.await {
+            let ingested = ingested.await;
+            // A backstop record ends recorded (its letter, or none needed) or left in the DLQ.
+            let (outcome, left_in_the_dlq) = match &ingested {
+                Ok(()) => ("ingested", false),
+                Err(_) => ("dead_letter_failed", true),
+            };
+            crate::telemetry::otel::conclude_job(&span, outcome, left_in_the_dlq);
+            if let Err(e) = ingested {
                 self.metrics.increment(Metric::DeadLetterWriteFailed);
                 let _in_its_span = span.entered();
                 tracing::error!(error = %e, "backstop letter not written; left in the DLQ");

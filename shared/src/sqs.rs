@@ -276,7 +276,8 @@ async fn report(
             .await
     {
         let ids = crate::envelope::read_ids(&msg.body);
-        let _in_its_span = crate::telemetry::record_span(consumer, &msg.message_id, &ids).entered();
+        let _in_its_span =
+            crate::telemetry::record_lines_span(consumer, &msg.message_id, &ids).entered();
         tracing::warn!(
             error,
             "ChangeMessageVisibility failed; the message returns after the queue's visibility timeout"

@@ -589,3 +589,36 @@ async fn a_withdrawn_replay_sent_after_all_that_fails_again_stays_on_record(pool
     );
     assert_eq!(count_awards(&pool, job_id).await.unwrap(), 0);
 }
+
+// A letter keeps the trace context its message carried (issue 37), and a withdrawn replay's
+// letter, a copy of the letter it came from, keeps it too: the replay that follows still links
+// the job to the request that produced it.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn a_withdrawn_replays_letter_keeps_the_original_trace(pool: PgPool) {
+    use shared::telemetry::otel::{MessageTrace, TraceParent};
+    let failing = harness_in(
+        &pool,
+        Counting::failing(award_points(), Fault::Permanent),
+        CommitMode::PerJob,
+    );
+    let (job_id, body) = job(award(5));
+    let traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let traced = IncomingMessage {
+        trace: MessageTrace {
+            aws: None,
+            w3c: TraceParent::from_w3c(traceparent),
+        },
+        ..message(&body, 1)
+    };
+    let outcome = failing.process(&traced).await;
+    assert_eq!(outcome.dead_letter_kind(), Some(ErrorKind::Permanent));
+    let letter = the_letters(&pool, job_id).await.remove(0);
+    assert_eq!(letter.trace_parent.as_deref(), Some(traceparent));
+    queue_replay(&pool, letter.id, None).await;
+    withdraw_replay(&pool, letter.id, "ops-1", "the queue looked gone", t0())
+        .await
+        .unwrap();
+    let back = pending(&pool, job_id).await;
+    assert_eq!(back.len(), 1, "{back:?}");
+    assert_eq!(back[0].trace_parent.as_deref(), Some(traceparent));
+}

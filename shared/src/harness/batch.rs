@@ -18,7 +18,6 @@ use crate::envelope::{JobDigest, PartialIds};
 use crate::fence::{conflicts, processed_digests};
 use crate::ids::JobId;
 use crate::ledger::executions_of;
-use crate::metrics::Metric;
 use futures_util::StreamExt;
 use std::collections::HashMap;
 
@@ -115,13 +114,15 @@ impl<C: Consumer> Harness<C> {
         }
         self.write_conflicts(msgs, plan.conflicting, may_start, &mut outcomes)
             .await;
-        self.answer_copies(plan.copies, &mut outcomes);
+        self.answer_copies(msgs, plan.copies, &mut outcomes);
         outcomes
     }
 
     /// Says, in the record's span, that `msg` is handed back unstarted: the deadline is near.
     pub(super) fn unstarted(&self, msg: &IncomingMessage, ids: &PartialIds) {
-        let _in_its_span = self.span(msg, ids).entered();
+        let span = self.span(msg, ids);
+        crate::telemetry::otel::conclude_job(&span, "handed_back", false);
+        let _in_its_span = span.entered();
         tracing::warn!("deadline near: handing the record back unstarted");
     }
 
@@ -204,8 +205,8 @@ impl<C: Consumer> Harness<C> {
                 None
             }
             Some(_) => {
-                tracing::debug!(message_id = %msg.message_id, "duplicate of a processed job");
-                self.metrics.increment(Metric::DuplicateSkipped);
+                // Counted and logged in its own span, as every record the harness answers.
+                self.count_and_log(&self.span(msg, &ids), &RecordOutcome::Duplicate);
                 Some(RecordOutcome::Duplicate)
             }
         }
@@ -269,13 +270,15 @@ impl<C: Consumer> Harness<C> {
     /// Each copy of a job in the batch takes its outcome from the record that ran the job.
     fn answer_copies(
         &self,
+        msgs: &[IncomingMessage],
         copies: Vec<(usize, usize, PartialIds)>,
         outcomes: &mut [Option<RecordOutcome>],
     ) {
-        for (copy, first, _) in copies {
+        for (copy, first, ids) in copies {
             let outcome = outcomes[first].as_ref().map(RecordOutcome::of_a_copy);
             if let Some(outcome) = &outcome {
-                self.metrics.increment(outcome.metric());
+                // In its own span, as the FIFO path answers a copy: its delivery is traced too.
+                self.count_and_log(&self.span(&msgs[copy], &ids), outcome);
             }
             outcomes[copy] = outcome;
         }

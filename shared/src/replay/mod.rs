@@ -127,8 +127,10 @@ impl Replayer {
             .send_message()
             .queue_url(&queue_url)
             .message_body(letter_body(letter))
-            .message_attributes(REPLAY_OF_ATTRIBUTE, attribute)
-            .set_message_attributes(with_trace(letter, None))
+            .set_message_attributes(with_trace(
+                letter,
+                Some(HashMap::from([(REPLAY_OF_ATTRIBUTE.to_owned(), attribute)])),
+            ))
             .set_message_group_id(group)
             .set_message_deduplication_id(deduplication)
             .send()
@@ -178,12 +180,11 @@ impl Replayer {
                 .string_value(letter.id.to_string())
                 .build();
             let entry = attribute.and_then(|attribute| {
-                let mut attributes = HashMap::from([(REPLAY_OF_ATTRIBUTE.to_owned(), attribute)]);
-                attributes.extend(with_trace(letter, None).unwrap_or_default());
+                let attributes = HashMap::from([(REPLAY_OF_ATTRIBUTE.to_owned(), attribute)]);
                 SendMessageBatchRequestEntry::builder()
                     .id(n.to_string())
                     .message_body(letter_body(letter))
-                    .set_message_attributes(Some(attributes))
+                    .set_message_attributes(with_trace(letter, Some(attributes)))
                     .set_message_group_id(group)
                     .set_message_deduplication_id(deduplication)
                     .build()
@@ -333,9 +334,9 @@ pub fn replayable(
     Ok(job_id)
 }
 
-/// The message attributes a replay carries besides [`REPLAY_OF_ATTRIBUTE`]: `extra`, and the
-/// letter's trace context as [`TRACEPARENT_ATTRIBUTE`] (none if it kept none). A send's
-/// `message_attributes` call adds to these.
+/// The message attributes a replay carries: `extra` (its [`REPLAY_OF_ATTRIBUTE`]), and the
+/// letter's trace context as [`TRACEPARENT_ATTRIBUTE`] (none if it kept none). The whole map:
+/// the SDK's `set_message_attributes` replaces whatever was added before it.
 fn with_trace(
     letter: &DeadLetter,
     extra: Option<HashMap<String, MessageAttributeValue>>,

@@ -35,6 +35,25 @@ use tracing_subscriber::util::SubscriberInitExt;
 /// The target of every [`record_span`]: always enabled (see the module).
 pub const RECORD_SPAN_TARGET: &str = module_path!();
 
+/// The `job` span at `target`, its ids to be recorded.
+macro_rules! job_span {
+    ($target:expr, $consumer:expr, $message_id:expr) => {
+        tracing::error_span!(
+        target: $target,
+        "job",
+        consumer = $consumer,
+        message_id = $message_id,
+        job_id = tracing::field::Empty,
+        correlation_id = tracing::field::Empty,
+        tenant_id = tracing::field::Empty,
+        attempt = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+        // OpenTelemetry's span kind, recorded only where spans are exported (`consumer`).
+        otel.kind = tracing::field::Empty,
+    )
+    };
+}
+
 /// `AWS_LAMBDA_LOG_LEVEL`: the function's log level, set by Lambda from `LoggingConfig`.
 pub const AWS_LAMBDA_LOG_LEVEL: &str = "AWS_LAMBDA_LOG_LEVEL";
 /// `AWS_LAMBDA_LOG_FORMAT`: `JSON` or `Text`, set by Lambda from `LoggingConfig`.
@@ -164,21 +183,23 @@ pub fn lambda_log_level(value: &str) -> Option<&'static str> {
 /// carries (`attempt` and `outcome` are recorded once known). Enabled at every level (see the
 /// module).
 pub fn record_span(consumer: &str, message_id: &str, ids: &PartialIds) -> tracing::Span {
-    let span = tracing::error_span!(
-        "job",
-        consumer,
-        message_id,
-        job_id = tracing::field::Empty,
-        correlation_id = tracing::field::Empty,
-        tenant_id = tracing::field::Empty,
-        attempt = tracing::field::Empty,
-        outcome = tracing::field::Empty,
-        // OpenTelemetry's span kind, recorded only where spans are exported (`consumer`).
-        otel.kind = tracing::field::Empty,
-    );
+    let span = job_span!(RECORD_SPAN_TARGET, consumer, message_id);
     record_ids(&span, ids);
     span
 }
+
+/// A [`record_span`] for a line about a record outside its life (after its outcome, in the
+/// transport): its lines carry the same ids, and it is never exported as a trace's job span (a
+/// delivery is one job span, the one its outcome was recorded on).
+pub fn record_lines_span(consumer: &str, message_id: &str, ids: &PartialIds) -> tracing::Span {
+    let span = job_span!(RECORD_LINES_TARGET, consumer, message_id);
+    record_ids(&span, ids);
+    span
+}
+
+/// The target of every [`record_lines_span`]: under [`RECORD_SPAN_TARGET`], so always enabled
+/// the same way, and not it, so not exported.
+pub const RECORD_LINES_TARGET: &str = "shared::telemetry::lines";
 
 /// Fills a [`record_span`] with the ids a body turned out to carry, once it is parsed.
 pub fn record_ids(span: &tracing::Span, ids: &PartialIds) {

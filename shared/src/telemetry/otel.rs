@@ -29,7 +29,7 @@ use opentelemetry::trace::{
     Tracer, TracerProvider as _,
 };
 use opentelemetry::{Context as OtelContext, KeyValue};
-use opentelemetry_otlp::WithExportConfig;
+use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracer};
 use opentelemetry_sdk::{Resource, trace::SdkTracerProvider};
 use serde_json::{Map, Value};
@@ -131,6 +131,8 @@ pub fn tracer(endpoint: &str) -> Option<SdkTracer> {
         .with_http()
         .with_endpoint(endpoint)
         .with_timeout(EXPORT_TIMEOUT)
+        // One attempt: a retry would get a timeout of its own, and the invocation waits for it.
+        .with_retry_policy(opentelemetry_otlp::RetryPolicy::disabled())
         .build();
     let exporter = match exporter {
         Ok(exporter) => exporter,
@@ -205,7 +207,11 @@ where
         .with_level(false)
         .with_filter(filter_fn(exported_span));
     // Not `is_event`: sqlx asks `enabled!` first, a callsite of its own kind (a hint).
-    let statements = StatementSpans { tracer }.with_filter(filter_fn(|meta| {
+    let statements = StatementSpans {
+        tracer,
+        dispatch: OnceLock::new(),
+    }
+    .with_filter(filter_fn(|meta| {
         exported_span(meta) || (!meta.is_span() && meta.target() == "sqlx::query")
     }));
     spans.and_then(statements)
@@ -295,8 +301,8 @@ pub struct TraceParent {
 impl TraceParent {
     /// A W3C `traceparent` (`00-<32 hex>-<16 hex>-<2 hex>`).
     pub fn from_w3c(value: &str) -> Option<Self> {
-        let value = value.trim();
-        if value.len() > MAX_HEADER_BYTES {
+        // As W3C reads it: lowercase hex, nothing around it.
+        if value.len() > MAX_HEADER_BYTES || value.bytes().any(|b| b.is_ascii_uppercase()) {
             return None;
         }
         let mut parts = value.split('-');
@@ -499,12 +505,19 @@ pub fn group_member(
 /// (now less its elapsed time) to now.
 struct StatementSpans {
     tracer: SdkTracer,
+    /// The subscriber it is part of, kept when it is registered: inside an event's dispatch the
+    /// current default is no subscriber at all under a scoped one.
+    dispatch: OnceLock<tracing::dispatcher::WeakDispatch>,
 }
 
 impl<S> Layer<S> for StatementSpans
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
 {
+    fn on_register_dispatch(&self, subscriber: &tracing::Dispatch) {
+        let _ = self.dispatch.set(subscriber.downgrade());
+    }
+
     fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
         if event.metadata().target() != "sqlx::query" {
             return;
@@ -515,9 +528,12 @@ where
         else {
             return;
         };
-        let Some(parent) = tracing::dispatcher::get_default(|d| {
-            tracing_opentelemetry::get_otel_context(&parent, d)
-        }) else {
+        let dispatch = self
+            .dispatch
+            .get()
+            .and_then(tracing::dispatcher::WeakDispatch::upgrade)
+            .unwrap_or_else(|| tracing::dispatcher::get_default(Clone::clone));
+        let Some(parent) = tracing_opentelemetry::get_otel_context(&parent, &dispatch) else {
             return;
         };
         let mut fields = Fields::default();
@@ -590,42 +606,127 @@ impl Visit for Fields {
     }
 }
 
-/// `sql` with every string literal as `?` and its whitespace collapsed, cut to
-/// [`MAX_SQL_CHARS`]: a statement's shape, never the values written into it.
+/// `sql` with every string literal (quoted, `E'…'`, dollar-quoted) as `?`, its comments gone and
+/// its whitespace collapsed, cut to [`MAX_SQL_CHARS`]: a statement's shape, never the values
+/// written into it. An unterminated literal or comment hides the rest.
 fn sanitized(sql: &str) -> String {
+    let chars: Vec<char> = sql.chars().collect();
     let mut out = String::with_capacity(sql.len().min(MAX_SQL_CHARS));
-    let mut chars = sql.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c == '\'' {
-            let escapes = out.ends_with(['E', 'e']);
-            if escapes {
-                out.pop();
+    let mut i = 0;
+    while i < chars.len() && out.chars().count() < MAX_SQL_CHARS {
+        let (c, next) = (chars[i], chars.get(i + 1).copied());
+        i = match c {
+            '-' if next == Some('-') => {
+                space(&mut out);
+                (i..chars.len())
+                    .find(|&j| chars[j] == '\n')
+                    .unwrap_or(chars.len())
             }
-            while let Some(c) = chars.next() {
-                match c {
-                    '\\' if escapes => {
-                        chars.next();
+            '/' if next == Some('*') => {
+                space(&mut out);
+                block_comment_end(&chars, i)
+            }
+            '\'' => {
+                // E'…' takes backslash escapes; an identifier ending in e (`type'…'`) does not.
+                let escapes = out.ends_with(['E', 'e'])
+                    && !out[..out.len() - 1].ends_with(|p: char| p.is_alphanumeric() || p == '_');
+                if escapes {
+                    out.pop();
+                }
+                out.push('?');
+                quoted_end(&chars, i, escapes)
+            }
+            '"' => {
+                // A quoted identifier, kept whole: an apostrophe in it is no literal.
+                let end = (i + 1..chars.len())
+                    .find(|&j| chars[j] == '"')
+                    .map_or(chars.len(), |j| j + 1);
+                out.extend(&chars[i..end]);
+                end
+            }
+            '$' if !out.ends_with(|p: char| p.is_alphanumeric() || p == '_' || p == '$') => {
+                match dollar_quote_end(&chars, i) {
+                    Some(end) => {
+                        out.push('?');
+                        end
                     }
-                    '\'' if chars.peek() == Some(&'\'') => {
-                        chars.next();
+                    None => {
+                        out.push(c);
+                        i + 1
                     }
-                    '\'' => break,
-                    _ => {}
                 }
             }
-            out.push('?');
-        } else if c.is_whitespace() {
-            if !out.ends_with(' ') && !out.is_empty() {
-                out.push(' ');
+            c if c.is_whitespace() => {
+                space(&mut out);
+                i + 1
             }
-        } else {
-            out.push(c);
+            _ => {
+                out.push(c);
+                i + 1
+            }
+        };
+    }
+    out.trim_end().to_owned()
+}
+
+/// One space, unless `out` is empty or already ends with one.
+fn space(out: &mut String) {
+    if !out.ends_with(' ') && !out.is_empty() {
+        out.push(' ');
+    }
+}
+
+/// Where the (nested) block comment opening at `at` ends.
+fn block_comment_end(chars: &[char], at: usize) -> usize {
+    let (mut i, mut depth) = (at, 0);
+    while i < chars.len() {
+        match (chars[i], chars.get(i + 1)) {
+            ('/', Some('*')) => depth += 1,
+            ('*', Some('/')) => depth -= 1,
+            _ => {
+                i += 1;
+                continue;
+            }
         }
-        if out.chars().count() >= MAX_SQL_CHARS {
+        i += 2;
+        if depth == 0 {
             break;
         }
     }
-    out.trim_end().to_owned()
+    i.min(chars.len())
+}
+
+/// Where the quoted literal opening at `at` ends (`''` inside it is a quote; with `escapes`,
+/// a backslash escapes the next character).
+fn quoted_end(chars: &[char], at: usize, escapes: bool) -> usize {
+    let mut i = at + 1;
+    while i < chars.len() {
+        match chars[i] {
+            '\\' if escapes => i += 2,
+            '\'' if chars.get(i + 1) == Some(&'\'') => i += 2,
+            '\'' => return i + 1,
+            _ => i += 1,
+        }
+    }
+    chars.len()
+}
+
+/// Where the dollar-quoted literal opening at `at` (`$$` or `$tag$`) ends, if one opens there
+/// (`$1` is a parameter, not a quote).
+fn dollar_quote_end(chars: &[char], at: usize) -> Option<usize> {
+    let close = (at + 1..chars.len())
+        .take_while(|&j| chars[j] == '$' || chars[j].is_alphanumeric() || chars[j] == '_')
+        .find(|&j| chars[j] == '$')?;
+    if chars.get(at + 1).is_some_and(|c| c.is_ascii_digit()) {
+        return None;
+    }
+    let tag = &chars[at..=close];
+    let body = close + 1;
+    Some(
+        (body..chars.len())
+            .find(|&j| chars[j..].starts_with(tag))
+            .map_or(chars.len(), |j| j + tag.len()),
+    )
 }
 
 #[cfg(test)]
@@ -645,6 +746,19 @@ mod tests {
             "INSERT INTO t (a) VALUES ($1)"
         );
         assert_eq!(sanitized("SELECT 'unterminated"), "SELECT ?");
+        assert_eq!(
+            sanitized(
+                "SELECT 1 -- the operator's note\n, 'secret-1' /* it's /* nested */ */ FROM t"
+            ),
+            "SELECT 1 , ? FROM t"
+        );
+        assert_eq!(
+            sanitized(
+                "SELECT $$secret-2$$, $tag$secret-3 $$ inner$tag$, $1, a$b FROM \"it's\" WHERE x = 'y'"
+            ),
+            "SELECT ?, ?, $1, a$b FROM \"it's\" WHERE x = ?"
+        );
+        assert_eq!(sanitized("SELECT $$unterminated"), "SELECT ?");
         assert!(sanitized(&"x ".repeat(5_000)).chars().count() <= MAX_SQL_CHARS);
     }
 
