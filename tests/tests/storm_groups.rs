@@ -4,7 +4,9 @@
 //! and reviewers at once, and the review of a group's last letter racing letters that join it.
 
 use chrono::Utc;
-use shared::dead_letter::{GroupStatus, group_of_letter};
+use shared::dead_letter::{
+    GroupStatus, Recorded, Settled, group_of_letter, record_all_unless_processed,
+};
 use shared::ids::{ConsumerName, DeadLetterId, JobId};
 use shared_testkit::{TestLetter, record_letter};
 use sqlx::PgPool;
@@ -267,4 +269,160 @@ async fn letters_racing_the_last_review_join_an_open_group_or_open_a_new_one(poo
         .await
         .unwrap();
     assert_eq!(letters, 480);
+}
+
+/// A letter of another failure (its own group), for calls that mix groups.
+fn other_letter(n: u64) -> TestLetter {
+    TestLetter {
+        last_error: format!("ledger timed out after {n} ms"),
+        kind: shared::dead_letter::ErrorKind::Permanent,
+        ..storm_letter(n)
+    }
+}
+
+/// Writes `letters` in one call, settled through their fences, as batch mode writes its poison.
+async fn write_together(pool: &PgPool, letters: &[TestLetter]) -> Vec<Settled> {
+    let news: Vec<_> = letters.iter().map(|l| (l.as_new(), None)).collect();
+    let wait = std::time::Duration::from_secs(2);
+    record_all_unless_processed(pool, &news, Utc::now(), wait)
+        .await
+        .expect("the call")
+}
+
+/// Issue 36: a call's letters join each of their groups once and are counted once, whatever
+/// the call mixes: two failures, a message already lettered, a message twice, two messages of
+/// one job, a job that committed.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn one_calls_letters_join_each_group_once_and_are_counted_exactly(pool: PgPool) {
+    let lettered = storm_letter(100);
+    let before = record_letter(&pool, &lettered, Utc::now()).await;
+    let committed = storm_letter(101);
+    let mut tx = pool.begin().await.unwrap();
+    let job = committed.job_id.unwrap();
+    let tenant = shared::ids::TenantId(Uuid::nil());
+    let (now, ttl) = (Utc::now(), std::time::Duration::from_secs(3600));
+    let name = consumer();
+    let claim = shared::fence::claim_fence(&mut tx, job, &name, tenant, now, ttl, ttl);
+    claim.await.unwrap();
+    tx.commit().await.unwrap();
+    let same_job = storm_letter(102);
+    let twin = TestLetter {
+        message_id: format!("{}-twin", same_job.message_id),
+        ..same_job.clone()
+    };
+    let mut letters: Vec<TestLetter> = (0..4).map(storm_letter).collect();
+    letters.extend((10..13).map(other_letter));
+    letters.extend([lettered.clone(), lettered, committed, same_job, twin]);
+    let settled = write_together(&pool, &letters).await;
+
+    assert_eq!(
+        settled[7],
+        Settled::Recorded(Recorded::AlreadyRecorded(before))
+    );
+    assert_eq!(
+        settled[8],
+        Settled::Recorded(Recorded::AlreadyRecorded(before))
+    );
+    assert_eq!(settled[9], Settled::AlreadyProcessed, "its job committed");
+    for i in (0..7).chain(10..12) {
+        assert!(
+            matches!(settled[i], Settled::Recorded(Recorded::New(_))),
+            "letter {i}: {:?}",
+            settled[i]
+        );
+    }
+    counts_match_letters(&pool).await;
+    let groups: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT error_kind, letter_count FROM core.dead_letter_groups_counted ORDER BY error_kind",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        groups,
+        [("exhausted".to_string(), 7), ("permanent".to_string(), 3)],
+        "one group per failure: the earlier letter, 4 + 2 of this call; 3 of the other"
+    );
+    let fences: i64 = sqlx::query_scalar("SELECT count(*) FROM core.processed_jobs")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        fences, 1,
+        "only the committed job's fence: every claim went"
+    );
+}
+
+/// Issue 36: calls of ten letters from many writers at once, into two groups in either order,
+/// while a reviewer discards what is pending: no deadlock, every count exact, one open group
+/// per failure, no pending letter in a resolved group.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn calls_of_many_letters_racing_reviews_keep_every_count_exact(pool: PgPool) {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reviewer = {
+        let (pool, stop) = (pool.clone(), stop.clone());
+        tokio::spawn(async move {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let pending: Vec<Uuid> = sqlx::query_scalar(
+                    "SELECT id FROM core.dead_letters WHERE status = 'pending_review' LIMIT 7",
+                )
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+                for id in pending {
+                    discard(&pool, DeadLetterId(id)).await;
+                }
+            }
+        })
+    };
+    let mut writers = Vec::new();
+    for w in 0..6u64 {
+        let pool = pool.clone();
+        writers.push(tokio::spawn(async move {
+            for call in 0..15u64 {
+                let n = w * 10_000 + call * 100;
+                let mut letters: Vec<TestLetter> = (n..n + 5).map(storm_letter).collect();
+                letters.extend((n + 5..n + 10).map(other_letter));
+                if w % 2 == 1 {
+                    letters.reverse();
+                }
+                let settled = write_together(&pool, &letters).await;
+                assert!(
+                    settled
+                        .iter()
+                        .all(|s| matches!(s, Settled::Recorded(Recorded::New(_)))),
+                    "{settled:?}"
+                );
+            }
+        }));
+    }
+    for w in writers {
+        w.await.unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    reviewer.await.unwrap();
+    counts_match_letters(&pool).await;
+    let stranded: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM core.dead_letters d JOIN core.dead_letter_groups g ON g.id = d.group_id
+         WHERE d.status = 'pending_review' AND g.resolved_at IS NOT NULL",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(stranded, 0, "a pending letter in a resolved group");
+    let open_per_failure: Vec<i64> = sqlx::query_scalar(
+        "SELECT count(*) FROM core.dead_letter_groups WHERE resolved_at IS NULL GROUP BY error_kind",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(
+        open_per_failure.iter().all(|&n| n == 1),
+        "{open_per_failure:?}"
+    );
+    let letters: i64 = sqlx::query_scalar("SELECT count(*) FROM core.dead_letters")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(letters, 6 * 15 * 10);
 }

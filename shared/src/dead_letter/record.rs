@@ -1,11 +1,16 @@
-//! Writing a letter's row: once per message, its values bounded, as parsed or as received.
+//! Writing a letter's row: once per message, its values bounded, as parsed or as received; and
+//! a batch's letters in one call, each settled through its job's fence (`core.record_letters`,
+//! migration 0028).
 
+use super::settle::{Settled, conflict_error};
 use super::{NewDeadLetter, storable_error};
 use crate::envelope::JobDigest;
+use crate::fence::{FenceError, claim_error, lock_wait};
 use crate::ids::{ConsumerName, DeadLetterId, MAX_ID_BYTES, bounded_id, storable, without_nul};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::PgConnection;
+use std::time::Duration;
 
 /// The result of [`record_dead_letter`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,4 +122,157 @@ async fn existing_letter(
     .fetch_one(conn)
     .await?;
     Ok(Recorded::AlreadyRecorded(DeadLetterId(existing)))
+}
+
+/// Writes `letters` (of one consumer) in one statement, as parsed, in job id order: each settled
+/// through its job's fence first when `settle` says how long a claim may wait for a copy inside
+/// its transaction (the placeholder claim, the letter, the claim's removal; see
+/// [`super::record_unless_processed`]), or written as it is for `None`; each of their failure
+/// groups joined and counted once. For a batch's letters: a letter alone costs the server less
+/// as the statements of [`super::settle`] (pgbench, docs/performance.md). The answers in
+/// `letters`' order. Called on a connection outside a transaction, the statement is its own:
+/// any failure writes none of them. A claim that waited too long is [`FenceError::Contended`].
+pub(super) async fn write_letters(
+    conn: &mut PgConnection,
+    letters: &[(NewDeadLetter<'_>, Option<&JobDigest>)],
+    now: DateTime<Utc>,
+    settle: Option<Duration>,
+) -> Result<Vec<Settled>, FenceError> {
+    let Some((first, _)) = letters.first() else {
+        return Ok(Vec::new());
+    };
+    let consumer = first.consumer;
+    assert!(
+        letters.iter().all(|(l, _)| l.consumer == consumer),
+        "one consumer writes a call's letters"
+    );
+    let columns = Columns::of(letters);
+    let rows = sqlx::query!(
+        r#"SELECT ord AS "ord!", verdict AS "verdict!", letter_id, fresh AS "fresh!"
+             FROM core.record_letters($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14,
+                                      $15, $16, $17, $18, $19, $20)"#,
+        consumer.as_str(),
+        now,
+        lock_wait(settle.unwrap_or_default()),
+        // `&[&str]` for `text[]`, which the macro's check knows only as `&[String]`.
+        columns.digest_fields as _,
+        settle.is_some(),
+        &columns.job_ids as _,
+        &columns.tenant_ids as _,
+        &columns.queues,
+        &columns.message_ids,
+        &columns.payloads,
+        &columns.bodies,
+        &columns.attempts,
+        &columns.kinds,
+        &columns.errors,
+        &columns.conflict_errors as _,
+        &columns.correlation_ids as _,
+        &columns.replay_ofs as _,
+        &columns.digests as _,
+        &columns.message_groups as _,
+        &columns.traces as _,
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(claim_error)?;
+    let mut settled = vec![Settled::AlreadyProcessed; letters.len()];
+    for row in rows {
+        let recorded = || {
+            let id = DeadLetterId(row.letter_id.expect("a written letter has its id"));
+            if row.fresh {
+                Recorded::New(id)
+            } else {
+                Recorded::AlreadyRecorded(id)
+            }
+        };
+        let answer = match row.verdict.as_str() {
+            "already_processed" => Settled::AlreadyProcessed,
+            "conflict" => Settled::Conflict(recorded()),
+            _ => Settled::Recorded(recorded()),
+        };
+        let ord = usize::try_from(row.ord).expect("ordinals count from 1");
+        settled[ord - 1] = answer;
+    }
+    Ok(settled)
+}
+
+/// A call's letters as `core.record_letters` takes them: a column each, every value bounded.
+struct Columns {
+    digest_fields: Option<Vec<String>>,
+    job_ids: Vec<Option<uuid::Uuid>>,
+    tenant_ids: Vec<Option<uuid::Uuid>>,
+    queues: Vec<String>,
+    message_ids: Vec<String>,
+    payloads: Vec<Value>,
+    bodies: Vec<String>,
+    attempts: Vec<i32>,
+    kinds: Vec<String>,
+    errors: Vec<String>,
+    conflict_errors: Vec<Option<String>>,
+    correlation_ids: Vec<Option<String>>,
+    replay_ofs: Vec<Option<uuid::Uuid>>,
+    digests: Vec<Option<Vec<u8>>>,
+    message_groups: Vec<Option<String>>,
+    traces: Vec<Option<String>>,
+}
+
+impl Columns {
+    /// As parsed: a letter PostgreSQL refuses so is written alone, as received.
+    fn of(letters: &[(NewDeadLetter<'_>, Option<&JobDigest>)]) -> Self {
+        let fields = letters[0].0.digest_fields;
+        let mut columns = Columns {
+            digest_fields: (!fields.is_empty())
+                .then(|| fields.iter().map(|f| f.to_string()).collect()),
+            job_ids: Vec::new(),
+            tenant_ids: Vec::new(),
+            queues: Vec::new(),
+            message_ids: Vec::new(),
+            payloads: Vec::new(),
+            bodies: Vec::new(),
+            attempts: Vec::new(),
+            kinds: Vec::new(),
+            errors: Vec::new(),
+            conflict_errors: Vec::new(),
+            correlation_ids: Vec::new(),
+            replay_ofs: Vec::new(),
+            digests: Vec::new(),
+            message_groups: Vec::new(),
+            traces: Vec::new(),
+        };
+        for (letter, digest) in letters {
+            columns.job_ids.push(letter.job_id.map(|j| j.0));
+            columns.tenant_ids.push(letter.tenant_id.map(|t| t.0));
+            columns
+                .queues
+                .push(bounded_id(letter.queue, "unknown").into_owned());
+            let message_id = bounded_id(letter.message_id, "message");
+            columns.message_ids.push(message_id.into_owned());
+            columns
+                .payloads
+                .push(crate::envelope::body_as_json(letter.body));
+            columns.bodies.push(without_nul(letter.body).into_owned());
+            columns
+                .attempts
+                .push(i32::try_from(letter.attempts).unwrap_or(i32::MAX));
+            columns.kinds.push(letter.kind.as_str().to_owned());
+            columns
+                .errors
+                .push(storable_error(letter.last_error).into_owned());
+            // Only a letter with a digest can find another job under its id.
+            columns.conflict_errors.push(
+                digest.map(|_| storable_error(&conflict_error(letter.last_error)).into_owned()),
+            );
+            let correlation_id = letter.correlation_id.map(|c| storable(c, MAX_ID_BYTES));
+            columns
+                .correlation_ids
+                .push(correlation_id.map(|c| c.into_owned()));
+            columns.replay_ofs.push(letter.replay_of.map(|r| r.0));
+            columns.digests.push(digest.map(|d| d.0.to_vec()));
+            let group = letter.message_group.and_then(crate::ids::message_group);
+            columns.message_groups.push(group.map(str::to_owned));
+            columns.traces.push(letter.trace.map(|t| t.to_w3c()));
+        }
+        columns
+    }
 }

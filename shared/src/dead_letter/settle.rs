@@ -1,7 +1,7 @@
 //! A letter settled through the fence in its own transaction: none for a job that committed, a
 //! conflict for another job under its id, and as received where PostgreSQL refuses it as parsed.
 
-use super::record::{Recorded, Storage, record_stored};
+use super::record::{Recorded, Storage, record_stored, write_letters};
 use super::{ErrorKind, MAX_ERROR_BYTES, NewDeadLetter};
 use crate::envelope::JobDigest;
 use crate::fence::{FenceClaim, FenceError, claim_job_fence};
@@ -54,35 +54,19 @@ pub async fn record_unless_processed(
     record_with_fallback(pool, letter, digest, now, Some(wait)).await
 }
 
-/// [`record_unless_processed`] for several letters in one transaction (a batch's poison,
-/// written together): each settled through its job's fence as it would be alone, in job id
-/// order (so two batches claim shared ids in one order), then one commit; the answers in
-/// `letters`' order. Any failure rolls all of them back and is returned: the caller then writes
-/// each alone, with the as-received fallback.
+/// [`record_unless_processed`] for several letters in one statement (a batch's poison, written
+/// together): each settled through its job's fence as it would be alone, in job id order (so
+/// two batches claim shared ids in one order); the answers in `letters`' order. Any failure
+/// writes none of them and is returned: the caller then writes each alone, with the
+/// as-received fallback.
 pub async fn record_all_unless_processed(
     pool: &sqlx::PgPool,
     letters: &[(NewDeadLetter<'_>, Option<&JobDigest>)],
     now: DateTime<Utc>,
     wait: std::time::Duration,
 ) -> Result<Vec<Settled>, FenceError> {
-    let mut order: Vec<usize> = (0..letters.len()).collect();
-    order.sort_by_key(|&i| letters[i].0.job_id.map(|j| j.0));
-    let mut settled = vec![Settled::AlreadyProcessed; letters.len()];
-    let mut tx = pool.begin().await?;
-    for i in order {
-        let (letter, digest) = &letters[i];
-        match settle_in(&mut tx, letter, *digest, now, Some(wait), Storage::Parsed).await {
-            Ok(answer) => settled[i] = answer,
-            Err(e) => {
-                if let Err(rollback) = tx.rollback().await {
-                    tracing::warn!(error = %rollback, "a batch of letters' ROLLBACK failed");
-                }
-                return Err(e);
-            }
-        }
-    }
-    tx.commit().await?;
-    Ok(settled)
+    let mut conn = pool.acquire().await?;
+    write_letters(&mut conn, letters, now, Some(wait)).await
 }
 
 /// Writes `letter` without settling through the fence, with [`record_unless_processed`]'s
@@ -221,7 +205,7 @@ async fn drop_placeholder(
 }
 
 /// A conflict letter's error: [`CONFLICT_ERROR`], and the job's own failure.
-fn conflict_error(own: &str) -> String {
+pub(super) fn conflict_error(own: &str) -> String {
     let own = truncate(own, MAX_ERROR_BYTES / 2);
     format!("{CONFLICT_ERROR}; this job's own failure: {own}")
 }

@@ -105,12 +105,12 @@ fn expiry(now: DateTime<Utc>, ttl: Duration) -> DateTime<Utc> {
 
 /// A claim's bounded wait as the claim functions take it (a `lock_timeout` value, at least 1 ms:
 /// 0 would mean no bound).
-fn lock_wait(wait: Duration) -> String {
+pub(crate) fn lock_wait(wait: Duration) -> String {
     format!("{}ms", wait.as_millis().max(1))
 }
 
 /// A claim that ran out of its wait is contended; anything else is the database's error.
-fn claim_error(e: sqlx::Error) -> FenceError {
+pub(crate) fn claim_error(e: sqlx::Error) -> FenceError {
     if is_lock_timeout(&e) {
         FenceError::Contended
     } else {

@@ -67,6 +67,13 @@ fn pgbench_in(mode: &str, url: &str, file: &str, switches: &[&str], load: Load) 
             .iter()
             .map(|step| format!("{step}={}", u8::from(switches.contains(step)))),
     );
+    // A switch written `name=value` is a variable of the script's own.
+    defines.extend(
+        switches
+            .iter()
+            .filter(|s| s.contains('='))
+            .map(|s| s.to_string()),
+    );
     let out = Command::new("pgbench")
         .args(["-n", "-M", mode])
         .args(defines.iter().flat_map(|d| ["-D", d.as_str()]))

@@ -454,9 +454,10 @@ fn report(setup: &str, rates: &Rates, trips: &Rates) -> Vec<Value> {
 
 /// pgbench at [`PGBENCH_CLIENTS`] on the same tables: what the fence + award transaction, a
 /// letter of one group, of distinct groups, and the consumer's whole poison transaction (the
-/// letter settled through the fence) each commit per second.
+/// letter settled through the fence, as statements and as the one call the consumer makes),
+/// each commit per second; and ten letters in one call (batch mode's poison).
 fn pgbench_context(url: &str) -> Vec<Value> {
-    let sides: [(&str, &str, &[&str]); 4] = [
+    let sides: [(&str, &str, &[&str]); 6] = [
         ("fence + award (fence_effect.sql)", "fence_effect.sql", &[]),
         ("letter, one group", "letter_one_group.sql", &[]),
         ("letter, distinct groups", "letter_distinct_groups.sql", &[]),
@@ -464,6 +465,16 @@ fn pgbench_context(url: &str) -> Vec<Value> {
             "letter settled through the fence, one group",
             "letter_one_group.sql",
             &["claim"],
+        ),
+        (
+            "the same in one call (core.record_letters)",
+            "letters_in_one_call.sql",
+            &["n=1"],
+        ),
+        (
+            "10 letters settled in one call, one group",
+            "letters_in_one_call.sql",
+            &["n=10"],
         ),
     ];
     let load = Load {
