@@ -216,22 +216,7 @@ async fn letters_racing_the_last_review_join_an_open_group_or_open_a_new_one(poo
     // A reviewer keeps reviewing whatever is pending while writers keep writing: at every end
     // each pending letter is in an open group, and no failure ever has two open groups.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let reviewer = {
-        let (pool, stop) = (pool.clone(), stop.clone());
-        tokio::spawn(async move {
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let pending: Vec<Uuid> = sqlx::query_scalar(
-                    "SELECT id FROM core.dead_letters WHERE status = 'pending_review' LIMIT 5",
-                )
-                .fetch_all(&pool)
-                .await
-                .unwrap();
-                for id in pending {
-                    discard(&pool, DeadLetterId(id)).await;
-                }
-            }
-        })
-    };
+    let reviewer = tokio::spawn(review_until(pool.clone(), stop.clone(), 5));
     let mut writers = Vec::new();
     for w in 0..6u64 {
         let pool = pool.clone();
@@ -269,6 +254,26 @@ async fn letters_racing_the_last_review_join_an_open_group_or_open_a_new_one(poo
         .await
         .unwrap();
     assert_eq!(letters, 480);
+}
+
+/// Discards whatever is pending, `batch` letters at a time, until `stop`.
+async fn review_until(
+    pool: PgPool,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    batch: i64,
+) {
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let pending: Vec<Uuid> = sqlx::query_scalar(
+            "SELECT id FROM core.dead_letters WHERE status = 'pending_review' LIMIT $1",
+        )
+        .bind(batch)
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        for id in pending {
+            discard(&pool, DeadLetterId(id)).await;
+        }
+    }
 }
 
 /// A letter of another failure (its own group), for calls that mix groups.
@@ -359,22 +364,7 @@ async fn one_calls_letters_join_each_group_once_and_are_counted_exactly(pool: Pg
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn calls_of_many_letters_racing_reviews_keep_every_count_exact(pool: PgPool) {
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let reviewer = {
-        let (pool, stop) = (pool.clone(), stop.clone());
-        tokio::spawn(async move {
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let pending: Vec<Uuid> = sqlx::query_scalar(
-                    "SELECT id FROM core.dead_letters WHERE status = 'pending_review' LIMIT 7",
-                )
-                .fetch_all(&pool)
-                .await
-                .unwrap();
-                for id in pending {
-                    discard(&pool, DeadLetterId(id)).await;
-                }
-            }
-        })
-    };
+    let reviewer = tokio::spawn(review_until(pool.clone(), stop.clone(), 7));
     let mut writers = Vec::new();
     for w in 0..6u64 {
         let pool = pool.clone();
