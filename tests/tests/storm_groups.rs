@@ -232,14 +232,7 @@ async fn letters_racing_the_last_review_join_an_open_group_or_open_a_new_one(poo
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     reviewer.await.unwrap();
     counts_match_letters(&pool).await;
-    let stranded: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM core.dead_letters d JOIN core.dead_letter_groups g ON g.id = d.group_id
-         WHERE d.status = 'pending_review' AND g.resolved_at IS NOT NULL",
-    )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
-    assert_eq!(stranded, 0, "a pending letter in a resolved group");
+    no_pending_letter_in_a_resolved_group(&pool).await;
     let per_failure: BTreeMap<String, i64> = sqlx::query_as::<_, (String, i64)>(
         "SELECT fingerprint, count(*) FROM core.dead_letter_groups WHERE resolved_at IS NULL GROUP BY 1",
     )
@@ -254,6 +247,17 @@ async fn letters_racing_the_last_review_join_an_open_group_or_open_a_new_one(poo
         .await
         .unwrap();
     assert_eq!(letters, 480);
+}
+
+async fn no_pending_letter_in_a_resolved_group(pool: &PgPool) {
+    let stranded: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM core.dead_letters d JOIN core.dead_letter_groups g ON g.id = d.group_id
+         WHERE d.status = 'pending_review' AND g.resolved_at IS NOT NULL",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(stranded, 0, "a pending letter in a resolved group");
 }
 
 /// Discards whatever is pending, `batch` letters at a time, until `stop`.
@@ -392,14 +396,7 @@ async fn calls_of_many_letters_racing_reviews_keep_every_count_exact(pool: PgPoo
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     reviewer.await.unwrap();
     counts_match_letters(&pool).await;
-    let stranded: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM core.dead_letters d JOIN core.dead_letter_groups g ON g.id = d.group_id
-         WHERE d.status = 'pending_review' AND g.resolved_at IS NOT NULL",
-    )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
-    assert_eq!(stranded, 0, "a pending letter in a resolved group");
+    no_pending_letter_in_a_resolved_group(&pool).await;
     let open_per_failure: Vec<i64> = sqlx::query_scalar(
         "SELECT count(*) FROM core.dead_letter_groups WHERE resolved_at IS NULL GROUP BY error_kind",
     )

@@ -10,6 +10,7 @@ use crate::ids::{ConsumerName, DeadLetterId, MAX_ID_BYTES, bounded_id, storable,
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::PgConnection;
+use std::borrow::Cow;
 use std::time::Duration;
 
 /// The result of [`record_dead_letter`].
@@ -59,15 +60,15 @@ pub(super) async fn record_stored(
     now: DateTime<Utc>,
     storage: Storage,
 ) -> sqlx::Result<Recorded> {
-    let (payload, id_bytes) = match storage {
-        Storage::Parsed => (crate::envelope::body_as_json(letter.body), MAX_ID_BYTES),
-        Storage::AsReceived => (Value::String(letter.body.replace('\0', "\u{fffd}")), 64),
-    };
-    let message_id = bounded_id(letter.message_id, "message");
-    let queue = bounded_id(letter.queue, "unknown");
-    let body = without_nul(letter.body);
-    let last_error = storable_error(letter.last_error);
-    let correlation_id = letter.correlation_id.map(|c| storable(c, id_bytes));
+    let Bounded {
+        payload,
+        message_id,
+        queue,
+        body,
+        last_error,
+        correlation_id,
+        message_group,
+    } = Bounded::of(letter, storage);
     let digest_fields =
         (digest.is_some() && !letter.digest_fields.is_empty()).then_some(letter.digest_fields);
     let inserted = sqlx::query_scalar!(
@@ -95,7 +96,7 @@ pub(super) async fn record_stored(
         letter.replay_of.map(|r| r.0),
         now,
         digest.map(|d| d.0.as_slice()),
-        letter.message_group.and_then(crate::ids::message_group),
+        message_group,
         // `&[&str]` for `text[]`, which the macro's check knows only as `&[String]`.
         digest_fields as _,
         letter.trace.map(|t| t.to_w3c()),
@@ -105,6 +106,36 @@ pub(super) async fn record_stored(
     match inserted {
         Some(id) => Ok(Recorded::New(DeadLetterId(id))),
         None => existing_letter(conn, letter.consumer, &message_id).await,
+    }
+}
+
+/// A letter's values as its row keeps them, each bounded so that nothing a producer sends can
+/// make the write fail: what both writers ([`record_stored`], [`write_letters`]) store.
+struct Bounded<'a> {
+    payload: Value,
+    message_id: Cow<'a, str>,
+    queue: Cow<'a, str>,
+    body: Cow<'a, str>,
+    last_error: Cow<'a, str>,
+    correlation_id: Option<Cow<'a, str>>,
+    message_group: Option<&'a str>,
+}
+
+impl<'a> Bounded<'a> {
+    fn of(letter: &NewDeadLetter<'a>, storage: Storage) -> Self {
+        let (payload, id_bytes) = match storage {
+            Storage::Parsed => (crate::envelope::body_as_json(letter.body), MAX_ID_BYTES),
+            Storage::AsReceived => (Value::String(letter.body.replace('\0', "\u{fffd}")), 64),
+        };
+        Bounded {
+            payload,
+            message_id: bounded_id(letter.message_id, "message"),
+            queue: bounded_id(letter.queue, "unknown"),
+            body: without_nul(letter.body),
+            last_error: storable_error(letter.last_error),
+            correlation_id: letter.correlation_id.map(|c| storable(c, id_bytes)),
+            message_group: letter.message_group.and_then(crate::ids::message_group),
+        }
     }
 }
 
@@ -198,6 +229,7 @@ pub(super) async fn write_letters(
 }
 
 /// A call's letters as `core.record_letters` takes them: a column each, every value bounded.
+#[derive(Default)]
 struct Columns {
     digest_fields: Option<Vec<String>>,
     job_ids: Vec<Option<uuid::Uuid>>,
@@ -224,53 +256,33 @@ impl Columns {
         let mut columns = Columns {
             digest_fields: (!fields.is_empty())
                 .then(|| fields.iter().map(|f| f.to_string()).collect()),
-            job_ids: Vec::new(),
-            tenant_ids: Vec::new(),
-            queues: Vec::new(),
-            message_ids: Vec::new(),
-            payloads: Vec::new(),
-            bodies: Vec::new(),
-            attempts: Vec::new(),
-            kinds: Vec::new(),
-            errors: Vec::new(),
-            conflict_errors: Vec::new(),
-            correlation_ids: Vec::new(),
-            replay_ofs: Vec::new(),
-            digests: Vec::new(),
-            message_groups: Vec::new(),
-            traces: Vec::new(),
+            ..Columns::default()
         };
         for (letter, digest) in letters {
+            let bounded = Bounded::of(letter, Storage::Parsed);
             columns.job_ids.push(letter.job_id.map(|j| j.0));
             columns.tenant_ids.push(letter.tenant_id.map(|t| t.0));
-            columns
-                .queues
-                .push(bounded_id(letter.queue, "unknown").into_owned());
-            let message_id = bounded_id(letter.message_id, "message");
-            columns.message_ids.push(message_id.into_owned());
-            columns
-                .payloads
-                .push(crate::envelope::body_as_json(letter.body));
-            columns.bodies.push(without_nul(letter.body).into_owned());
+            columns.queues.push(bounded.queue.into_owned());
+            columns.message_ids.push(bounded.message_id.into_owned());
+            columns.payloads.push(bounded.payload);
+            columns.bodies.push(bounded.body.into_owned());
             columns
                 .attempts
                 .push(i32::try_from(letter.attempts).unwrap_or(i32::MAX));
             columns.kinds.push(letter.kind.as_str().to_owned());
-            columns
-                .errors
-                .push(storable_error(letter.last_error).into_owned());
+            columns.errors.push(bounded.last_error.into_owned());
             // Only a letter with a digest can find another job under its id.
             columns.conflict_errors.push(
                 digest.map(|_| storable_error(&conflict_error(letter.last_error)).into_owned()),
             );
-            let correlation_id = letter.correlation_id.map(|c| storable(c, MAX_ID_BYTES));
             columns
                 .correlation_ids
-                .push(correlation_id.map(|c| c.into_owned()));
+                .push(bounded.correlation_id.map(Cow::into_owned));
             columns.replay_ofs.push(letter.replay_of.map(|r| r.0));
             columns.digests.push(digest.map(|d| d.0.to_vec()));
-            let group = letter.message_group.and_then(crate::ids::message_group);
-            columns.message_groups.push(group.map(str::to_owned));
+            columns
+                .message_groups
+                .push(bounded.message_group.map(str::to_owned));
             columns.traces.push(letter.trace.map(|t| t.to_w3c()));
         }
         columns

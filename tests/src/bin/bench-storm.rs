@@ -454,8 +454,8 @@ fn report(setup: &str, rates: &Rates, trips: &Rates) -> Vec<Value> {
 
 /// pgbench at [`PGBENCH_CLIENTS`] on the same tables: what the fence + award transaction, a
 /// letter of one group, of distinct groups, and the consumer's whole poison transaction (the
-/// letter settled through the fence, as statements and as the one call the consumer makes),
-/// each commit per second; and ten letters in one call (batch mode's poison).
+/// letter settled through the fence, as the statements per-job mode sends and as one call),
+/// each commit per second; and ten letters in one call, as batch mode writes its poison.
 fn pgbench_context(url: &str) -> Vec<Value> {
     let sides: [(&str, &str, &[&str]); 6] = [
         ("fence + award (fence_effect.sql)", "fence_effect.sql", &[]),
