@@ -5,7 +5,7 @@
 # the local SQS API and the real consumer binaries, with SIGKILLs, a restart of a throwaway
 # PostgreSQL cluster of its own (initdb in a temporary directory; never the machine's) and lost
 # SQS deletes; then the invariant checker. Exits non-zero if the promise broke. (The test
-# command runs a 2,000-job form of it.)
+# command runs a 1,200-job form of it, 600 on FIFO.)
 #
 # `bash scripts/soak.sh model [cases] [seed]`: the model-based test's long form instead
 # (`shared/tests/model.rs`, issue 34): `cases` generated histories (default 2,000) against the

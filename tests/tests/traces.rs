@@ -181,7 +181,11 @@ async fn each_job_is_one_span_with_its_link_and_its_statements(
                     .unwrap()
                     .to_owned()
             };
-            let root = get("Root=").replace("1-", "").replace('-', "");
+            // Only the version's "1-": the epoch's hex may itself end in 1.
+            let root = get("Root=")
+                .strip_prefix("1-")
+                .expect("an X-Ray root of version 1")
+                .replace('-', "");
             (root, get("Parent="))
         })
         .collect();
