@@ -97,14 +97,18 @@ BEGIN
     END LOOP;
 
     -- 2. A message that has its letter already (a redelivery after a lost ack) keeps it: found
-    -- under a lock per message, as the insert trigger finds it (0009).
+    -- under a lock per message, as the insert trigger finds it (0009). So does a message's
+    -- later copy in this call: its first copy's letter is its letter, and only a letter that
+    -- is written opens or counts a group (else a group could open with a sample never written).
     PERFORM pg_advisory_xact_lock(hashtextextended('core.dead_letters:' || p_consumer || ':' || m, 0))
        FROM (SELECT DISTINCT u.m FROM unnest(p_message_ids) WITH ORDINALITY AS u (m, o)
               WHERE verdicts[u.o] <> 'already_processed' ORDER BY u.m) AS s;
     SELECT coalesce(array_agg(u.o::integer), '{}') INTO written
       FROM unnest(p_message_ids) WITH ORDINALITY AS u (m, o)
      WHERE verdicts[u.o] <> 'already_processed'
-       AND EXISTS (SELECT 1 FROM core.dead_letters d WHERE d.consumer = p_consumer AND d.message_id = u.m);
+       AND (EXISTS (SELECT 1 FROM core.dead_letters d WHERE d.consumer = p_consumer AND d.message_id = u.m)
+            OR EXISTS (SELECT 1 FROM unnest(p_message_ids) WITH ORDINALITY AS e (m, o)
+                        WHERE e.m = u.m AND e.o < u.o AND verdicts[e.o] <> 'already_processed'));
     FOR i IN 1..n LOOP
         IF verdicts[i] <> 'already_processed' AND NOT i = ANY (written) THEN
             ids[i] := gen_random_uuid();
@@ -115,7 +119,17 @@ BEGIN
     -- 3. Each failure group once per call, not once per letter: the open group of each
     -- (queue, kind, fingerprint) is found FOR KEY SHARE (as the insert trigger finds it, 0023:
     -- the review resolving it waits for this call), or opened with the first of its letters as
-    -- its sample; in one order, so two calls opening groups never deadlock.
+    -- its sample; in one order, so two calls opening groups never deadlock. The groups already
+    -- open are locked first, in id order: the order a review statement (0026) and a commit
+    -- closing its job's letters take them in, so a call never holds one while waiting for
+    -- another a review holds (in key order it could).
+    PERFORM 1 FROM core.dead_letter_groups dg
+      WHERE dg.consumer = p_consumer AND dg.resolved_at IS NULL
+        AND (dg.queue, dg.error_kind, dg.fingerprint) IN
+            (SELECT p_queues[o], kinds[o], prints[o] FROM generate_subscripts(p_message_ids, 1) AS o
+              WHERE ids[o] IS NOT NULL)
+      ORDER BY dg.id
+      FOR KEY SHARE OF dg;
     FOR g IN
         SELECT DISTINCT ON (p_queues[o], kinds[o], prints[o]) o
           FROM generate_subscripts(p_message_ids, 1) AS o

@@ -413,3 +413,99 @@ async fn calls_of_many_letters_racing_reviews_keep_every_count_exact(pool: PgPoo
         .unwrap();
     assert_eq!(letters, 6 * 15 * 10);
 }
+
+/// Issue 36 (an outside review of `core.record_letters`): one message twice in one call under
+/// two failures is one letter, the first copy's; no group opens with a sample that was never
+/// written, and none is left with no letter.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn a_message_twice_in_one_call_under_two_failures_is_one_letter_in_one_group(pool: PgPool) {
+    let first = storm_letter(1);
+    let again = TestLetter {
+        message_id: first.message_id.clone(),
+        ..other_letter(2)
+    };
+    let settled = write_together(&pool, &[first, again]).await;
+    let Settled::Recorded(Recorded::New(letter)) = settled[0] else {
+        panic!("the first copy writes the letter: {settled:?}");
+    };
+    assert_eq!(
+        settled[1],
+        Settled::Recorded(Recorded::AlreadyRecorded(letter)),
+        "the second copy is answered by the first's letter"
+    );
+    counts_match_letters(&pool).await;
+    let groups: Vec<(String, i64, bool)> = sqlx::query_as(
+        "SELECT g.error_kind, g.letter_count,
+                EXISTS (SELECT 1 FROM core.dead_letters d WHERE d.id = g.sample_letter_id)
+         FROM core.dead_letter_groups_counted g ORDER BY g.id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(groups, [("exhausted".to_string(), 1, true)]);
+}
+
+/// Issue 36 (an outside review of `core.record_letters`): a call takes the groups already open
+/// in id order, the order a review statement resolves them in (0026), so a call and a review
+/// never wait on each other in a circle. Here the groups' key order is the reverse of their id
+/// order, and the "review" holds the first by id while the call starts, then takes the second.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn a_call_takes_its_groups_in_the_order_reviews_do(pool: PgPool) {
+    // The permanent failure's group opens first (lower id); by key, exhausted comes first.
+    let first = record_letter(&pool, &other_letter(1), Utc::now()).await;
+    let second = record_letter(&pool, &storm_letter(2), Utc::now()).await;
+    let group_id = |id| {
+        let pool = pool.clone();
+        async move { group_of_letter(&pool, id).await.unwrap().unwrap().id }
+    };
+    let (low, high) = (group_id(first).await, group_id(second).await);
+    assert!(low < high);
+
+    let mut review = pool.begin().await.unwrap();
+    sqlx::query("SET LOCAL lock_timeout = '20s'")
+        .execute(&mut *review)
+        .await
+        .unwrap();
+    sqlx::query("SELECT 1 FROM core.dead_letter_groups WHERE id = $1 FOR UPDATE")
+        .bind(low)
+        .execute(&mut *review)
+        .await
+        .unwrap();
+    let call = tokio::spawn({
+        let pool = pool.clone();
+        async move { write_together(&pool, &[storm_letter(3), other_letter(4)]).await }
+    });
+    // The call is waiting on the group the review holds.
+    let waiting = async {
+        loop {
+            let locked: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            if locked > 0 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(20), waiting)
+        .await
+        .expect("the call waits for the review's group");
+    sqlx::query("SELECT 1 FROM core.dead_letter_groups WHERE id = $1 FOR UPDATE")
+        .bind(high)
+        .execute(&mut *review)
+        .await
+        .expect("the review takes its second group: the call holds none yet");
+    review.commit().await.unwrap();
+    let settled = call.await.expect("the call ends after the review");
+    assert!(
+        settled
+            .iter()
+            .all(|s| matches!(s, Settled::Recorded(Recorded::New(_)))),
+        "{settled:?}"
+    );
+    counts_match_letters(&pool).await;
+}
