@@ -485,3 +485,35 @@ async fn poison_exhausted_permanent_and_crashed_letters_all_alert(pool: PgPool) 
         .collect();
     assert_eq!(names, expected);
 }
+
+/// Issue 36: a process's paging rounds take turns (a storm costs one round at a time, not one
+/// per letter), and a letter committed while a round runs is still paged by the round its
+/// caller waits for, not left to the scheduled run: the round in flight read the groups before
+/// the letter was there.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn a_letter_committed_during_a_round_is_paged_by_the_round_after_it(pool: PgPool) {
+    let receiver = AlertReceiver::start().await;
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let alerter = alerter_with(&pool, &receiver.url, clock, Routes::default());
+    letter(&pool, "jobs-a", "ledger timeout after 31 s", Utc::now()).await;
+    receiver.set_latency(Duration::from_millis(400));
+    let first = tokio::spawn({
+        let alerter = alerter.clone();
+        async move { alerter.deliver_pending(10).await }
+    });
+    // The first round has claimed jobs-a's group and waits on BetterStack.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    letter(&pool, "jobs-b", "partner refused the call", Utc::now()).await;
+    let askers: Vec<_> = (0..8)
+        .map(|_| {
+            let alerter = alerter.clone();
+            tokio::spawn(async move { alerter.deliver_pending(10).await })
+        })
+        .collect();
+    let mut opened = first.await.unwrap().opened;
+    for asker in askers {
+        opened += asker.await.unwrap().opened;
+    }
+    assert_eq!(opened, 2, "each group's incident opened once, by a caller");
+    assert_eq!(receiver.incidents().len(), 2);
+}

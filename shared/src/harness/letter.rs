@@ -142,14 +142,21 @@ impl<C: Consumer> Harness<C> {
 
     /// A letter is committed: a new one pages (within the alerter's budget), then the outcome.
     async fn lettered(&self, kind: ErrorKind, letter: Recorded, error: String) -> RecordOutcome {
-        if let (Recorded::New(_), Some(alerter)) = (letter, &self.alerter) {
-            let delivery = alerter.deliver_pending(ALERTS_PER_ROUND).await;
-            self.metrics.count_delivery(&delivery);
+        if let Recorded::New(_) = letter {
+            self.page_new_letters().await;
         }
         RecordOutcome::DeadLettered {
             kind,
             letter,
             error,
+        }
+    }
+
+    /// One paging round for letters just committed (one or a batch's), if alerting is on.
+    async fn page_new_letters(&self) {
+        if let Some(alerter) = &self.alerter {
+            let delivery = alerter.deliver_pending(ALERTS_PER_ROUND).await;
+            self.metrics.count_delivery(&delivery);
         }
     }
 
@@ -205,21 +212,28 @@ impl<C: Consumer> Harness<C> {
             }
         };
         drop(letters);
+        // One paging round for the batch's new letters, not one per letter.
+        let new = |s: &Settled| {
+            matches!(
+                s,
+                Settled::Recorded(Recorded::New(_)) | Settled::Conflict(Recorded::New(_))
+            )
+        };
+        if settled.iter().any(new) {
+            self.page_new_letters().await;
+        }
         for ((i, parsed), settled) in poison.into_iter().zip(settled) {
             let Err(p) = parsed else { continue };
             let span = self.span(&msgs[i], &p.ids);
+            let lettered = |kind, letter, error| RecordOutcome::DeadLettered {
+                kind,
+                letter,
+                error,
+            };
             let outcome = match settled {
                 Settled::AlreadyProcessed => RecordOutcome::Duplicate,
-                Settled::Recorded(letter) => {
-                    self.lettered(ErrorKind::Poison, letter, p.reason)
-                        .instrument(span.clone())
-                        .await
-                }
-                Settled::Conflict(letter) => {
-                    self.lettered(ErrorKind::Conflict, letter, p.reason)
-                        .instrument(span.clone())
-                        .await
-                }
+                Settled::Recorded(letter) => lettered(ErrorKind::Poison, letter, p.reason),
+                Settled::Conflict(letter) => lettered(ErrorKind::Conflict, letter, p.reason),
             };
             self.observe_duration_since(started);
             self.count_and_log(&span, &outcome);
