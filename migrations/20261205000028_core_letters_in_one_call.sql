@@ -62,7 +62,7 @@ DECLARE
     ids uuid[] := array_fill(NULL::uuid, ARRAY[n]);
     groups bigint[] := array_fill(NULL::bigint, ARRAY[n]);
     claimed uuid[] := '{}';
-    written integer[];
+    seen text[] := '{}';
     inserted uuid[];
     claim text;
     i integer;
@@ -100,17 +100,19 @@ BEGIN
     -- under a lock per message, as the insert trigger finds it (0009). So does a message's
     -- later copy in this call: its first copy's letter is its letter, and only a letter that
     -- is written opens or counts a group (else a group could open with a sample never written).
+    -- A probe per message on the one-per-message key, not one statement over the call's
+    -- messages: planned generically while the table was small (a new deployment, an emptied
+    -- one), such a statement hashed the consumer's every letter on every call, whatever the
+    -- table grew to.
     PERFORM pg_advisory_xact_lock(hashtextextended('core.dead_letters:' || p_consumer || ':' || m, 0))
        FROM (SELECT DISTINCT u.m FROM unnest(p_message_ids) WITH ORDINALITY AS u (m, o)
               WHERE verdicts[u.o] <> 'already_processed' ORDER BY u.m) AS s;
-    SELECT coalesce(array_agg(u.o::integer), '{}') INTO written
-      FROM unnest(p_message_ids) WITH ORDINALITY AS u (m, o)
-     WHERE verdicts[u.o] <> 'already_processed'
-       AND (EXISTS (SELECT 1 FROM core.dead_letters d WHERE d.consumer = p_consumer AND d.message_id = u.m)
-            OR EXISTS (SELECT 1 FROM unnest(p_message_ids) WITH ORDINALITY AS e (m, o)
-                        WHERE e.m = u.m AND e.o < u.o AND verdicts[e.o] <> 'already_processed'));
     FOR i IN 1..n LOOP
-        IF verdicts[i] <> 'already_processed' AND NOT i = ANY (written) THEN
+        CONTINUE WHEN verdicts[i] = 'already_processed' OR p_message_ids[i] = ANY (seen);
+        seen := seen || p_message_ids[i];
+        PERFORM 1 FROM core.dead_letters d
+          WHERE d.consumer = p_consumer AND d.message_id = p_message_ids[i];
+        IF NOT FOUND THEN
             ids[i] := gen_random_uuid();
             prints[i] := core.error_fingerprint(kinds[i], errors[i]);
         END IF;

@@ -135,6 +135,9 @@ pub struct PollReport {
     pub left: usize,
     /// Why the invocation failed, if it did (then every record is left).
     pub invoke_error: Option<String>,
+    /// Each record received: its message id, receive count, and whether it was deleted (what a
+    /// soak writes down, so a job it finds lost can be followed through the queue).
+    pub records: Vec<(String, String, bool)>,
 }
 
 /// A function an event source can invoke: a [`LambdaHost`] here, or one served over HTTP by
@@ -268,8 +271,23 @@ impl<F: Invoke> EventSource<'_, F> {
                     .expect("entry")
             })
             .collect();
+        report.records = messages
+            .iter()
+            .map(|m| {
+                let id = m.message_id.clone().unwrap_or_default();
+                let count = m
+                    .attributes
+                    .as_ref()
+                    .and_then(|a| a.get(&MessageSystemAttributeName::ApproximateReceiveCount))
+                    .cloned()
+                    .unwrap_or_default();
+                let deleted = !failed.contains(&id);
+                (id, count, deleted)
+            })
+            .collect();
         if !done.is_empty() && self.delete_loss > 0.0 && rand::random_bool(self.delete_loss) {
             report.left = messages.len();
+            report.records.iter_mut().for_each(|r| r.2 = false);
             report.invoke_error = Some("DeleteMessageBatch lost (injected fault)".into());
             return report;
         }

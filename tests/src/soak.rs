@@ -257,20 +257,25 @@ pub async fn run(spec: &SoakSpec, stack_spec: StackSpec, admin: &PgPool) -> Soak
     let consumers: Vec<LambdaHost> = (0..spec.consumers)
         .map(|i| LambdaHost::new(stack_spec.consumer_function(&format!("consumer-{i}"))))
         .collect();
+    let stack_spec_log_dir = stack_spec.log_dir.clone();
     let stack = Arc::new(Stack::start(stack_spec).await);
     let consumers = Arc::new(consumers);
     let started = Instant::now();
     let stop = Arc::new(AtomicBool::new(false));
     let lost_deletes = Arc::new(AtomicU64::new(0));
 
+    // What the queues did with each message (sent, received, deleted or left), beside the
+    // functions' logs: a job the checker finds lost is followed through it by its message ids.
+    let trace = Arc::new(Trace::open(stack_spec_log_dir.as_deref()));
     // The event source: one poller per consumer sandbox, one for the DLQ.
     let mut pollers = tokio::task::JoinSet::new();
     for i in 0..spec.consumers {
-        let (stack, consumers, stop, lost) = (
+        let (stack, consumers, stop, lost, trace) = (
             stack.clone(),
             consumers.clone(),
             stop.clone(),
             lost_deletes.clone(),
+            trace.clone(),
         );
         let loss = spec.delete_loss;
         pollers.spawn(async move {
@@ -283,6 +288,7 @@ pub async fn run(spec: &SoakSpec, stack_spec: StackSpec, admin: &PgPool) -> Soak
                     delete_loss: loss,
                 };
                 let report = source.poll_once().await;
+                trace.poll(&format!("consumer-{i}"), &report);
                 if report
                     .invoke_error
                     .as_deref()
@@ -294,7 +300,7 @@ pub async fn run(spec: &SoakSpec, stack_spec: StackSpec, admin: &PgPool) -> Soak
         });
     }
     {
-        let (stack, stop) = (stack.clone(), stop.clone());
+        let (stack, stop, trace) = (stack.clone(), stop.clone(), trace.clone());
         pollers.spawn(async move {
             while !stop.load(Ordering::Relaxed) {
                 let source = EventSource {
@@ -304,7 +310,7 @@ pub async fn run(spec: &SoakSpec, stack_spec: StackSpec, admin: &PgPool) -> Soak
                     batch_size: 10,
                     delete_loss: 0.0,
                 };
-                source.poll_once().await;
+                trace.poll("dlq-ingester", &source.poll_once().await);
             }
         });
     }
@@ -358,7 +364,13 @@ pub async fn run(spec: &SoakSpec, stack_spec: StackSpec, admin: &PgPool) -> Soak
                 .send()
                 .await
             {
-                Ok(out) if out.failed.is_empty() => break,
+                Ok(out) if out.failed.is_empty() => {
+                    for sent in &out.successful {
+                        let p = chunk[sent.id.parse::<usize>().expect("our entry ids")];
+                        trace.line(&format!("sent {} {}", sent.message_id, p.body));
+                    }
+                    break;
+                }
                 _ => tokio::time::sleep(Duration::from_millis(200)).await,
             }
         }
@@ -612,4 +624,52 @@ async fn check(admin: &PgPool, planned: &[Planned]) -> SoakReport {
         }
     }
     report
+}
+
+/// The soak's queue trace (`event-source.log` in the functions' log directory, if there is
+/// one): a line per message sent and per poll, with the records received, each with its receive
+/// count and `deleted` or `left`.
+struct Trace {
+    file: Option<std::sync::Mutex<std::fs::File>>,
+    started: Instant,
+}
+
+impl Trace {
+    fn open(dir: Option<&std::path::Path>) -> Self {
+        let file = dir.map(|d| {
+            let file = std::fs::File::create(d.join("event-source.log")).expect("the trace file");
+            std::sync::Mutex::new(file)
+        });
+        Self {
+            file,
+            started: Instant::now(),
+        }
+    }
+
+    fn line(&self, text: &str) {
+        if let Some(file) = &self.file {
+            use std::io::Write;
+            let at = self.started.elapsed().as_secs_f64();
+            let _ = writeln!(file.lock().unwrap(), "{at:9.3} {text}");
+        }
+    }
+
+    fn poll(&self, function: &str, report: &crate::event_source::PollReport) {
+        if report.received == 0 && report.invoke_error.is_none() {
+            return;
+        }
+        let records: Vec<String> = report
+            .records
+            .iter()
+            .map(|(id, count, deleted)| {
+                format!("{id}:{count}:{}", if *deleted { "deleted" } else { "left" })
+            })
+            .collect();
+        self.line(&format!(
+            "poll {function} received={} error={:?} {}",
+            report.received,
+            report.invoke_error,
+            records.join(" ")
+        ));
+    }
 }
