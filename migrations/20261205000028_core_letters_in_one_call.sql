@@ -163,7 +163,8 @@ BEGIN
 
     -- 4. The letters, in one statement, each with its group (so the insert trigger leaves them
     -- be); replay_of comes from a message attribute any producer can set: it links only to a
-    -- letter of the same job, so a stray id can never make a letter unwritable.
+    -- letter of the same job (a letter without one links to none: it cannot be replayed), so a
+    -- stray id can never make a letter unwritable.
     WITH made AS (
         INSERT INTO core.dead_letters AS d (id, job_id, tenant_id, consumer, queue, message_id, payload,
             body, attempts, error_kind, last_error, correlation_id, replay_of, created_at,
@@ -171,7 +172,7 @@ BEGIN
         SELECT ids[o], p_job_ids[o], p_tenant_ids[o], p_consumer, p_queues[o], p_message_ids[o],
                p_payloads[o], p_bodies[o], p_attempts[o], kinds[o], errors[o], p_correlation_ids[o],
                (SELECT r.id FROM core.dead_letters r
-                 WHERE r.id = p_replay_ofs[o] AND r.job_id IS NOT DISTINCT FROM p_job_ids[o]),
+                 WHERE r.id = p_replay_ofs[o] AND r.job_id = p_job_ids[o]),
                p_now, p_digests[o], p_message_groups[o],
                CASE WHEN p_digests[o] IS NOT NULL THEN p_digest_fields END, p_traces[o], groups[o]
           FROM generate_subscripts(p_message_ids, 1) AS o

@@ -486,10 +486,9 @@ async fn poison_exhausted_permanent_and_crashed_letters_all_alert(pool: PgPool) 
     assert_eq!(names, expected);
 }
 
-/// Issue 36: a process's paging rounds take turns (a storm costs one round at a time, not one
-/// per letter), and a letter committed while a round runs is still paged by the round its
-/// caller waits for, not left to the scheduled run: the round in flight read the groups before
-/// the letter was there.
+/// Issue 36: a letter committed while another caller's round runs is paged by its own caller's
+/// round, not left to the scheduled run (the round in flight read the groups before the letter
+/// was there). A version that skipped a caller while a round was in flight failed here.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn a_letter_committed_during_a_round_is_paged_by_the_round_after_it(pool: PgPool) {
     let receiver = AlertReceiver::start().await;

@@ -78,7 +78,7 @@ pub(super) async fn record_stored(
          -- replay_of comes from a message attribute any producer can set: it links only to a
          -- letter of the same job, so a stray id can never make the letter unwritable.
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11,
-                 (SELECT id FROM core.dead_letters WHERE id = $12 AND job_id IS NOT DISTINCT FROM $1), $13,
+                 (SELECT id FROM core.dead_letters WHERE id = $12 AND job_id = $1), $13,
                  $14, $15, $16, $17)
          ON CONFLICT ON CONSTRAINT dead_letters_one_per_message DO NOTHING
          RETURNING id",

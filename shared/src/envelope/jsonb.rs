@@ -65,12 +65,14 @@ fn numeric_digits(n: &str) -> Option<u64> {
         .filter(|e: &i64| e.unsigned_abs() < 1_000_000_000)?;
     let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
     let significant = int.trim_start_matches('0');
-    if significant.is_empty() && frac.bytes().all(|b| b == b'0') {
-        return Some(1 + frac.len() as u64);
-    }
-    // Digits before the point and after it once the exponent has moved the point.
-    let before = significant.len() as i64 + exponent;
+    // Digits after the point once the exponent has moved it: zero keeps them too, so a zero
+    // is refused past the same bound (`0e-16384`).
     let after = (frac.len() as i64 - exponent).max(0);
+    if significant.is_empty() && frac.bytes().all(|b| b == b'0') {
+        return (after <= 16_383).then_some(1 + after as u64);
+    }
+    // Digits before the point and after it.
+    let before = significant.len() as i64 + exponent;
     if before > 131_072 || after > 16_383 {
         return None;
     }
@@ -90,6 +92,12 @@ mod tests {
             ("1e131072", false),
             ("1e-16383", true),
             ("1e-16384", false),
+            ("0e-16383", true),
+            ("0e-16384", false),
+            ("0.0e-16382", true),
+            ("0.0e-16383", false),
+            ("-0e-99999", false),
+            ("0e999999", true),
             ("1e200000", false),
             ("1E+99999999999999999999999", false),
             ("0e999999", true),

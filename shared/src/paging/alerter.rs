@@ -11,7 +11,6 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -25,21 +24,6 @@ pub struct Alerter {
     clock: Arc<dyn Clock>,
     budget: Duration,
     update_every: Duration,
-    rounds: Arc<Rounds>,
-}
-
-/// The paging rounds of one process's callers taken in turns: a caller whose letter a round
-/// started after it asked has already covered returns at once. A storm then costs a process
-/// one round at a time, not one per letter (each a claim query on the groups), and no letter
-/// is left to the scheduled run: its caller asked after committing it, so the round that
-/// covers it read the groups after the letter was there.
-#[derive(Default)]
-struct Rounds {
-    /// Callers that have asked for a round (each a ticket).
-    asked: AtomicU64,
-    /// The last ticket a finished round covers: every ticket taken before it started.
-    covered: AtomicU64,
-    turn: tokio::sync::Mutex<()>,
 }
 
 impl fmt::Debug for Alerter {
@@ -71,7 +55,6 @@ impl Alerter {
             clock,
             budget,
             update_every,
-            rounds: Arc::default(),
         }
     }
 
@@ -119,23 +102,15 @@ impl Alerter {
     }
 
     /// Claims up to `limit` groups whose incident is due a step and delivers each, all within
-    /// the budget; while another caller's round runs, waits for it, and returns at once (no
-    /// pages) if a round that started after this call covered it. Never returns an error: alerting must not fail the caller. Boxed and erased:
+    /// the budget. Never returns an error: alerting must not fail the caller. Boxed and erased:
     /// every message's future that writes a letter carries it, and inline its type is deep
     /// enough to overflow the compiler's `Send` check in callers.
     pub fn deliver_pending(&self, limit: i64) -> Pin<Box<dyn Future<Output = Pages> + Send + '_>> {
         Box::pin(async move {
-            let ticket = self.rounds.asked.fetch_add(1, Ordering::SeqCst) + 1;
-            let _turn = self.rounds.turn.lock().await;
-            if self.rounds.covered.load(Ordering::SeqCst) >= ticket {
-                return Pages::default();
-            }
-            let covers = self.rounds.asked.load(Ordering::SeqCst);
             let until = Instant::now() + self.budget;
             let pages = self
                 .page(&self.group_incidents(), limit, until, Pace::Share)
                 .await;
-            self.rounds.covered.store(covers, Ordering::SeqCst);
             pages.unwrap_or_else(|e| {
                 tracing::warn!(error = %e, "could not read the incidents due");
                 Pages::default()
