@@ -12,6 +12,7 @@ pub mod dev;
 pub mod event_source;
 pub mod faulty_award;
 pub mod gateway;
+pub mod groups;
 pub mod lambda_host;
 pub mod latency_proxy;
 pub mod local_stack;

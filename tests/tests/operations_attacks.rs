@@ -118,35 +118,8 @@ async fn write(pool: &PgPool, letter: &TestLetter) -> DeadLetterId {
 
 /// Every group's counts as read against its letters, and each failure's open groups.
 async fn groups_exact(pool: &PgPool) {
-    let rows: Vec<(i64, i64, i64, i64, i64, bool)> = sqlx::query_as(
-        "SELECT g.id, g.letter_count, g.pending_count,
-                (SELECT count(*) FROM core.dead_letters d WHERE d.group_id = g.id),
-                (SELECT count(*) FROM core.dead_letters d WHERE d.group_id = g.id AND d.status = 'pending_review'),
-                g.resolved_at IS NULL
-         FROM core.dead_letter_groups_counted g ORDER BY g.id",
-    )
-    .fetch_all(pool)
-    .await
-    .unwrap();
-    for (id, letters, pending, counted, counted_pending, open) in rows {
-        assert_eq!(
-            (letters, pending),
-            (counted, counted_pending),
-            "group {id}'s counts as read against its letters"
-        );
-        assert_eq!(
-            open,
-            pending > 0,
-            "group {id} is open exactly while it has a pending letter"
-        );
-    }
-    let doubled = scalar(
-        pool,
-        "SELECT count(*) FROM (SELECT 1 FROM core.dead_letter_groups WHERE resolved_at IS NULL
-           GROUP BY consumer, queue, error_kind, fingerprint HAVING count(*) > 1) x",
-    )
-    .await;
-    assert_eq!(doubled, 0, "one open group per failure");
+    e2e::groups::counts_match_letters(pool).await;
+    e2e::groups::one_open_group_per_failure(pool).await;
 }
 
 /// Each operation's progress against the letters that carry its id.

@@ -12,6 +12,7 @@ use consumer::{AwardPoints, count_awards};
 use dead_letter_api::api::Scope;
 use e2e::alert_receiver::AlertReceiver;
 use e2e::api_client::{caller, request, with_body};
+use e2e::groups::counts_match_letters;
 use e2e::stack::Stack;
 use futures_util::future::join_all;
 use serde_json::{Value, json};
@@ -90,33 +91,6 @@ async fn fenced(pool: &PgPool, job: JobId) -> bool {
 
 fn pending(letters: &[Letter]) -> usize {
     letters.iter().filter(|l| l.3 == "pending_review").count()
-}
-
-/// Each group's counts as the API reads them, against a count of its letters (as in
-/// `storm_groups.rs`), and open exactly while it has a pending letter.
-async fn counts_match_letters(pool: &PgPool) {
-    let rows: Vec<(i64, i64, i64, i64, i64, bool)> = sqlx::query_as(
-        "SELECT g.id, g.letter_count, g.pending_count,
-                (SELECT count(*) FROM core.dead_letters d WHERE d.group_id = g.id),
-                (SELECT count(*) FROM core.dead_letters d WHERE d.group_id = g.id AND d.status = 'pending_review'),
-                g.resolved_at IS NULL
-         FROM core.dead_letter_groups_counted g ORDER BY g.id",
-    )
-    .fetch_all(pool)
-    .await
-    .unwrap();
-    for (id, letters, pending, counted, counted_pending, open) in rows {
-        assert_eq!(
-            (letters, pending),
-            (counted, counted_pending),
-            "group {id}'s counts against its letters"
-        );
-        assert_eq!(
-            open,
-            pending > 0,
-            "group {id} is open exactly while it has a pending letter"
-        );
-    }
 }
 
 /// The promises, over the whole database: no job applied twice, no fence without its effect (a
@@ -563,10 +537,11 @@ async fn messages_and_replay_links_in_one_call_keep_one_letter_per_message_of_it
 
 /// A `replay_of` attribute (any producer can set one) naming the letter of an unreadable body,
 /// on another unreadable body: neither has a job, so the new letter is no replay of that one
-/// (an unreadable letter cannot even be replayed: it has no job id). The call links letters
-/// whose job ids are "not distinct", and two missing job ids are not distinct: the stray link
-/// then lists an unrelated letter among the replays of the first (`replays_of`,
-/// `groups_of_failed_replays`, where an operator looks for where a replay went).
+/// (an unreadable letter cannot even be replayed: it has no job id). The call linked letters
+/// whose job ids were "not distinct", and two missing job ids are not distinct: the stray link
+/// listed an unrelated letter among the replays of the first (`replays_of`,
+/// `groups_of_failed_replays`, where an operator looks for where a replay went). Fixed: a link
+/// needs the same job id.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn a_replay_of_naming_an_unreadable_letter_links_no_other_unreadable_letter(
     pool_opts: PgPoolOptions,
@@ -648,9 +623,9 @@ async fn two_jobs_whose_message_ids_are_stored_alike_each_keep_a_letter(pool: Pg
 // ---------------------------------------------------------------------------------------------
 // What PostgreSQL refuses inside the call.
 
-/// A batch of hostile poison: two numbers `jsonb` refuses although the Rust check lets them
-/// through as JSON (a zero with a scale past numeric's, `0e-16384` and `0.0e-16383`: PostgreSQL
-/// answers 22003, so the whole call fails and every record is written alone), beside a NUL
+/// A batch of hostile poison: two numbers `jsonb` refuses (a zero with a scale past numeric's,
+/// `0e-16384` and `0.0e-16383`: the Rust check let them through as JSON until this attack, and
+/// PostgreSQL's 22003 failed the whole call; now kept as JSON strings), beside a NUL
 /// escape, an exponent no number holds, a lone surrogate, a body at SQS's 256 KiB limit, an
 /// error string of 8,000 characters (an unknown key), a correlation id of 20,000, message ids of
 /// 1,000 characters and a queue name of 400, and a valid job. Every poison record gets exactly
@@ -866,9 +841,9 @@ async fn what_postgresql_refuses_in_the_call_falls_back_and_every_record_gets_on
 /// `body_as_json`'s invariant (`shared/src/envelope/jsonb.rs`): "whatever a producer sends, it
 /// gives a value `jsonb` accepts, so a letter is never refused for its body". A zero written with
 /// a scale past numeric's (`0e-16384`, `0.0e-16383`, `-0e-99999`) passes its digit count (a zero
-/// counts as one digit whatever its exponent) and PostgreSQL refuses it (22003). The letter
-/// still lands through the as-received fallback (see the test above), but any producer can make
-/// every batch's call fail and every record go alone.
+/// counted as one digit whatever its exponent) and PostgreSQL refused it (22003). The letter
+/// still landed through the as-received fallback, but any producer could make every batch's
+/// call fail and every record go alone. Fixed: a zero's digits after the point are counted.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn body_as_json_gives_what_jsonb_accepts_for_a_zero_past_numerics_scale(pool: PgPool) {
     for body in [
@@ -887,6 +862,54 @@ async fn body_as_json_gives_what_jsonb_accepts_for_a_zero_past_numerics_scale(po
 
 // ---------------------------------------------------------------------------------------------
 // A job mid-commit elsewhere.
+
+/// How the held copy ends.
+enum End {
+    Commit,
+    RollBack,
+}
+
+/// Delivers a poison copy of `job` beside other poison (messages `<name>-poison`, `<name>-other`)
+/// while a copy of the job holds its fence and award uncommitted (its payload `award`); once the
+/// call waits on the fence, the held copy ends as `end`. Returns what was handed back.
+async fn beside_a_held_copy(
+    stack: &Stack,
+    db: &PgPool,
+    name: &str,
+    (job, tenant): (JobId, TenantId),
+    award: Value,
+    end: End,
+) -> Vec<String> {
+    let holder = copy_inside_its_transaction(
+        db,
+        job,
+        tenant,
+        &digest_of(&envelope(job, tenant, "c", award)),
+    )
+    .await;
+    let other = envelope(
+        JobId(Uuid::new_v4()),
+        TenantId(Uuid::new_v4()),
+        "c",
+        json!({"points": 0}),
+    );
+    let records = vec![
+        record(
+            stack,
+            &format!("{name}-poison"),
+            &poison_spelling_a(job, tenant),
+        ),
+        record(stack, &format!("{name}-other"), &other),
+    ];
+    let (handed_back, ()) = tokio::join!(deliver(stack, records), async move {
+        until_a_session_waits_on_a_lock(db).await;
+        match end {
+            End::Commit => holder.commit().await.unwrap(),
+            End::RollBack => holder.rollback().await.unwrap(),
+        }
+    });
+    handed_back
+}
 
 /// A poison copy of a job whose other copy is inside its transaction (the fence claimed, the
 /// effect written, not committed), beside other poison, through the real binary: the call waits
@@ -914,26 +937,8 @@ async fn a_poison_copy_of_a_job_mid_commit_elsewhere_is_settled_by_how_that_comm
 
     // (a) The job commits: its poison copy is its duplicate.
     let (a, ta) = new_job();
-    let holder = copy_inside_its_transaction(
-        &pool,
-        a,
-        ta,
-        &digest_of(&envelope(a, ta, "c", award("a", 5))),
-    )
-    .await;
-    let (handed_back, ()) = tokio::join!(
-        deliver(
-            &stack,
-            vec![
-                record(&stack, "a-poison", &poison_spelling_a(a, ta)),
-                record(&stack, "a-other", &other_poison())
-            ]
-        ),
-        async move {
-            until_a_session_waits_on_a_lock(db).await;
-            holder.commit().await.unwrap();
-        }
-    );
+    let handed_back =
+        beside_a_held_copy(&stack, db, "a", (a, ta), award("a", 5), End::Commit).await;
     assert!(handed_back.is_empty(), "{handed_back:?}");
     assert!(
         letters_of_job(&pool, a).await.is_empty(),
@@ -943,26 +948,8 @@ async fn a_poison_copy_of_a_job_mid_commit_elsewhere_is_settled_by_how_that_comm
 
     // (b) Another job commits under the id: the poison copy never ran, a conflict letter.
     let (b, tb) = new_job();
-    let holder = copy_inside_its_transaction(
-        &pool,
-        b,
-        tb,
-        &digest_of(&envelope(b, tb, "c", award("z", 9))),
-    )
-    .await;
-    let (handed_back, ()) = tokio::join!(
-        deliver(
-            &stack,
-            vec![
-                record(&stack, "b-poison", &poison_spelling_a(b, tb)),
-                record(&stack, "b-other", &other_poison())
-            ]
-        ),
-        async move {
-            until_a_session_waits_on_a_lock(db).await;
-            holder.commit().await.unwrap();
-        }
-    );
+    let handed_back =
+        beside_a_held_copy(&stack, db, "b", (b, tb), award("z", 9), End::Commit).await;
     assert!(handed_back.is_empty(), "{handed_back:?}");
     let of_b = letters_of_job(&pool, b).await;
     assert_eq!(of_b.len(), 1, "{of_b:#?}");
@@ -973,26 +960,8 @@ async fn a_poison_copy_of_a_job_mid_commit_elsewhere_is_settled_by_how_that_comm
 
     // (c) The copy rolls back: the poison letter, no fence.
     let (c, tc) = new_job();
-    let holder = copy_inside_its_transaction(
-        &pool,
-        c,
-        tc,
-        &digest_of(&envelope(c, tc, "c", award("a", 5))),
-    )
-    .await;
-    let (handed_back, ()) = tokio::join!(
-        deliver(
-            &stack,
-            vec![
-                record(&stack, "c-poison", &poison_spelling_a(c, tc)),
-                record(&stack, "c-other", &other_poison())
-            ]
-        ),
-        async move {
-            until_a_session_waits_on_a_lock(db).await;
-            holder.rollback().await.unwrap();
-        }
-    );
+    let handed_back =
+        beside_a_held_copy(&stack, db, "c", (c, tc), award("a", 5), End::RollBack).await;
     assert!(handed_back.is_empty(), "{handed_back:?}");
     let of_c = letters_of_job(&pool, c).await;
     assert_eq!(of_c.len(), 1);

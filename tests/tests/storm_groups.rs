@@ -4,6 +4,7 @@
 //! and reviewers at once, and the review of a group's last letter racing letters that join it.
 
 use chrono::Utc;
+use e2e::groups::counts_match_letters;
 use shared::dead_letter::{
     GroupStatus, Recorded, Settled, group_of_letter, record_all_unless_processed,
 };
@@ -42,32 +43,6 @@ async fn discard(pool: &PgPool, id: DeadLetterId) {
     .execute(pool)
     .await
     .expect("discarding");
-}
-
-/// Each group's counts as the API reads them, against a count of its letters.
-async fn counts_match_letters(pool: &PgPool) {
-    let rows: Vec<(i64, i64, i64, i64, i64, bool)> = sqlx::query_as(
-        "SELECT g.id, g.letter_count, g.pending_count,
-                (SELECT count(*) FROM core.dead_letters d WHERE d.group_id = g.id),
-                (SELECT count(*) FROM core.dead_letters d WHERE d.group_id = g.id AND d.status = 'pending_review'),
-                g.resolved_at IS NULL
-         FROM core.dead_letter_groups_counted g ORDER BY g.id",
-    )
-    .fetch_all(pool)
-    .await
-    .unwrap();
-    for (id, letters, pending, counted, counted_pending, open) in rows {
-        assert_eq!(
-            (letters, pending),
-            (counted, counted_pending),
-            "group {id}'s counts against its letters"
-        );
-        assert_eq!(
-            open,
-            pending > 0,
-            "group {id} is open exactly while it has a pending letter"
-        );
-    }
 }
 
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
