@@ -222,14 +222,16 @@ async fn each_job_is_one_span_with_its_link_and_its_statements(
             "the job links to its producer's span {:?}: {span:#?}",
             sent.producer
         );
-        // Its statements hang from it, or from the commit group it committed in.
+        // Its statements hang from it, or from the commit group it committed in, or from the
+        // call that wrote its batch's poison letters together.
         let parent = by_id(&spans, &span.parent_span_id).expect("the job's parent was exported");
-        let holders: Vec<&str> = if parent.name == "commit group" {
+        let holders: Vec<&str> = if ["commit group", "dead letters"].contains(&parent.name.as_str())
+        {
             vec![&span.span_id, &parent.span_id]
         } else {
             vec![&span.span_id]
         };
-        let invocation = if parent.name == "commit group" {
+        let invocation = if ["commit group", "dead letters"].contains(&parent.name.as_str()) {
             by_id(&spans, &parent.parent_span_id).expect("the group's parent was exported")
         } else {
             parent
@@ -250,7 +252,10 @@ async fn each_job_is_one_span_with_its_link_and_its_statements(
             .iter()
             .filter(|s| s.kind == CLIENT && holders.contains(&s.parent_span_id.as_str()))
             .collect();
-        let wanted: &[&str] = if is_poison {
+        let wanted: &[&str] = if is_poison && mode == CommitMode::Batch {
+            // A batch's poison letters are written in one call, under its `dead letters` span.
+            &["core.record_letters"]
+        } else if is_poison {
             &["core.dead_letters"]
         } else {
             &["reference.point_awards", "core."]

@@ -202,7 +202,12 @@ impl<C: Consumer> Harness<C> {
             })
             .collect();
         let (now, wait) = (self.clock.now(), self.settings.lock_timeout);
-        let settled = match record_all_unless_processed(&self.pool, &letters, now, wait).await {
+        // The call's statement is its letters' jobs': a span of its own, which each job's hangs
+        // from (as a commit group's does).
+        let together = tracing::error_span!(target: crate::telemetry::RECORD_SPAN_TARGET,
+            "dead letters", jobs = letters.len());
+        let written = record_all_unless_processed(&self.pool, &letters, now, wait);
+        let settled = match written.instrument(together.clone()).await {
             Ok(settled) => settled,
             Err(e) => {
                 tracing::warn!(error = %e, records = poison.len(),
@@ -224,7 +229,7 @@ impl<C: Consumer> Harness<C> {
         }
         for ((i, parsed), settled) in poison.into_iter().zip(settled) {
             let Err(p) = parsed else { continue };
-            let span = self.span(&msgs[i], &p.ids);
+            let span = together.in_scope(|| self.span(&msgs[i], &p.ids));
             let lettered = |kind, letter, error| RecordOutcome::DeadLettered {
                 kind,
                 letter,
