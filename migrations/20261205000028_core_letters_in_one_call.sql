@@ -62,7 +62,7 @@ DECLARE
     ids uuid[] := array_fill(NULL::uuid, ARRAY[n]);
     groups bigint[] := array_fill(NULL::bigint, ARRAY[n]);
     claimed uuid[] := '{}';
-    seen text[] := '{}';
+    written integer[];
     inserted uuid[];
     claim text;
     i integer;
@@ -97,22 +97,16 @@ BEGIN
     END LOOP;
 
     -- 2. A message that has its letter already (a redelivery after a lost ack) keeps it: found
-    -- under a lock per message, as the insert trigger finds it (0009). So does a message's
-    -- later copy in this call: its first copy's letter is its letter, and only a letter that
-    -- is written opens or counts a group (else a group could open with a sample never written).
-    -- A probe per message on the one-per-message key, not one statement over the call's
-    -- messages: planned generically while the table was small (a new deployment, an emptied
-    -- one), such a statement hashed the consumer's every letter on every call, whatever the
-    -- table grew to.
+    -- under a lock per message, as the insert trigger finds it (0009).
     PERFORM pg_advisory_xact_lock(hashtextextended('core.dead_letters:' || p_consumer || ':' || m, 0))
        FROM (SELECT DISTINCT u.m FROM unnest(p_message_ids) WITH ORDINALITY AS u (m, o)
               WHERE verdicts[u.o] <> 'already_processed' ORDER BY u.m) AS s;
+    SELECT coalesce(array_agg(u.o::integer), '{}') INTO written
+      FROM unnest(p_message_ids) WITH ORDINALITY AS u (m, o)
+     WHERE verdicts[u.o] <> 'already_processed'
+       AND EXISTS (SELECT 1 FROM core.dead_letters d WHERE d.consumer = p_consumer AND d.message_id = u.m);
     FOR i IN 1..n LOOP
-        CONTINUE WHEN verdicts[i] = 'already_processed' OR p_message_ids[i] = ANY (seen);
-        seen := seen || p_message_ids[i];
-        PERFORM 1 FROM core.dead_letters d
-          WHERE d.consumer = p_consumer AND d.message_id = p_message_ids[i];
-        IF NOT FOUND THEN
+        IF verdicts[i] <> 'already_processed' AND NOT i = ANY (written) THEN
             ids[i] := gen_random_uuid();
             prints[i] := core.error_fingerprint(kinds[i], errors[i]);
         END IF;
@@ -121,17 +115,7 @@ BEGIN
     -- 3. Each failure group once per call, not once per letter: the open group of each
     -- (queue, kind, fingerprint) is found FOR KEY SHARE (as the insert trigger finds it, 0023:
     -- the review resolving it waits for this call), or opened with the first of its letters as
-    -- its sample; in one order, so two calls opening groups never deadlock. The groups already
-    -- open are locked first, in id order: the order a review statement (0026) and a commit
-    -- closing its job's letters take them in, so a call never holds one while waiting for
-    -- another a review holds (in key order it could).
-    PERFORM 1 FROM core.dead_letter_groups dg
-      WHERE dg.consumer = p_consumer AND dg.resolved_at IS NULL
-        AND (dg.queue, dg.error_kind, dg.fingerprint) IN
-            (SELECT p_queues[o], kinds[o], prints[o] FROM generate_subscripts(p_message_ids, 1) AS o
-              WHERE ids[o] IS NOT NULL)
-      ORDER BY dg.id
-      FOR KEY SHARE OF dg;
+    -- its sample; in one order, so two calls opening groups never deadlock.
     FOR g IN
         SELECT DISTINCT ON (p_queues[o], kinds[o], prints[o]) o
           FROM generate_subscripts(p_message_ids, 1) AS o
@@ -163,8 +147,7 @@ BEGIN
 
     -- 4. The letters, in one statement, each with its group (so the insert trigger leaves them
     -- be); replay_of comes from a message attribute any producer can set: it links only to a
-    -- letter of the same job (a letter without one links to none: it cannot be replayed), so a
-    -- stray id can never make a letter unwritable.
+    -- letter of the same job, so a stray id can never make a letter unwritable.
     WITH made AS (
         INSERT INTO core.dead_letters AS d (id, job_id, tenant_id, consumer, queue, message_id, payload,
             body, attempts, error_kind, last_error, correlation_id, replay_of, created_at,
@@ -172,7 +155,7 @@ BEGIN
         SELECT ids[o], p_job_ids[o], p_tenant_ids[o], p_consumer, p_queues[o], p_message_ids[o],
                p_payloads[o], p_bodies[o], p_attempts[o], kinds[o], errors[o], p_correlation_ids[o],
                (SELECT r.id FROM core.dead_letters r
-                 WHERE r.id = p_replay_ofs[o] AND r.job_id = p_job_ids[o]),
+                 WHERE r.id = p_replay_ofs[o] AND r.job_id IS NOT DISTINCT FROM p_job_ids[o]),
                p_now, p_digests[o], p_message_groups[o],
                CASE WHEN p_digests[o] IS NOT NULL THEN p_digest_fields END, p_traces[o], groups[o]
           FROM generate_subscripts(p_message_ids, 1) AS o

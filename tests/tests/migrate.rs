@@ -321,6 +321,63 @@ async fn a_known_migration_whose_content_changed_is_still_refused_beside_newer_o
     }
 }
 
+/// A migration changed in place after a database may have applied it (0028, whose corrections
+/// moved to 0029) is recorded anew, not refused, on a database that recorded the superseded
+/// content and not yet its successor; the successor then applies, and the next run is a no-op.
+#[sqlx::test(migrations = false)]
+async fn a_superseded_content_of_a_migration_is_recorded_anew_and_its_successor_applied(
+    pool_opts: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let pool = pool_opts.connect_with(connect.clone()).await.unwrap();
+    let host = function(&connect);
+    let created = deploy(&host, "Create").await;
+    assert_eq!(created.body["Status"], "SUCCESS", "{:#}", created.body);
+    let old = &migrate::schema::SUPERSEDED[0];
+    let now = shared::MIGRATOR
+        .iter()
+        .find(|m| m.version == old.version)
+        .unwrap();
+    assert_ne!(hex(&now.checksum), old.checksum, "superseded, not today's");
+    sqlx::query("UPDATE core._sqlx_migrations SET checksum = decode($1, 'hex') WHERE version = $2")
+        .bind(old.checksum)
+        .bind(old.version)
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query("DELETE FROM core._sqlx_migrations WHERE version = $1")
+        .bind(old.by)
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    let answer = deploy(&host, "Update").await;
+    assert_eq!(answer.body["Status"], "SUCCESS", "{:#}", answer.body);
+    assert_eq!(
+        answer.body["Data"]["Rebaselined"],
+        json!([{"owner": "core", "version": old.version}])
+    );
+    assert_eq!(
+        answer.body["Data"]["Migrations"][0]["version"], old.by,
+        "{:#}",
+        answer.body
+    );
+    let recorded: Vec<u8> =
+        sqlx::query_scalar("SELECT checksum FROM core._sqlx_migrations WHERE version = $1")
+            .bind(old.version)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(recorded, *now.checksum);
+    let again = deploy(&host, "Update").await;
+    assert_eq!(again.body["Data"]["Applied"], 0, "{:#}", again.body);
+    assert_eq!(again.body["Data"]["Rebaselined"], json!([]));
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 async fn index_valid(pool: &PgPool, index: &str) -> Option<bool> {
     sqlx::query_scalar("SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)")
         .bind(index)

@@ -484,3 +484,98 @@ async fn a_call_takes_its_groups_in_the_order_reviews_do(pool: PgPool) {
     );
     counts_match_letters(&pool).await;
 }
+
+/// A call's claims wait within one lock wait in all, not one each: a batch whose jobs each have
+/// a copy in flight, each copy ending (rolled back) just inside the wait after the one before,
+/// gives up after the one wait the call was given, inside the invocation's budget. In 0028 each
+/// claim had the whole wait: five claims waited 3.5 s on a 1 s wait, and the call went on (an
+/// outside review of 0028 found it; fixed by 0029).
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn a_calls_claims_wait_within_one_lock_wait_in_all(pool: PgPool) {
+    let mut letters: Vec<TestLetter> = (0..5).map(storm_letter).collect();
+    // The call claims in job id order: the copies end in that order.
+    letters.sort_by_key(|l| l.job_id.unwrap().0);
+    // The copies' connections are their own (the test's pool is smaller than five and the call).
+    let others = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(5)
+        .connect_with((*pool.connect_options()).clone())
+        .await
+        .unwrap();
+    let mut copies = Vec::new();
+    for letter in &letters {
+        let mut tx = others.begin().await.unwrap();
+        let (now, ttl) = (Utc::now(), std::time::Duration::from_secs(3600));
+        let tenant = shared::ids::TenantId(Uuid::nil());
+        let job = letter.job_id.unwrap();
+        shared::fence::claim_fence(&mut tx, job, &consumer(), tenant, now, ttl, ttl)
+            .await
+            .unwrap();
+        copies.push(tx);
+    }
+    let wait = std::time::Duration::from_secs(1);
+    let each = std::time::Duration::from_millis(700);
+    let ending = tokio::spawn(async move {
+        for tx in copies {
+            tokio::time::sleep(each).await;
+            tx.rollback().await.unwrap();
+        }
+    });
+    let news: Vec<_> = letters.iter().map(|l| (l.as_new(), None)).collect();
+    let started = std::time::Instant::now();
+    let answer = record_all_unless_processed(&pool, &news, Utc::now(), wait).await;
+    let waited = started.elapsed();
+    assert!(
+        matches!(answer, Err(shared::fence::FenceError::Contended)),
+        "after {waited:?}: {answer:?}"
+    );
+    ending.await.unwrap();
+    let letters: i64 = sqlx::query_scalar("SELECT count(*) FROM core.dead_letters")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(letters, 0, "a call that gave up wrote none");
+}
+
+/// A letter written by anything but the call joins its own failure's group and is counted,
+/// whatever group_id it came with: the trigger trusted a supplied group_id (0028), so a writer
+/// that copied or guessed one left the letter uncounted in a group of another failure. (From
+/// an outside review of 0028; fixed by 0029.)
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn a_letter_written_with_a_group_of_another_failure_joins_its_own(pool: PgPool) {
+    let first = record_letter(&pool, &other_letter(1), Utc::now()).await;
+    let other = group_of_letter(&pool, first).await.unwrap().unwrap().id;
+    let stray: Uuid = sqlx::query_scalar(
+        "INSERT INTO core.dead_letters (job_id, consumer, queue, message_id, payload, body,
+             attempts, error_kind, last_error, created_at, group_id)
+         VALUES (gen_random_uuid(), $1, $2, 'stray-writer-1', '{}', '{}', 1, 'exhausted',
+                 'partner refused account ''acct-7'' after 7 ms', now(), $3)
+         RETURNING id",
+    )
+    .bind(consumer().as_str())
+    .bind(QUEUE)
+    .bind(other)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let joined = group_of_letter(&pool, DeadLetterId(stray))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_ne!(
+        joined.id, other,
+        "its own failure's group, not the one it came with"
+    );
+    assert_eq!(joined.error_kind, shared::dead_letter::ErrorKind::Exhausted);
+    counts_match_letters(&pool).await;
+    e2e::groups::one_open_group_per_failure(&pool).await;
+    // And a letter the call writes beside it joins that same group.
+    let settled = write_together(&pool, &[storm_letter(8)]).await;
+    let Settled::Recorded(Recorded::New(id)) = settled[0] else {
+        panic!("{settled:?}")
+    };
+    assert_eq!(
+        group_of_letter(&pool, id).await.unwrap().unwrap().id,
+        joined.id
+    );
+    counts_match_letters(&pool).await;
+}

@@ -49,6 +49,7 @@ pub async fn migrate(database: &Database, budget: Duration) -> Result<Value, Str
             "Migrations": report.applied,
             "RepairedIndexes": report.repaired,
             "UnknownApplied": report.unknown,
+            "Rebaselined": report.rebaselined,
         }))
     };
     match tokio::time::timeout(budget, AssertUnwindSafe(work).catch_unwind()).await {

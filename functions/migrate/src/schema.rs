@@ -80,11 +80,48 @@ pub struct Repaired {
     pub action: &'static str,
 }
 
+/// A migration whose content changed after a database may have applied it, and the content it
+/// had there (its checksum). The run records it anew under today's checksum rather than refuse
+/// it, because a later migration (`by`) brings a database migrated with either content to the
+/// same schema. Any other checksum is still refused.
+pub struct Superseded {
+    /// The schema whose tracking table records it.
+    pub schema: &'static str,
+    /// Its version.
+    pub version: i64,
+    /// The checksum of the content it had (SHA-384, hex), as `_sqlx_migrations` records it.
+    pub checksum: &'static str,
+    /// The migration that makes either content the same schema.
+    pub by: i64,
+}
+
+/// Every superseded content of a migration.
+pub const SUPERSEDED: &[Superseded] = &[Superseded {
+    schema: "core",
+    // 0028 (`core.record_letters`) was corrected in place by a session that took it for not yet
+    // landed; the corrections moved to 0029, which replaces the function. This is the in-place
+    // content's checksum.
+    version: 20261205000028,
+    checksum: "73f5cc4bc519b4ed40b856394653fd8f7edbb65c187d4a75ae26fa2f5f195b5330379bf461ba5e43be4c89e21a46467c",
+    by: 20261206000029,
+}];
+
+/// A migration a run recorded anew (see [`Superseded`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Rebaselined {
+    /// Its owner.
+    pub owner: &'static str,
+    /// Its version.
+    pub version: i64,
+}
+
 /// What a run did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Report {
     /// The migrations it applied (empty when the schema was up to date).
     pub applied: Vec<Applied>,
+    /// Migrations recorded with a superseded content, recorded anew.
+    pub rebaselined: Vec<Rebaselined>,
     /// The invalid indexes it repaired.
     pub repaired: Vec<Repaired>,
     /// Applied migrations it does not know (a newer release's).
@@ -169,6 +206,11 @@ async fn apply_locked(conn: &mut PgConnection) -> Result<Report, MigrateError> {
         let before = recorded(conn, owner.schema)
             .await
             .map_err(|e| failed(e.into()))?;
+        report.rebaselined.extend(
+            rebaseline(conn, &owner, &before)
+                .await
+                .map_err(|e| failed(e.into()))?,
+        );
         report.unknown.extend(
             before
                 .iter()
@@ -198,6 +240,49 @@ async fn apply_locked(conn: &mut PgConnection) -> Result<Report, MigrateError> {
             are additive");
     }
     Ok(report)
+}
+
+/// Records anew, under today's checksum, each of `owner`'s migrations its tracking table records
+/// (`before`: the versions it records) with a [`Superseded`] content; returns them.
+async fn rebaseline(
+    conn: &mut PgConnection,
+    owner: &Owner,
+    before: &[i64],
+) -> sqlx::Result<Vec<Rebaselined>> {
+    let mut done = Vec::new();
+    for old in SUPERSEDED
+        .iter()
+        .filter(|s| s.schema == owner.schema && before.contains(&s.version))
+    {
+        let Some(now) = owner.migrator.iter().find(|m| m.version == old.version) else {
+            continue;
+        };
+        // Dynamic: the tracking table is named by the owner's schema, and a name cannot be bound.
+        let changed = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE {}._sqlx_migrations SET checksum = $1
+              WHERE version = $2 AND checksum = decode($3, 'hex')",
+            owner.schema
+        )))
+        .bind(&*now.checksum)
+        .bind(old.version)
+        .bind(old.checksum)
+        .execute(&mut *conn)
+        .await?;
+        if changed.rows_affected() > 0 {
+            tracing::warn!(
+                owner = owner.name,
+                version = old.version,
+                by = old.by,
+                "a migration recorded with a superseded content is recorded anew: a later \
+                 migration makes either content the same schema"
+            );
+            done.push(Rebaselined {
+                owner: owner.name,
+                version: old.version,
+            });
+        }
+    }
+    Ok(done)
 }
 
 /// Repairs every invalid index in `schemas`, which an interrupted `CREATE INDEX CONCURRENTLY`

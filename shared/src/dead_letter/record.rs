@@ -1,6 +1,6 @@
 //! Writing a letter's row: once per message, its values bounded, as parsed or as received; and
 //! a batch's letters in one call, each settled through its job's fence (`core.record_letters`,
-//! migration 0028).
+//! migrations 0028 and 0029).
 
 use super::settle::{Settled, conflict_error};
 use super::{NewDeadLetter, storable_error};
@@ -162,7 +162,8 @@ async fn existing_letter(
 /// groups joined and counted once. For a batch's letters: a letter alone costs the server less
 /// as the statements of [`super::settle`] (pgbench, docs/performance.md). The answers in
 /// `letters`' order. Called on a connection outside a transaction, the statement is its own:
-/// any failure writes none of them. A claim that waited too long is [`FenceError::Contended`].
+/// any failure writes none of them. The call's claims wait within `settle` in all, not each:
+/// one that waited past it is [`FenceError::Contended`].
 pub(super) async fn write_letters(
     conn: &mut PgConnection,
     letters: &[(NewDeadLetter<'_>, Option<&JobDigest>)],
