@@ -231,12 +231,12 @@ impl DlqIngester {
             }
             Settled::Recorded(recorded) => {
                 self.metrics.increment(Metric::DeadLettered(kind));
-                tracing::warn!(letter = %recorded.id(), %kind, "backstop dead letter");
+                tracing::warn!(letter = %recorded, %kind, "backstop dead letter");
             }
             Settled::Conflict(recorded) => {
                 let kind = ErrorKind::Conflict;
                 self.metrics.increment(Metric::DeadLettered(kind));
-                tracing::warn!(letter = %recorded.id(), %kind, "backstop dead letter of another job under a committed id");
+                tracing::warn!(letter = %recorded, %kind, "backstop dead letter of another job under a committed id");
             }
         }
     }

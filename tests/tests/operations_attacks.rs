@@ -846,7 +846,7 @@ async fn letters_written_after_the_operation_starts_stay_pending(pool: PgPool) {
     );
     let late_status: String =
         sqlx::query_scalar("SELECT status FROM core.dead_letters WHERE id = $1")
-            .bind(late_id.0)
+            .bind(late_id.expect("written where it lives").0)
             .fetch_one(&pool)
             .await
             .unwrap();

@@ -915,9 +915,10 @@ async fn beside_a_held_copy(
 /// effect written, not committed), beside other poison, through the real binary: the call waits
 /// on the fence and the copy's end decides. The job commits: no letter (a duplicate). Another
 /// job commits under the id: a conflict letter. The copy rolls back: the poison letter. The copy
-/// holds longer than the wait: the call falls back, the other poison is written, the copy is
-/// handed back without a letter or a claim left behind, and once the job commits its next
-/// delivery is a duplicate. Never a letter for a job that then commits.
+/// holds longer than the wait: the call falls back, the other poison is written, the copy's
+/// record stays received (acked, issue 36's intake) without a letter or a claim left behind,
+/// and once the job commits the next settle (its next delivery's) writes no letter for it.
+/// Never a letter for a job that then commits.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn a_poison_copy_of_a_job_mid_commit_elsewhere_is_settled_by_how_that_commit_ends(
     pool_opts: PgPoolOptions,
@@ -993,10 +994,16 @@ async fn a_poison_copy_of_a_job_mid_commit_elsewhere_is_settled_by_how_that_comm
         ],
     )
     .await;
+    // Received (issue 36's intake): acked, its row kept until a settle finds how the job ended.
+    assert!(handed_back.is_empty(), "{handed_back:?}");
     assert_eq!(
-        handed_back,
-        ["d-poison"],
-        "only the contended copy goes back"
+        count(
+            &pool,
+            "SELECT count(*) FROM core.letter_intake WHERE message_id = 'd-poison'"
+        )
+        .await,
+        1,
+        "the contended copy's record is kept"
     );
     assert_eq!(letters_of_message(&pool, "d-other").await.len(), 1);
     assert!(
@@ -1019,6 +1026,27 @@ async fn a_poison_copy_of_a_job_mid_commit_elsewhere_is_settled_by_how_that_comm
     assert!(
         letters_of_job(&pool, d).await.is_empty(),
         "a letter for a job that committed"
+    );
+    // The redelivery was the committed job's duplicate and settled nothing: the kept row is
+    // settled by the next settler (the scheduled run's step, as here), through the fence.
+    let settled = shared::dead_letter::settle_behind(
+        &pool,
+        &e2e::consumer_name(),
+        chrono::Utc::now(),
+        Duration::from_secs(2),
+        10,
+    )
+    .await
+    .unwrap();
+    assert_eq!(settled.new_letters, 0, "{settled:?}");
+    assert!(
+        letters_of_job(&pool, d).await.is_empty(),
+        "a letter for a job that committed"
+    );
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM core.letter_intake").await,
+        0,
+        "a received row left behind"
     );
     for job in [a, b, d] {
         assert_eq!(awards(&pool, job).await, 1);

@@ -694,6 +694,7 @@ fn emitted_metrics() -> BTreeSet<String> {
         .chain([shared::metrics::JOB_DURATION, shared::metrics::MESSAGE_AGE].map(String::from))
         .collect();
     let report = shared::upkeep::ScheduledReport {
+        settled: Ok(0),
         alerts: Default::default(),
         escalation: Ok(Default::default()),
         unsent_replays: Ok(Default::default()),

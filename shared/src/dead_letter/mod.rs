@@ -20,6 +20,7 @@
 
 mod bulk;
 mod groups;
+mod intake;
 mod kinds;
 mod letter;
 mod letter_list;
@@ -35,6 +36,10 @@ pub(crate) use groups::{COLUMNS, GroupRow};
 pub use groups::{
     Group, GroupFilter, GroupPosition, Incident, group, group_of_letter, groups_of_failed_replays,
     list_groups,
+};
+pub use intake::{
+    IntakeSeq, Round, SETTLE_ROUND, Settling, consumers_with_received, receive_letters,
+    settle_behind, settle_round,
 };
 pub(crate) use kinds::text_enum;
 pub use kinds::{ErrorKind, GroupStatus, ReplayOutcome, ReviewStatus};

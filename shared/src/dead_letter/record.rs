@@ -20,13 +20,26 @@ pub enum Recorded {
     New(DeadLetterId),
     /// The message already had its letter (a redelivery after a lost ack).
     AlreadyRecorded(DeadLetterId),
+    /// Received into the intake (`core.letter_intake`) while another settler was at work: its
+    /// letter is written behind, in bulk (or none, if its job is found committed meanwhile).
+    Received(super::IntakeSeq),
 }
 
 impl Recorded {
-    /// The letter's id, new or not.
-    pub fn id(self) -> DeadLetterId {
+    /// The letter's id, new or not; none yet for one received.
+    pub fn id(self) -> Option<DeadLetterId> {
         match self {
-            Recorded::New(id) | Recorded::AlreadyRecorded(id) => id,
+            Recorded::New(id) | Recorded::AlreadyRecorded(id) => Some(id),
+            Recorded::Received(_) => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Recorded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Recorded::New(id) | Recorded::AlreadyRecorded(id) => write!(f, "{id}"),
+            Recorded::Received(seq) => write!(f, "received #{}", seq.0),
         }
     }
 }
@@ -127,8 +140,40 @@ impl<'a> Bounded<'a> {
             Storage::Parsed => (crate::envelope::body_as_json(letter.body), MAX_ID_BYTES),
             Storage::AsReceived => (Value::String(letter.body.replace('\0', "\u{fffd}")), 64),
         };
+        let Parts {
+            message_id,
+            queue,
+            body,
+            last_error,
+            correlation_id,
+            message_group,
+        } = Parts::of(letter, id_bytes);
         Bounded {
             payload,
+            message_id,
+            queue,
+            body,
+            last_error,
+            correlation_id,
+            message_group,
+        }
+    }
+}
+
+/// A letter's values bounded as parsed, but its payload: what the intake keeps
+/// ([`super::intake`]), which a letter then bounds again to the same values.
+pub(super) struct Parts<'a> {
+    pub(super) message_id: Cow<'a, str>,
+    pub(super) queue: Cow<'a, str>,
+    pub(super) body: Cow<'a, str>,
+    pub(super) last_error: Cow<'a, str>,
+    pub(super) correlation_id: Option<Cow<'a, str>>,
+    pub(super) message_group: Option<&'a str>,
+}
+
+impl<'a> Parts<'a> {
+    fn of(letter: &NewDeadLetter<'a>, id_bytes: usize) -> Self {
+        Parts {
             message_id: bounded_id(letter.message_id, "message"),
             queue: bounded_id(letter.queue, "unknown"),
             body: without_nul(letter.body),
@@ -137,6 +182,11 @@ impl<'a> Bounded<'a> {
             message_group: letter.message_group.and_then(crate::ids::message_group),
         }
     }
+}
+
+/// [`Parts`] of `letter` as parsed.
+pub(super) fn storable_parts<'a>(letter: &NewDeadLetter<'a>) -> Parts<'a> {
+    Parts::of(letter, MAX_ID_BYTES)
 }
 
 /// The letter already written for the message.

@@ -86,7 +86,7 @@ pub(crate) async fn record_without_settling(
 
 /// Settles through the fence waiting at most `settle` (or not at all, for `None`), then writes
 /// the letter; as received if PostgreSQL refuses it as parsed.
-async fn record_with_fallback(
+pub(super) async fn record_with_fallback(
     pool: &sqlx::PgPool,
     letter: &NewDeadLetter<'_>,
     digest: Option<&JobDigest>,

@@ -207,7 +207,7 @@ fn log_outcome(outcome: &RecordOutcome) {
             letter,
             error,
         } => {
-            tracing::warn!(%kind, letter = %letter.id(), error, "dead-lettered")
+            tracing::warn!(%kind, %letter, error, "dead-lettered")
         }
         RecordOutcome::HandedBack { error, .. } => {
             tracing::warn!(error, "handed back without running")

@@ -39,6 +39,10 @@ const INCIDENT_CHECKS_PER_RUN: i64 = 20;
 const ESCALATIONS_PER_RUN: i64 = 100;
 /// Queues with replays unsent past the bound handled per run.
 const UNSENT_QUEUES_PER_RUN: i64 = 50;
+/// The most the settle step may take.
+pub(crate) const SETTLE_BUDGET: Duration = Duration::from_secs(60);
+/// How long a settle round's claims may wait for a copy of a job inside its transaction.
+const SETTLE_WAIT: Duration = Duration::from_secs(2);
 /// The most the replay step may take (without a deadline, all of it).
 pub(crate) const REPLAY_BUDGET: Duration = Duration::from_secs(60);
 /// The most the escalation step may take.
@@ -72,6 +76,9 @@ impl ScheduledRun {
     /// Runs the steps; with a `deadline` (the invocation's, less a margin), each stops in time
     /// for the next, and the sweep stops before it.
     pub async fn run(&self, deadline: Option<Instant>) -> ScheduledReport {
+        let settled = self
+            .settle_received(step_budget(deadline, SETTLE_BUDGET))
+            .await;
         let replays = self
             .send_replays(step_budget(deadline, REPLAY_BUDGET))
             .await;
@@ -82,6 +89,7 @@ impl ScheduledRun {
         let sweep = self.sweep(deadline).await;
         let waiting = self.waiting().await;
         let report = ScheduledReport {
+            settled,
             alerts,
             escalation,
             unsent_replays,
@@ -91,6 +99,34 @@ impl ScheduledRun {
             heartbeat: None,
         };
         self.conclude(report).await
+    }
+
+    /// Settles the letters received and not yet settled (a storm's tail, left when its last
+    /// writers found a settler at work), every consumer's, in rounds, within `budget`: the
+    /// letters written.
+    async fn settle_received(&self, budget: Duration) -> Done<u64> {
+        let until = Instant::now() + budget;
+        let settle = async {
+            let mut written = 0u64;
+            for consumer in crate::dead_letter::consumers_with_received(&self.pool).await? {
+                while Instant::now() < until {
+                    let round = crate::dead_letter::settle_behind(
+                        &self.pool,
+                        &consumer,
+                        self.clock.now(),
+                        SETTLE_WAIT,
+                        1,
+                    );
+                    let round = round.await?;
+                    written += round.new_letters as u64;
+                    if round.busy || round.settled.is_empty() {
+                        break;
+                    }
+                }
+            }
+            Ok::<u64, crate::fence::FenceError>(written)
+        };
+        settle.await.map_err(|e| e.to_string())
     }
 
     /// Sends the replays recorded but not sent, within `budget`.

@@ -25,6 +25,8 @@ pub struct Waiting {
 /// What one scheduled run did.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ScheduledReport {
+    /// Letters written from the intake (received, not yet settled), or why the step failed.
+    pub settled: Result<u64, String>,
     /// Group incident steps delivered and failed.
     pub alerts: Pages,
     /// Escalations of unreviewed groups, or why they failed.
@@ -57,6 +59,7 @@ impl ScheduledReport {
     pub(super) fn failures(&self) -> Vec<(&'static str, &str)> {
         let replays_refused = self.replays.is_ok() && replays_failing(&self.replays, &self.waiting);
         [
+            ("settle", self.settled.as_ref().err().map(String::as_str)),
             ("replays", self.replays.as_ref().err().map(String::as_str)),
             (
                 "replays",
@@ -97,6 +100,7 @@ impl ScheduledReport {
         });
         let a = &self.alerts;
         json!({
+            "settled": self.settled.as_ref().map(|n| json!({"letters": n})).unwrap_or_else(|e| json!({"error": e})),
             "alerts": {"opened": a.opened, "updated": a.updated, "resolved": a.resolved, "failed": a.failed,
                        "rejected": a.rejected, "raised_again": a.raised_again},
             "waiting": waiting.unwrap_or_else(|e| json!({"error": e})),
@@ -138,6 +142,11 @@ impl ScheduledReport {
             Err(_) => (0.0, 0.0, 0.0),
         };
         vec![
+            (
+                "ReceivedLettersSettled",
+                *self.settled.as_ref().unwrap_or(&0) as f64,
+                "Count",
+            ),
             ("FencesDeleted", deleted, "Count"),
             ("OldestFenceAgeSeconds", age.floor(), "Seconds"),
             ("SweepBacklogSeconds", backlog.floor(), "Seconds"),

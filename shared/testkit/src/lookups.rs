@@ -95,6 +95,7 @@ pub async fn record_letter(pool: &PgPool, letter: &TestLetter, at: DateTime<Utc>
         .await
         .expect("writing the letter")
         .id()
+        .expect("a letter written where it lives has its id")
 }
 
 /// Row counts of every table in every user schema, keyed `schema.table`.

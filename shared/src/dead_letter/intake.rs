@@ -1,0 +1,383 @@
+//! The letters' intake (`core.letter_intake`, migration 0030): a storm's records received in one
+//! narrow statement, then settled into letters in bulk, one settler at a time per consumer.
+//!
+//! Invariants:
+//! - a received row is a record: committed before its message is acked, and deleted only after
+//!   its letter is committed (or its job was found committed: no letter);
+//! - settling is idempotent per message (one letter per consumer and message id, each through
+//!   its job's fence): a row settled twice (a settler that died between the letter and the
+//!   delete, a fallback beside a round) finds the letter it has;
+//! - nothing is left behind by the lock: a writer that finds a settler at work leaves its rows
+//!   to it, and a settler goes on until a round of its own, begun after it last let go of the
+//!   lock, finds nothing (or its rounds run out: the next writer, or the scheduled run, takes
+//!   over).
+
+use super::record::{Recorded, storable_parts, write_letters};
+use super::settle::{Settled, record_with_fallback};
+use super::{ErrorKind, NewDeadLetter};
+use crate::envelope::JobDigest;
+use crate::fence::FenceError;
+use crate::ids::{ConsumerName, DeadLetterId, JobId, TenantId};
+use crate::telemetry::otel::TraceParent;
+use chrono::{DateTime, Utc};
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// The most rows one settle round takes.
+pub const SETTLE_ROUND: i64 = 500;
+
+/// A received row's key in the intake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct IntakeSeq(pub i64);
+
+/// Receives `letters` (of one consumer) in one statement, as they would be written: the
+/// answers, in `letters`' order, are their rows' keys. Any failure receives none of them.
+pub async fn receive_letters(
+    pool: &sqlx::PgPool,
+    letters: &[(NewDeadLetter<'_>, Option<&JobDigest>)],
+    now: DateTime<Utc>,
+) -> sqlx::Result<Vec<IntakeSeq>> {
+    let Some((first, _)) = letters.first() else {
+        return Ok(Vec::new());
+    };
+    let consumer = first.consumer;
+    assert!(
+        letters.iter().all(|(l, _)| l.consumer == consumer),
+        "one consumer receives a call's letters"
+    );
+    let mut c = IntakeColumns::default();
+    for (letter, digest) in letters {
+        let parts = storable_parts(letter);
+        c.job_ids.push(letter.job_id.map(|j| j.0));
+        c.tenant_ids.push(letter.tenant_id.map(|t| t.0));
+        c.queues.push(parts.queue.into_owned());
+        c.message_ids.push(parts.message_id.into_owned());
+        c.bodies.push(parts.body.into_owned());
+        c.attempts
+            .push(i32::try_from(letter.attempts).unwrap_or(i32::MAX));
+        c.kinds.push(letter.kind.as_str().to_owned());
+        c.errors.push(parts.last_error.into_owned());
+        c.correlation_ids
+            .push(parts.correlation_id.map(|c| c.into_owned()));
+        c.replay_ofs.push(letter.replay_of.map(|r| r.0));
+        c.digests.push(digest.map(|d| d.0.to_vec()));
+        // The fields a digest covers, as a text literal of an array (NULL: the whole payload).
+        c.fields.push(
+            (digest.is_some() && !letter.digest_fields.is_empty())
+                .then(|| array_literal(letter.digest_fields)),
+        );
+        c.message_groups
+            .push(parts.message_group.map(str::to_owned));
+        c.traces.push(letter.trace.map(|t| t.to_w3c()));
+    }
+    let seqs = sqlx::query_scalar!(
+        "INSERT INTO core.letter_intake (consumer, received_at, job_id, tenant_id, queue,
+             message_id, body, attempts, error_kind, last_error, correlation_id, replay_of,
+             job_digest, digest_fields, message_group, trace_parent)
+         SELECT $1, $2, r.job_id, r.tenant_id, r.queue, r.message_id, r.body, r.attempts, r.kind,
+                r.error, r.correlation_id, r.replay_of, r.digest, r.fields::text[], r.message_group,
+                r.trace
+           FROM unnest($3::uuid[], $4::uuid[], $5::text[], $6::text[], $7::text[], $8::int[],
+                       $9::text[], $10::text[], $11::text[], $12::uuid[], $13::bytea[], $14::text[],
+                       $15::text[], $16::text[]) WITH ORDINALITY
+                AS r (job_id, tenant_id, queue, message_id, body, attempts, kind, error,
+                      correlation_id, replay_of, digest, fields, message_group, trace, o)
+          ORDER BY r.o
+         RETURNING seq",
+        consumer.as_str(),
+        now,
+        &c.job_ids as _,
+        &c.tenant_ids as _,
+        &c.queues,
+        &c.message_ids,
+        &c.bodies,
+        &c.attempts,
+        &c.kinds,
+        &c.errors,
+        &c.correlation_ids as _,
+        &c.replay_ofs as _,
+        &c.digests as _,
+        &c.fields as _,
+        &c.message_groups as _,
+        &c.traces as _,
+    )
+    .fetch_all(pool)
+    .await?;
+    // An identity column counts up in the order the rows are inserted: sorted, the keys are in
+    // `letters`' order.
+    let mut seqs = seqs;
+    seqs.sort_unstable();
+    Ok(seqs.into_iter().map(IntakeSeq).collect())
+}
+
+/// A text array's literal: `{"a","b"}`, each element quoted and escaped.
+fn array_literal(items: &[&str]) -> String {
+    let quoted: Vec<String> = items
+        .iter()
+        .map(|s| format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\"")))
+        .collect();
+    format!("{{{}}}", quoted.join(","))
+}
+
+#[derive(Default)]
+struct IntakeColumns {
+    job_ids: Vec<Option<uuid::Uuid>>,
+    tenant_ids: Vec<Option<uuid::Uuid>>,
+    queues: Vec<String>,
+    message_ids: Vec<String>,
+    bodies: Vec<String>,
+    attempts: Vec<i32>,
+    kinds: Vec<String>,
+    errors: Vec<String>,
+    correlation_ids: Vec<Option<String>>,
+    replay_ofs: Vec<Option<uuid::Uuid>>,
+    digests: Vec<Option<Vec<u8>>>,
+    fields: Vec<Option<String>>,
+    message_groups: Vec<Option<String>>,
+    traces: Vec<Option<String>>,
+}
+
+/// A received row, as a settler reads it back.
+struct IntakeRow {
+    seq: i64,
+    job_id: Option<uuid::Uuid>,
+    tenant_id: Option<uuid::Uuid>,
+    queue: String,
+    message_id: String,
+    body: String,
+    attempts: i32,
+    error_kind: String,
+    last_error: String,
+    correlation_id: Option<String>,
+    replay_of: Option<uuid::Uuid>,
+    job_digest: Option<Vec<u8>>,
+    digest_fields: Option<Vec<String>>,
+    message_group: Option<String>,
+    trace_parent: Option<String>,
+}
+
+/// The values of one row that a letter borrows.
+struct Owned {
+    digest: Option<JobDigest>,
+    fields: Vec<String>,
+}
+
+/// What one settle round did.
+#[derive(Debug, Default)]
+pub struct Round {
+    /// Each row settled, with what became of it.
+    pub settled: Vec<(IntakeSeq, Settled)>,
+    /// Whether another settler held the lock: this round did nothing.
+    pub busy: bool,
+    /// Whether the rows could not be settled together and went one by one: a row left (a
+    /// claim that waited out, a failure) waits for a later settler.
+    pub fell_back: bool,
+}
+
+/// What [`settle_behind`] did: every row it settled (its own and others'), and whether it found
+/// a settler at work.
+#[derive(Debug, Default)]
+pub struct Settling {
+    /// Each row settled, with what became of it.
+    pub settled: HashMap<IntakeSeq, Settled>,
+    /// Letters written now (not found written).
+    pub new_letters: usize,
+    /// Whether a round found another settler at work (it settles what is left).
+    pub busy: bool,
+}
+
+/// Settles `consumer`'s received rows, oldest first, in rounds of up to [`SETTLE_ROUND`]: until a
+/// round finds none, another settler at work, a round falls back to rows one by one, or `rounds`
+/// have run. Each round is one
+/// transaction under the consumer's settle lock ([`settle_round`]).
+pub async fn settle_behind(
+    pool: &sqlx::PgPool,
+    consumer: &ConsumerName,
+    now: DateTime<Utc>,
+    wait: Duration,
+    rounds: usize,
+) -> Result<Settling, FenceError> {
+    let mut settling = Settling::default();
+    for _ in 0..rounds {
+        let round = settle_round(pool, consumer, now, wait).await?;
+        if round.busy {
+            settling.busy = true;
+            break;
+        }
+        let (empty, fell_back) = (round.settled.is_empty(), round.fell_back);
+        for (seq, settled) in round.settled {
+            if matches!(
+                settled,
+                Settled::Recorded(Recorded::New(_)) | Settled::Conflict(Recorded::New(_))
+            ) {
+                settling.new_letters += 1;
+            }
+            settling.settled.insert(seq, settled);
+        }
+        // A round that fell back has waited for a claim already: a later settler goes on.
+        if empty || fell_back {
+            break;
+        }
+    }
+    Ok(settling)
+}
+
+/// One round: under the consumer's settle lock (a transaction-level advisory lock: another
+/// settler at work makes this round [`Round::busy`] at once), its oldest rows written as letters
+/// in one call of `core.record_letters` (each through its job's fence), and deleted, in one
+/// transaction. If the call fails (a claim waited out, a value PostgreSQL refuses), each row
+/// goes alone, with the as-received fallback, and is deleted after its letter: a row that
+/// fails even so is left for a later round.
+pub async fn settle_round(
+    pool: &sqlx::PgPool,
+    consumer: &ConsumerName,
+    now: DateTime<Utc>,
+    wait: Duration,
+) -> Result<Round, FenceError> {
+    let mut tx = pool.begin().await?;
+    let locked = sqlx::query_scalar!(
+        r#"SELECT pg_try_advisory_xact_lock(hashtextextended('core.letter_intake:' || $1, 0))
+             AS "locked!""#,
+        consumer.as_str(),
+    )
+    .fetch_one(&mut *tx)
+    .await?;
+    if !locked {
+        tx.rollback().await?;
+        return Ok(Round {
+            busy: true,
+            ..Round::default()
+        });
+    }
+    let rows = sqlx::query_as!(
+        IntakeRow,
+        "SELECT seq, job_id, tenant_id, queue, message_id, body, attempts, error_kind,
+                last_error, correlation_id, replay_of, job_digest, digest_fields, message_group,
+                trace_parent
+           FROM core.letter_intake WHERE consumer = $1 ORDER BY seq LIMIT $2",
+        consumer.as_str(),
+        SETTLE_ROUND,
+    )
+    .fetch_all(&mut *tx)
+    .await?;
+    if rows.is_empty() {
+        tx.commit().await?;
+        return Ok(Round::default());
+    }
+    let owned: Vec<Owned> = rows.iter().map(owned_of).collect();
+    let fields: Vec<Vec<&str>> = owned
+        .iter()
+        .map(|o| o.fields.iter().map(String::as_str).collect())
+        .collect();
+    let letters: Vec<(NewDeadLetter<'_>, Option<&JobDigest>)> = rows
+        .iter()
+        .zip(&owned)
+        .zip(&fields)
+        .map(|((row, o), f)| (letter_of(row, consumer, f), o.digest.as_ref()))
+        .collect();
+    let seqs: Vec<i64> = rows.iter().map(|r| r.seq).collect();
+    match write_letters(&mut *tx, &letters, now, Some(wait)).await {
+        Ok(settled) => {
+            delete_rows(&mut *tx, consumer, &seqs).await?;
+            tx.commit().await?;
+            let settled = seqs.into_iter().map(IntakeSeq).zip(settled).collect();
+            Ok(Round {
+                settled,
+                ..Round::default()
+            })
+        }
+        Err(e) => {
+            tx.rollback().await?;
+            tracing::warn!(error = %e, rows = seqs.len(),
+                "the received letters could not be settled together; each goes alone");
+            let mut settled = Vec::new();
+            for (seq, (letter, digest)) in seqs.into_iter().zip(&letters) {
+                match record_with_fallback(pool, letter, *digest, now, Some(wait)).await {
+                    Ok(s) => {
+                        let mut conn = pool.acquire().await?;
+                        delete_rows(&mut *conn, consumer, &[seq]).await?;
+                        settled.push((IntakeSeq(seq), s));
+                    }
+                    Err(e) => tracing::warn!(error = %e, seq,
+                        "a received letter could not be settled; a later round tries again"),
+                }
+            }
+            Ok(Round {
+                settled,
+                fell_back: true,
+                ..Round::default()
+            })
+        }
+    }
+}
+
+async fn delete_rows(
+    conn: &mut sqlx::PgConnection,
+    consumer: &ConsumerName,
+    seqs: &[i64],
+) -> sqlx::Result<()> {
+    sqlx::query!(
+        "DELETE FROM core.letter_intake WHERE consumer = $1 AND seq = ANY ($2)",
+        consumer.as_str(),
+        seqs,
+    )
+    .execute(conn)
+    .await
+    .map(drop)
+}
+
+fn owned_of(row: &IntakeRow) -> Owned {
+    Owned {
+        digest: row
+            .job_digest
+            .as_deref()
+            .and_then(|d| <[u8; 32]>::try_from(d).ok())
+            .map(JobDigest),
+        fields: row.digest_fields.clone().unwrap_or_default(),
+    }
+}
+
+fn letter_of<'a>(
+    row: &'a IntakeRow,
+    consumer: &'a ConsumerName,
+    fields: &'a [&'a str],
+) -> NewDeadLetter<'a> {
+    NewDeadLetter {
+        job_id: row.job_id.map(JobId),
+        tenant_id: row.tenant_id.map(TenantId),
+        consumer,
+        queue: &row.queue,
+        message_id: &row.message_id,
+        body: &row.body,
+        attempts: u32::try_from(row.attempts).unwrap_or(1),
+        // Only this crate writes a row's kind: an unknown one is a bug, kept as poison.
+        kind: ErrorKind::parse(&row.error_kind).unwrap_or(ErrorKind::Poison),
+        last_error: &row.last_error,
+        correlation_id: row.correlation_id.as_deref(),
+        replay_of: row.replay_of.map(DeadLetterId),
+        message_group: row.message_group.as_deref(),
+        digest_fields: fields,
+        trace: row.trace_parent.as_deref().and_then(TraceParent::from_w3c),
+    }
+}
+
+/// The consumers with rows received and not yet settled, one index probe each (a skip scan of
+/// the intake's key).
+pub async fn consumers_with_received(pool: &sqlx::PgPool) -> sqlx::Result<Vec<ConsumerName>> {
+    let names = sqlx::query_scalar!(
+        r#"WITH RECURSIVE c (consumer) AS (
+               (SELECT consumer FROM core.letter_intake ORDER BY consumer LIMIT 1)
+               UNION ALL
+               SELECT (SELECT i.consumer FROM core.letter_intake i
+                        WHERE i.consumer > c.consumer ORDER BY i.consumer LIMIT 1)
+                 FROM c WHERE c.consumer IS NOT NULL)
+           SELECT consumer AS "consumer!" FROM c WHERE consumer IS NOT NULL"#
+    )
+    .fetch_all(pool)
+    .await?;
+    // Only a consumer wrote them, under its validated name.
+    Ok(names
+        .into_iter()
+        .filter_map(|n| ConsumerName::new(n).ok())
+        .collect())
+}

@@ -1,0 +1,382 @@
+//! The letters' intake (issue 36, migration 0030): batch mode's poison is received in one narrow
+//! statement and settled into letters behind it, one settler at a time per consumer. Real
+//! PostgreSQL, the library harness in `CommitMode::Batch`, real concurrency: the settle lock held
+//! by another transaction, writers side by side, a row settled twice, a job committing between
+//! its poison copy's receipt and its settle, and the scheduled run taking a storm's tail.
+
+use consumer::AwardPoints;
+use e2e::groups::counts_match_letters;
+use serde_json::json;
+use shared::dead_letter::{Recorded, Settled, settle_behind};
+use shared::harness::{CommitMode, RecordOutcome};
+use shared::ids::{ConsumerName, JobId, TenantId};
+use shared_testkit::{envelope, message_on};
+use sqlx::PgPool;
+use std::time::Duration;
+use uuid::Uuid;
+
+const WAIT: Duration = Duration::from_secs(2);
+
+fn consumer() -> ConsumerName {
+    e2e::consumer_name()
+}
+
+async fn count(pool: &PgPool, sql: &str) -> i64 {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
+        .fetch_one(pool)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+/// A poison record of a new job (its points are not a number): the job's id and the message.
+fn poison() -> (JobId, shared::harness::IncomingMessage) {
+    let job = JobId(Uuid::new_v4());
+    let body = envelope(
+        job,
+        TenantId(Uuid::new_v4()),
+        "c",
+        json!({"account_id": "a", "points": "x"}),
+    );
+    (job, message_on("jobs", &body, 1))
+}
+
+/// The same job, valid.
+fn valid_copy(job: JobId, tenant: TenantId) -> shared::harness::IncomingMessage {
+    let body = envelope(job, tenant, "c", json!({"account_id": "a", "points": 5}));
+    message_on("jobs", &body, 1)
+}
+
+/// Holds `consumer`'s settle lock in an open transaction, as a settler at work does.
+async fn hold_settle_lock(pool: &PgPool) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('core.letter_intake:' || $1, 0))")
+        .bind(consumer().as_str())
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx
+}
+
+async fn settle_all(pool: &PgPool) -> shared::dead_letter::Settling {
+    settle_behind(pool, &consumer(), chrono::Utc::now(), WAIT, 100)
+        .await
+        .expect("settling")
+}
+
+/// Every message has exactly one letter, nothing is left received, every group's counts exact.
+async fn one_letter_each(pool: &PgPool, messages: &[shared::harness::IncomingMessage]) {
+    for m in messages {
+        let letters = count(
+            pool,
+            &format!(
+                "SELECT count(*) FROM core.dead_letters WHERE message_id = '{}'",
+                m.message_id
+            ),
+        )
+        .await;
+        assert_eq!(letters, 1, "message {} has {letters} letters", m.message_id);
+    }
+    assert_eq!(
+        count(pool, "SELECT count(*) FROM core.letter_intake").await,
+        0,
+        "a received row was left behind"
+    );
+    counts_match_letters(pool).await;
+}
+
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn a_batch_of_poison_is_settled_by_its_own_invocation_when_no_settler_is_at_work(
+    pool: PgPool,
+) {
+    let harness = e2e::harness_in(
+        pool.clone(),
+        AwardPoints::new(consumer()),
+        CommitMode::Batch,
+    );
+    let batch: Vec<_> = (0..10).map(|_| poison().1).collect();
+    let outcomes = shared_testkit::run_batch(&harness, &batch).await;
+    for outcome in &outcomes {
+        assert!(
+            matches!(
+                outcome,
+                RecordOutcome::DeadLettered {
+                    letter: Recorded::New(_),
+                    ..
+                }
+            ),
+            "{outcome:?}"
+        );
+    }
+    one_letter_each(&pool, &batch).await;
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM core.dead_letter_groups").await,
+        1,
+        "one failure, one group"
+    );
+}
+
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn a_writer_that_finds_a_settler_at_work_acks_and_leaves_its_rows_to_it(pool: PgPool) {
+    let harness = e2e::harness_in(
+        pool.clone(),
+        AwardPoints::new(consumer()),
+        CommitMode::Batch,
+    );
+    let held = hold_settle_lock(&pool).await;
+    let batch: Vec<_> = (0..10).map(|_| poison().1).collect();
+    let outcomes = tokio::time::timeout(
+        Duration::from_secs(10),
+        shared_testkit::run_batch(&harness, &batch),
+    )
+    .await
+    .expect("a writer waited for the settler at work");
+    for outcome in &outcomes {
+        assert!(outcome.is_ack(), "{outcome:?}");
+        assert!(
+            matches!(
+                outcome,
+                RecordOutcome::DeadLettered {
+                    letter: Recorded::Received(_),
+                    ..
+                }
+            ),
+            "{outcome:?}"
+        );
+    }
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM core.letter_intake").await,
+        10,
+        "the records are kept, as received"
+    );
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM core.dead_letters").await,
+        0
+    );
+    held.rollback().await.unwrap();
+    let settled = settle_all(&pool).await;
+    assert_eq!(settled.new_letters, 10);
+    one_letter_each(&pool, &batch).await;
+}
+
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn a_message_received_twice_before_its_settle_gets_one_letter(pool: PgPool) {
+    let harness = e2e::harness_in(
+        pool.clone(),
+        AwardPoints::new(consumer()),
+        CommitMode::Batch,
+    );
+    let held = hold_settle_lock(&pool).await;
+    let batch: Vec<_> = (0..5).map(|_| poison().1).collect();
+    // Delivered twice while the settler is at work (an ack lost), and once more inside a batch.
+    shared_testkit::run_batch(&harness, &batch).await;
+    let mut again = batch.clone();
+    again.push(batch[0].clone());
+    shared_testkit::run_batch(&harness, &again).await;
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM core.letter_intake").await,
+        11
+    );
+    held.rollback().await.unwrap();
+    let settled = settle_all(&pool).await;
+    assert_eq!(settled.new_letters, 5);
+    one_letter_each(&pool, &batch).await;
+    // And once more after its letter: the one it has answers it.
+    let outcomes = shared_testkit::run_batch(&harness, &batch).await;
+    for outcome in &outcomes {
+        assert!(
+            matches!(
+                outcome,
+                RecordOutcome::DeadLettered {
+                    letter: Recorded::AlreadyRecorded(_),
+                    ..
+                }
+            ),
+            "{outcome:?}"
+        );
+    }
+    one_letter_each(&pool, &batch).await;
+}
+
+/// A poison copy of a job received while a settler is at work, then a valid copy of the job
+/// commits, then the row is settled: through the job's fence, as a letter written at once would
+/// have been, so a copy of the same job (its payload's digest) gets no letter, and one of another
+/// payload under the id gets a `conflict` letter. Never a pending letter of the job that ran.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn a_job_that_commits_before_its_poison_copies_are_settled_settles_them_through_its_fence(
+    pool: PgPool,
+) {
+    let harness = e2e::harness_in(
+        pool.clone(),
+        AwardPoints::new(consumer()),
+        CommitMode::Batch,
+    );
+    let job = JobId(Uuid::new_v4());
+    let tenant = TenantId(Uuid::new_v4());
+    // The same job, its correlation id not a string (poison of the job's own digest); another
+    // payload under the id.
+    let same = json!({"job_id": job, "tenant_id": tenant, "correlation_id": 5,
+        "payload": {"account_id": "a", "points": 5}})
+    .to_string();
+    let other = envelope(job, tenant, "c", json!({"account_id": "a", "points": "x"}));
+    let held = hold_settle_lock(&pool).await;
+    let same = message_on("jobs", &same, 1);
+    let other = message_on("jobs", &other, 1);
+    let others: Vec<_> = (0..3).map(|_| poison().1).collect();
+    for m in [&same, &other] {
+        let mut batch = others.clone();
+        batch.push(m.clone());
+        let outcomes = shared_testkit::run_batch(&harness, &batch).await;
+        assert!(outcomes.iter().all(RecordOutcome::is_ack), "{outcomes:?}");
+    }
+    let valid = valid_copy(job, tenant);
+    let outcome = shared_testkit::run_batch(&harness, std::slice::from_ref(&valid)).await;
+    assert!(
+        matches!(outcome[0], RecordOutcome::Processed),
+        "{outcome:?}"
+    );
+    held.rollback().await.unwrap();
+    settle_all(&pool).await;
+    let kinds = |m: &shared::harness::IncomingMessage| {
+        format!(
+            "SELECT count(*) FROM core.dead_letters WHERE message_id = '{}' AND error_kind = 'conflict'",
+            m.message_id
+        )
+    };
+    let letters = |m: &shared::harness::IncomingMessage| {
+        format!(
+            "SELECT count(*) FROM core.dead_letters WHERE message_id = '{}'",
+            m.message_id
+        )
+    };
+    assert_eq!(
+        count(&pool, &letters(&same)).await,
+        0,
+        "a letter of a copy of the job that ran"
+    );
+    assert_eq!(count(&pool, &letters(&other)).await, 1);
+    assert_eq!(
+        count(&pool, &kinds(&other)).await,
+        1,
+        "another job under the id: a conflict"
+    );
+    one_letter_each(&pool, &others).await;
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM reference.point_awards").await,
+        1
+    );
+}
+
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn writers_side_by_side_leave_every_record_one_letter(pool: PgPool) {
+    let writers = 8;
+    let batches = 12;
+    let mut tasks = Vec::new();
+    for _ in 0..writers {
+        let pool = pool.clone();
+        tasks.push(tokio::spawn(async move {
+            let harness = e2e::harness_in(pool, AwardPoints::new(consumer()), CommitMode::Batch);
+            let mut sent = Vec::new();
+            for b in 0..batches {
+                // All poison, or one in ten.
+                let mut batch: Vec<_> = (0..10).map(|_| poison().1).collect();
+                if b % 2 == 1 {
+                    for m in batch.iter_mut().skip(1) {
+                        let (job, tenant) = (JobId(Uuid::new_v4()), TenantId(Uuid::new_v4()));
+                        *m = valid_copy(job, tenant);
+                    }
+                }
+                let outcomes = shared_testkit::run_batch(&harness, &batch).await;
+                assert!(outcomes.iter().all(RecordOutcome::is_ack), "{outcomes:?}");
+                sent.extend(batch.into_iter().filter(|m| m.body.contains("\"x\"")));
+            }
+            sent
+        }));
+    }
+    let mut poison = Vec::new();
+    for t in tasks {
+        poison.extend(t.await.unwrap());
+    }
+    // What the writers' own rounds left (a round that found a settler at work) goes now.
+    settle_all(&pool).await;
+    one_letter_each(&pool, &poison).await;
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM core.dead_letter_groups").await,
+        1
+    );
+}
+
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn the_scheduled_run_settles_what_the_writers_left(pool: PgPool) {
+    let harness = e2e::harness_in(
+        pool.clone(),
+        AwardPoints::new(consumer()),
+        CommitMode::Batch,
+    );
+    let held = hold_settle_lock(&pool).await;
+    let batch: Vec<_> = (0..25).map(|_| poison().1).collect();
+    for chunk in batch.chunks(10) {
+        shared_testkit::run_batch(&harness, chunk).await;
+    }
+    held.rollback().await.unwrap();
+    let run = shared::upkeep::ScheduledRun {
+        pool: pool.clone(),
+        clock: std::sync::Arc::new(shared::clock::SystemClock),
+        alerter: None,
+        sweep: shared_testkit::SWEEP,
+        escalate_after: Duration::from_secs(3 * 86_400),
+        replayer: None,
+        heartbeat: None,
+        replay_alert_after: shared::config::REPLAY_ALERT_AFTER,
+    };
+    let report = run.run(None).await;
+    assert_eq!(report.settled, Ok(25), "{report:?}");
+    assert_eq!(report.to_json()["settled"]["letters"], 25);
+    one_letter_each(&pool, &batch).await;
+}
+
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn a_row_whose_letter_was_written_but_not_deleted_is_settled_again_to_the_same_letter(
+    pool: PgPool,
+) {
+    // A settler that died between its letters and its delete: the rows' letters exist, the rows
+    // too. Made so by copying settled rows back.
+    let harness = e2e::harness_in(
+        pool.clone(),
+        AwardPoints::new(consumer()),
+        CommitMode::Batch,
+    );
+    let held = hold_settle_lock(&pool).await;
+    let batch: Vec<_> = (0..6).map(|_| poison().1).collect();
+    shared_testkit::run_batch(&harness, &batch).await;
+    sqlx::query("CREATE TABLE kept AS SELECT * FROM core.letter_intake")
+        .execute(&pool)
+        .await
+        .unwrap();
+    held.rollback().await.unwrap();
+    assert_eq!(settle_all(&pool).await.new_letters, 6);
+    let letters_before: Vec<Uuid> =
+        sqlx::query_scalar("SELECT id FROM core.dead_letters ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    sqlx::query("INSERT INTO core.letter_intake OVERRIDING SYSTEM VALUE SELECT * FROM kept")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let again = settle_all(&pool).await;
+    assert_eq!(again.new_letters, 0);
+    assert!(
+        again
+            .settled
+            .values()
+            .all(|s| matches!(s, Settled::Recorded(Recorded::AlreadyRecorded(_)))),
+        "{again:?}"
+    );
+    let letters_after: Vec<Uuid> =
+        sqlx::query_scalar("SELECT id FROM core.dead_letters ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(letters_before, letters_after);
+    one_letter_each(&pool, &batch).await;
+}
