@@ -276,9 +276,9 @@ pub async fn settle_round(
         .map(|((row, o), f)| (letter_of(row, consumer, f), o.digest.as_ref()))
         .collect();
     let seqs: Vec<i64> = rows.iter().map(|r| r.seq).collect();
-    match write_letters(&mut *tx, &letters, now, Some(wait)).await {
+    match write_letters(&mut tx, &letters, now, Some(wait)).await {
         Ok(settled) => {
-            delete_rows(&mut *tx, consumer, &seqs).await?;
+            delete_rows(&mut tx, consumer, &seqs).await?;
             tx.commit().await?;
             let settled = seqs.into_iter().map(IntakeSeq).zip(settled).collect();
             Ok(Round {
@@ -295,7 +295,7 @@ pub async fn settle_round(
                 match record_with_fallback(pool, letter, *digest, now, Some(wait)).await {
                     Ok(s) => {
                         let mut conn = pool.acquire().await?;
-                        delete_rows(&mut *conn, consumer, &[seq]).await?;
+                        delete_rows(&mut conn, consumer, &[seq]).await?;
                         settled.push((IntakeSeq(seq), s));
                     }
                     Err(e) => tracing::warn!(error = %e, seq,

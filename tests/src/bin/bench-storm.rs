@@ -154,6 +154,30 @@ fn poison() -> IncomingMessage {
     }
 }
 
+/// Settles what a run left received (the intake's tail: records acked while a settler was at
+/// work, as the scheduled run would), before its rows are counted: how many, and how long.
+async fn drain_intake(pool: &PgPool) -> (i64, f64) {
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM core.letter_intake")
+        .fetch_one(pool)
+        .await
+        .expect("counting the intake");
+    let started = Instant::now();
+    for consumer in shared::dead_letter::consumers_with_received(pool)
+        .await
+        .expect("reading the intake")
+    {
+        let settle = shared::dead_letter::settle_behind(
+            pool,
+            &consumer,
+            chrono::Utc::now(),
+            Duration::from_secs(2),
+            usize::MAX,
+        );
+        settle.await.expect("settling the intake");
+    }
+    (left, started.elapsed().as_secs_f64())
+}
+
 /// What a run left: fences, awards, letters, and each open group (kind: pattern).
 struct Rows {
     processed: i64,
@@ -340,10 +364,16 @@ async fn measure(
                 let trips_per_record = (target.proxy.map(LatencyProxy::round_trips))
                     .zip(before)
                     .map(|(after, before)| (after - before) as f64 / done.max(1) as f64);
+                let (left, drained) = drain_intake(&target.database.pool).await;
                 let rows = rows(&target.database.pool).await;
                 workload.check(&rows, done);
                 let rate = done as f64 / seconds;
                 let mut notes = vec![format!("{done} in {seconds:.1} s")];
+                if left > 0 {
+                    notes.push(format!(
+                        "{left} left received, settled after it in {drained:.2} s"
+                    ));
+                }
                 if failed > 0 {
                     notes.push(format!("{failed} failed"));
                 }
