@@ -11,7 +11,8 @@
 
 use crate::clock::Clock;
 use crate::dead_letter::{
-    ErrorKind, NewDeadLetter, Settled, record_unless_processed, record_without_settling,
+    ErrorKind, NewDeadLetter, Recorded, Settled, Settling, receive_letters,
+    record_unless_processed, record_without_settling, settle_behind,
 };
 use crate::envelope::{Envelope, JobDigest, PartialIds, Poison};
 use crate::fence::{FenceError, fence_exists, settle_horizon};
@@ -61,11 +62,14 @@ pub struct DlqIngester {
 
 impl DlqIngester {
     /// Records a letter for each record whose job did not commit; returns the records whose
-    /// outcome could not be committed.
+    /// outcome could not be committed. Each record is read and judged in its own span; the
+    /// letters that settle through their fence then go together through the letters' intake
+    /// (one statement received, settled behind it in bulk), as a consumer's poison does; a
+    /// letter too old for its fence, or a batch whose intake failed, is written alone.
     pub async fn ingest(&self, records: Vec<SqsMessage>) -> SqsBatchResponse {
-        let mut failed = Vec::new();
-        for record in &records {
-            let msg = incoming(record);
+        let msgs: Vec<IncomingMessage> = records.iter().map(incoming).collect();
+        let mut judged = Vec::with_capacity(msgs.len());
+        for (msg, record) in msgs.iter().zip(&records) {
             // Its lines carry the ids its body has, as the consumer's do (filled once parsed).
             let span = crate::telemetry::record_span(
                 self.consumer.as_str(),
@@ -73,39 +77,120 @@ impl DlqIngester {
                 &Default::default(),
             );
             crate::telemetry::otel::describe_job(&span, msg.delivery());
-            let ingested = self
-                .ingest_one(&msg, sent_at(record))
-                .instrument(span.clone());
-            let ingested = ingested.await;
+            let read = self.read(msg, sent_at(record)).instrument(span.clone());
+            judged.push((span, read.await));
+        }
+        let now = self.clock.now();
+        let fields: Vec<&str> = self.job_fields.iter().map(String::as_str).collect();
+        let together: Vec<usize> = (judged.iter().enumerate())
+            .filter(|(_, (_, j))| matches!(j, Ok(r) if r.judged.kind != ErrorKind::Unsettled))
+            .map(|(i, _)| i)
+            .collect();
+        let mut written: Vec<Option<Settled>> = vec![None; msgs.len()];
+        let mut new_letters = 0;
+        if together.len() > 1 {
+            let letters: Vec<(NewDeadLetter<'_>, Option<&JobDigest>)> = (together.iter())
+                .filter_map(|&i| match &judged[i].1 {
+                    Ok(read) => Some((read.letter(self, &msgs[i], &fields), read.digest.as_ref())),
+                    Err(_) => None,
+                })
+                .collect();
+            match self.together(&letters, now).await {
+                Ok((settled, new)) => {
+                    new_letters = new;
+                    for (&i, settled) in together.iter().zip(settled) {
+                        written[i] = Some(settled);
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, records = letters.len(),
+                    "the batch's letters could not be received together; each goes alone"),
+            }
+        }
+        let mut failed = Vec::new();
+        for (i, (span, read)) in judged.into_iter().enumerate() {
+            let msg = &msgs[i];
+            let ingested = match (read, written[i].take()) {
+                (Err(e), _) => Err(e),
+                (Ok(read), Some(settled)) => Ok((settled, read.judged.kind)),
+                (Ok(read), None) => {
+                    let letter = read.letter(self, msg, &fields);
+                    let write = self.write(&letter, read.digest.as_ref(), now);
+                    let settled = write.instrument(span.clone()).await;
+                    if matches!(settled, Ok(Settled::Recorded(Recorded::New(_)))) {
+                        new_letters += 1;
+                    }
+                    settled.map(|s| (s, read.judged.kind))
+                }
+            };
             // A backstop record ends recorded (its letter, or none needed) or left in the DLQ.
             let (outcome, left_in_the_dlq) = match &ingested {
-                Ok(()) => ("ingested", false),
+                Ok(_) => ("ingested", false),
                 Err(_) => ("dead_letter_failed", true),
             };
             crate::telemetry::otel::conclude_job(&span, outcome, left_in_the_dlq);
-            if let Err(e) = ingested {
-                self.metrics.increment(Metric::DeadLetterWriteFailed);
-                let _in_its_span = span.entered();
-                tracing::error!(error = %e, "backstop letter not written; left in the DLQ");
-                failed.push(msg.message_id);
+            let _in_its_span = span.entered();
+            match ingested {
+                Ok((settled, kind)) => self.count(settled, kind),
+                Err(e) => {
+                    self.metrics.increment(Metric::DeadLetterWriteFailed);
+                    tracing::error!(error = %e, "backstop letter not written; left in the DLQ");
+                    failed.push(msg.message_id.clone());
+                }
             }
         }
-        if let Some(alerter) = &self.alerter {
-            let delivery = alerter
-                .deliver_pending(crate::harness::ALERTS_PER_ROUND)
-                .await;
-            self.metrics.count_delivery(&delivery);
-        }
+        self.page(new_letters).await;
         batch_response(failed)
     }
 
-    /// One DLQ message: read, judged (poison, unsettled, crashed or exhausted), written
-    /// through the fence, counted.
-    async fn ingest_one(
+    /// The batch's letters received in one statement and settled behind it: each one's
+    /// settlement (its letter, or [`Recorded::Received`] where the settler at work takes it),
+    /// and how many new letters the settle wrote (its own and others').
+    async fn together(
+        &self,
+        letters: &[(NewDeadLetter<'_>, Option<&JobDigest>)],
+        now: DateTime<Utc>,
+    ) -> sqlx::Result<(Vec<Settled>, usize)> {
+        let seqs = receive_letters(&self.pool, letters, now).await?;
+        let settle = settle_behind(&self.pool, &self.consumer, now, self.settle_wait, 4);
+        let settling = settle.await.unwrap_or_else(|e| {
+            // The rows stay received: the next settler (a writer, the scheduled run) takes them.
+            tracing::warn!(error = %e, "settling the received letters failed; they stay received");
+            Settling::default()
+        });
+        let settled = (seqs.into_iter())
+            .map(|seq| {
+                (settling.settled.get(&seq).copied())
+                    .unwrap_or(Settled::Recorded(Recorded::Received(seq)))
+            })
+            .collect();
+        Ok((settled, settling.new_letters))
+    }
+
+    /// Paging rounds for the batch's new letters: at least one, then as many as their groups
+    /// need, each of up to [`crate::harness::ALERTS_PER_ROUND`].
+    async fn page(&self, new_letters: usize) {
+        let Some(alerter) = &self.alerter else {
+            return;
+        };
+        let limit = crate::harness::ALERTS_PER_ROUND;
+        let per_round = usize::try_from(limit).unwrap_or(1).max(1);
+        for _ in 0..new_letters.div_ceil(per_round).max(1) {
+            let delivery = alerter.deliver_pending(limit).await;
+            self.metrics.count_delivery(&delivery);
+            let claimed = delivery.delivered() + delivery.failed + delivery.deferred;
+            if claimed < per_round {
+                break;
+            }
+        }
+    }
+
+    /// One DLQ message read and judged (poison, unsettled, crashed or exhausted): what its
+    /// letter says, and its job's digest.
+    async fn read(
         &self,
         msg: &IncomingMessage,
         sent_at: Option<DateTime<Utc>>,
-    ) -> Result<(), FenceError> {
+    ) -> Result<Read, FenceError> {
         let now = self.clock.now();
         let fields: Vec<&str> = self.job_fields.iter().map(String::as_str).collect();
         let parsed = Envelope::<serde_json::Value>::parse_job(&msg.body, &fields);
@@ -121,25 +206,7 @@ impl DlqIngester {
         crate::telemetry::record_ids(&tracing::Span::current(), &carried);
         let age = self.age(msg, sent_at, now);
         let judged = self.judge(parsed, age).await?;
-        let letter = NewDeadLetter {
-            job_id: judged.ids.job_id,
-            tenant_id: judged.ids.tenant_id,
-            consumer: &self.consumer,
-            queue: &self.job_queue,
-            message_id: &msg.message_id,
-            body: &msg.body,
-            attempts: judged.attempts,
-            kind: judged.kind,
-            last_error: &judged.error,
-            correlation_id: judged.ids.correlation_id.as_deref(),
-            replay_of: msg.replay_of,
-            message_group: msg.message_group.as_deref(),
-            digest_fields: &fields,
-            trace: msg.trace.original(),
-        };
-        let settled = self.write(&letter, digest.as_ref(), now).await?;
-        self.count(settled, judged.kind);
-        Ok(())
+        Ok(Read { judged, digest })
     }
 
     /// How long ago the message was first sent. A FIFO message's time in its job queue before
@@ -251,6 +318,40 @@ fn unsettled(redriven: &str, age: Duration, horizon: Duration) -> String {
         age.as_secs(),
         horizon.as_secs()
     )
+}
+
+/// A DLQ message as read: its judgement and its job's digest.
+struct Read {
+    judged: Judged,
+    digest: Option<JobDigest>,
+}
+
+impl Read {
+    /// The letter it is written as.
+    fn letter<'a>(
+        &'a self,
+        ingester: &'a DlqIngester,
+        msg: &'a IncomingMessage,
+        fields: &'a [&'a str],
+    ) -> NewDeadLetter<'a> {
+        let judged = &self.judged;
+        NewDeadLetter {
+            job_id: judged.ids.job_id,
+            tenant_id: judged.ids.tenant_id,
+            consumer: &ingester.consumer,
+            queue: &ingester.job_queue,
+            message_id: &msg.message_id,
+            body: &msg.body,
+            attempts: judged.attempts,
+            kind: judged.kind,
+            last_error: &judged.error,
+            correlation_id: judged.ids.correlation_id.as_deref(),
+            replay_of: msg.replay_of,
+            message_group: msg.message_group.as_deref(),
+            digest_fields: fields,
+            trace: msg.trace.original(),
+        }
+    }
 }
 
 /// What a DLQ message's letter says.

@@ -83,12 +83,16 @@ impl<C: Consumer> Harness<C> {
         }
         let mut outcomes: Vec<Option<RecordOutcome>> = vec![None; msgs.len()];
         let mut plan = self.plan(msgs, &mut outcomes).await;
-        if self.settings.commit == CommitMode::Batch && plan.fresh.len() > 1 && may_start() {
+        if plan.fresh.len() > 1 && may_start() {
+            // Poison has no effect to commit, so it goes together in either commit mode.
             let fresh = std::mem::take(&mut plan.fresh);
-            let fresh = self.poison_together(msgs, fresh, &mut outcomes).await;
-            plan.fresh = self
-                .commit_group(msgs, fresh, WorkOrder::JobId, &mut outcomes)
-                .await;
+            plan.fresh = self.poison_together(msgs, fresh, &mut outcomes).await;
+            if self.settings.commit == CommitMode::Batch && may_start() {
+                let fresh = std::mem::take(&mut plan.fresh);
+                plan.fresh = self
+                    .commit_group(msgs, fresh, WorkOrder::JobId, &mut outcomes)
+                    .await;
+            }
         }
         let start = |(i, parsed): Record<C::Payload>| async move {
             if !may_start() {

@@ -183,9 +183,9 @@ impl<C: Consumer> Harness<C> {
         }
     }
 
-    /// Batch mode's poison, received together: the poison records of `fresh` (one or more) kept
-    /// in the letters' intake in one narrow statement ([`receive_letters`]), then settled into
-    /// letters behind it ([`settle_behind`]: each through its job's fence, in bulk, one settler
+    /// A batch's poison, received together (in either commit mode: poison has no effect to
+    /// commit): the poison records of `fresh` (one or more) kept in the letters' intake in one
+    /// narrow statement ([`receive_letters`]), then settled into letters behind it ([`settle_behind`]: each through its job's fence, in bulk, one settler
     /// at a time per consumer). A record whose row this invocation settled is answered with its
     /// letter (or as a duplicate: its job committed); one left to the settler at work is
     /// answered [`Recorded::Received`]. Each is counted and logged in its own span. A storm of
