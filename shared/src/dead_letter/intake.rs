@@ -13,7 +13,7 @@
 //!   over).
 
 use super::record::{Recorded, storable_parts, write_letters};
-use super::settle::{Settled, record_with_fallback};
+use super::settle::{Settled, record_with_fallback, refused_for_its_content};
 use super::{ErrorKind, NewDeadLetter};
 use crate::envelope::JobDigest;
 use crate::fence::FenceError;
@@ -25,6 +25,11 @@ use std::time::Duration;
 
 /// The most rows one settle round takes.
 pub const SETTLE_ROUND: i64 = 500;
+
+/// The most body bytes one settle round takes (at least one row): a round holds each body
+/// several times over (the row, the letter's text and parsed payload, their encodings), and
+/// must fit the smallest function that settles (256 MB), whatever the bodies' size.
+pub const SETTLE_ROUND_BYTES: i64 = 4 << 20;
 
 /// A received row's key in the intake.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -61,11 +66,10 @@ pub async fn receive_letters(
             .push(parts.correlation_id.map(|c| c.into_owned()));
         c.replay_ofs.push(letter.replay_of.map(|r| r.0));
         c.digests.push(digest.map(|d| d.0.to_vec()));
-        // The fields a digest covers, as a text literal of an array (NULL: the whole payload).
-        c.fields.push(
-            (digest.is_some() && !letter.digest_fields.is_empty())
-                .then(|| array_literal(letter.digest_fields)),
-        );
+        // The fields a digest covers, as a text literal of an array (NULL: the whole payload),
+        // kept for every row as its letter keeps them, with a digest or without one.
+        c.fields
+            .push((!letter.digest_fields.is_empty()).then(|| array_literal(letter.digest_fields)));
         c.message_groups
             .push(parts.message_group.map(str::to_owned));
         c.traces.push(letter.trace.map(|t| t.to_w3c()));
@@ -251,12 +255,18 @@ pub async fn settle_round(
     }
     let rows = sqlx::query_as!(
         IntakeRow,
-        "SELECT seq, job_id, tenant_id, queue, message_id, body, attempts, error_kind,
-                last_error, correlation_id, replay_of, job_digest, digest_fields, message_group,
-                trace_parent
-           FROM core.letter_intake WHERE consumer = $1 ORDER BY seq LIMIT $2",
+        r#"SELECT seq AS "seq!", job_id, tenant_id, queue AS "queue!",
+                message_id AS "message_id!", body AS "body!", attempts AS "attempts!",
+                error_kind AS "error_kind!", last_error AS "last_error!", correlation_id,
+                replay_of, job_digest, digest_fields, message_group, trace_parent
+           FROM (SELECT *, sum(octet_length(body)) OVER (ORDER BY seq) AS upto
+                   FROM core.letter_intake WHERE consumer = $1 AND refused IS NULL
+                  ORDER BY seq LIMIT $2) r
+          WHERE upto - octet_length(body) < $3
+          ORDER BY seq"#,
         consumer.as_str(),
         SETTLE_ROUND,
+        SETTLE_ROUND_BYTES,
     )
     .fetch_all(&mut *tx)
     .await?;
@@ -276,8 +286,11 @@ pub async fn settle_round(
         .map(|((row, o), f)| (letter_of(row, consumer, f), o.digest.as_ref()))
         .collect();
     let seqs: Vec<i64> = rows.iter().map(|r| r.seq).collect();
-    match write_letters(&mut tx, &letters, now, Some(wait)).await {
+    // The call in a savepoint: if it fails, the round keeps its lock for the fallback.
+    let mut call = sqlx::Acquire::begin(&mut tx).await?;
+    match write_letters(&mut call, &letters, now, Some(wait)).await {
         Ok(settled) => {
+            call.commit().await?;
             delete_rows(&mut tx, consumer, &seqs).await?;
             tx.commit().await?;
             let settled = seqs.into_iter().map(IntakeSeq).zip(settled).collect();
@@ -287,21 +300,11 @@ pub async fn settle_round(
             })
         }
         Err(e) => {
-            tx.rollback().await?;
+            call.rollback().await?;
             tracing::warn!(error = %e, rows = seqs.len(),
                 "the received letters could not be settled together; each goes alone");
-            let mut settled = Vec::new();
-            for (seq, (letter, digest)) in seqs.into_iter().zip(&letters) {
-                match record_with_fallback(pool, letter, *digest, now, Some(wait)).await {
-                    Ok(s) => {
-                        let mut conn = pool.acquire().await?;
-                        delete_rows(&mut conn, consumer, &[seq]).await?;
-                        settled.push((IntakeSeq(seq), s));
-                    }
-                    Err(e) => tracing::warn!(error = %e, seq,
-                        "a received letter could not be settled; a later round tries again"),
-                }
-            }
+            let settled = each_alone(pool, &mut tx, consumer, &seqs, &letters, now, wait).await?;
+            tx.commit().await?;
             Ok(Round {
                 settled,
                 fell_back: true,
@@ -309,6 +312,52 @@ pub async fn settle_round(
             })
         }
     }
+}
+
+/// A round's rows one by one, each in a transaction of its own with the as-received fallback,
+/// while the round's transaction (`lock`) keeps the settle lock: the rows whose letter (or
+/// whose job's commit) is settled are deleted in it. The claims share one lock wait in all, as
+/// the call's do: once it is spent, a row whose claim must wait is left for a later round. A
+/// row PostgreSQL refuses even as received is set aside with why (its `refused` column): no
+/// later round tries it again.
+async fn each_alone(
+    pool: &sqlx::PgPool,
+    lock: &mut sqlx::PgConnection,
+    consumer: &ConsumerName,
+    seqs: &[i64],
+    letters: &[(NewDeadLetter<'_>, Option<&JobDigest>)],
+    now: DateTime<Utc>,
+    wait: Duration,
+) -> Result<Vec<(IntakeSeq, Settled)>, FenceError> {
+    let until = std::time::Instant::now() + wait;
+    let mut settled = Vec::new();
+    let mut done = Vec::new();
+    for (&seq, (letter, digest)) in seqs.iter().zip(letters) {
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        let left = left.max(Duration::from_millis(10));
+        match record_with_fallback(pool, letter, *digest, now, Some(left)).await {
+            Ok(s) => {
+                done.push(seq);
+                settled.push((IntakeSeq(seq), s));
+            }
+            Err(e) if refused_for_its_content(&e) => {
+                tracing::error!(error = %e, seq, message_id = letter.message_id,
+                    "a received letter was refused even as received; set aside in the intake");
+                sqlx::query!(
+                    "UPDATE core.letter_intake SET refused = $3 WHERE consumer = $1 AND seq = $2",
+                    consumer.as_str(),
+                    seq,
+                    e.to_string(),
+                )
+                .execute(&mut *lock)
+                .await?;
+            }
+            Err(e) => tracing::warn!(error = %e, seq,
+                "a received letter could not be settled; a later round tries again"),
+        }
+    }
+    delete_rows(lock, consumer, &done).await?;
+    Ok(settled)
 }
 
 async fn delete_rows(

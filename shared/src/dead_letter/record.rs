@@ -220,6 +220,29 @@ pub(super) async fn write_letters(
     now: DateTime<Utc>,
     settle: Option<Duration>,
 ) -> Result<Vec<Settled>, FenceError> {
+    // A call digests its letters over one set of fields: letters of other fields (a row
+    // received before a consumer's JOB_FIELDS changed) go in a call of their own, in order.
+    let mut settled = Vec::with_capacity(letters.len());
+    let mut rest = letters;
+    while let Some((first, _)) = rest.first() {
+        let same = rest
+            .iter()
+            .take_while(|(l, _)| l.digest_fields == first.digest_fields)
+            .count();
+        let (these, after) = rest.split_at(same);
+        settled.extend(write_letters_of_fields(conn, these, now, settle).await?);
+        rest = after;
+    }
+    Ok(settled)
+}
+
+/// [`write_letters`] for letters of one set of digest fields: one call.
+async fn write_letters_of_fields(
+    conn: &mut PgConnection,
+    letters: &[(NewDeadLetter<'_>, Option<&JobDigest>)],
+    now: DateTime<Utc>,
+    settle: Option<Duration>,
+) -> Result<Vec<Settled>, FenceError> {
     let Some((first, _)) = letters.first() else {
         return Ok(Vec::new());
     };

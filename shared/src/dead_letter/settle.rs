@@ -12,7 +12,7 @@ use sqlx::PgConnection;
 /// Whether PostgreSQL refused a letter for what it holds rather than for its own state: a data
 /// exception (class 22: a value out of range, text it cannot store), a program limit (class
 /// 54: an index row or a value too large, nesting too deep) or a check (23514).
-fn refused_for_its_content(e: &FenceError) -> bool {
+pub(super) fn refused_for_its_content(e: &FenceError) -> bool {
     let FenceError::Database(e) = e else {
         return false;
     };

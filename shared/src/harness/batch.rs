@@ -83,16 +83,19 @@ impl<C: Consumer> Harness<C> {
         }
         let mut outcomes: Vec<Option<RecordOutcome>> = vec![None; msgs.len()];
         let mut plan = self.plan(msgs, &mut outcomes).await;
-        if plan.fresh.len() > 1 && may_start() {
-            // Poison has no effect to commit, so it goes together in either commit mode.
+        let batch = self.settings.commit == CommitMode::Batch;
+        let poison = plan.fresh.iter().filter(|(_, p)| p.is_err()).count();
+        // Poison has no effect to commit, so it goes together in either commit mode; per job,
+        // a lone poison record goes beside the batch's jobs instead of before them.
+        if plan.fresh.len() > 1 && (poison > 1 || (batch && poison > 0)) && may_start() {
             let fresh = std::mem::take(&mut plan.fresh);
             plan.fresh = self.poison_together(msgs, fresh, &mut outcomes).await;
-            if self.settings.commit == CommitMode::Batch && may_start() {
-                let fresh = std::mem::take(&mut plan.fresh);
-                plan.fresh = self
-                    .commit_group(msgs, fresh, WorkOrder::JobId, &mut outcomes)
-                    .await;
-            }
+        }
+        if batch && plan.fresh.len() > 1 && may_start() {
+            let fresh = std::mem::take(&mut plan.fresh);
+            plan.fresh = self
+                .commit_group(msgs, fresh, WorkOrder::JobId, &mut outcomes)
+                .await;
         }
         let start = |(i, parsed): Record<C::Payload>| async move {
             if !may_start() {
