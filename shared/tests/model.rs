@@ -105,8 +105,14 @@ pub enum Step {
         replay: bool,
         cut: Option<u8>,
     },
-    /// Time passes the TTL and the sweeper runs (only if no copy is in the queue).
+    /// Time passes the TTL and the scheduled run settles the intake, then sweeps (only if no
+    /// copy is in the queue).
     SweepPastTtl,
+    /// A batch handed over while another settler of the consumer is at work (the settle lock
+    /// held): its poison is acked as received and stays in the letters' intake.
+    DeliverWhileSettling { picks: Vec<u8> },
+    /// The scheduled run settles the letters' intake.
+    Settle,
 }
 
 struct Model;
@@ -247,6 +253,13 @@ impl ReferenceStateMachine for Model {
                     .boxed(),
             ),
             (1, Just(Step::SweepPastTtl).boxed()),
+            (
+                3,
+                proptest::collection::vec(0..8u8, 2..=4)
+                    .prop_map(|picks| Step::DeliverWhileSettling { picks })
+                    .boxed(),
+            ),
+            (2, Just(Step::Settle).boxed()),
         ];
         proptest::strategy::Union::new_weighted(steps.into_iter().filter(|(w, _)| *w > 0).collect())
             .boxed()
@@ -272,7 +285,7 @@ impl ReferenceStateMachine for Model {
                 plan.failing_sent += 1;
                 0
             }
-            Step::Deliver { .. } | Step::Crash { .. } => 1,
+            Step::Deliver { .. } | Step::DeliverWhileSettling { .. } | Step::Crash { .. } => 1,
             Step::Rounds { times, .. } => u32::from(*times),
             Step::ReplayRefused { .. } => {
                 plan.refused = true;
@@ -410,6 +423,8 @@ async fn run_history(
                 Step::Discard { pick } => world.discard(*pick).await,
                 Step::Bulk { slot, replay, cut } => world.bulk(*slot, *replay, *cut).await,
                 Step::SweepPastTtl => world.sweep().await,
+                Step::DeliverWhileSettling { picks } => world.deliver_while_settling(picks).await,
+                Step::Settle => world.settle_intake().await,
             }
             let did: Vec<String> = world.log[logged..].to_vec();
             world.log.truncate(logged);
@@ -464,8 +479,15 @@ fn env_u64(name: &str) -> Option<u64> {
 /// The seed of the test command's histories, unless `MODEL_SEED` says another.
 const DEFAULT_SEED: u64 = 34;
 
+/// The two tests run one after the other: their bulk steps share the local SQS API's queue
+/// (each drains it of earlier histories' replays), and side by side one's operation was seen
+/// to go missing from the other's world (1 run in 5, once the intake's steps made the generated
+/// histories run as long as the hand-written ones). Not understood yet; see docs/tests.md.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn model_histories_keep_the_promises() {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let cases = env_u64("MODEL_CASES").unwrap_or(24);
     let seed = env_u64("MODEL_SEED")
         .or_else(|| env_u64("PROPTEST_RNG_SEED"))
@@ -519,6 +541,7 @@ fn model_histories_keep_the_promises() {
 /// must keep every promise (they are the histories the random ones should find first).
 #[test]
 fn model_hand_written_histories_keep_the_promises() {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     use Payload::{BadPoints, Flaky, Good};
     use Step::{Deliver, EditReplay, ReplayRefused, Rounds, Send, SendQueued, Withdraw};
     let send = |slot, variant, spelling| Send {

@@ -31,7 +31,7 @@ use shared_testkit::reference::reference_name;
 use shared_testkit::{FENCE_TTL, SWEEP, harness_on, run_batch, settings, t0};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 use uuid::Uuid;
@@ -448,6 +448,62 @@ impl World {
         let records: Vec<IncomingMessage> = batch.iter().map(|&i| self.incoming(i)).collect();
         let outcomes = run_batch(&self.harness, &records).await;
         self.settle(&batch, outcomes, "deliver");
+    }
+
+    /// [`deliver`](Self::deliver) while another settler of the consumer is at work: its
+    /// settle lock held by a transaction of the world's, released after the batch.
+    pub async fn deliver_while_settling(&mut self, picks: &[u8]) {
+        // A connection of its own: the pool's are the harness's.
+        let options = (*self.pool.connect_options()).clone();
+        let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect_with(&options)
+            .await
+            .expect("a settler's connection");
+        let mut settler = sqlx::Connection::begin(&mut conn)
+            .await
+            .expect("a settler's transaction");
+        sqlx::query(
+            "SELECT pg_advisory_xact_lock(hashtextextended('core.letter_intake:' || $1, 0))",
+        )
+        .bind(reference_name().as_str())
+        .execute(&mut *settler)
+        .await
+        .expect("the settle lock");
+        self.log.push("a settler is at work".into());
+        self.deliver(picks).await;
+        settler.rollback().await.expect("the settler lets go");
+        let _ = sqlx::Connection::close(conn).await;
+    }
+
+    /// The scheduled run's first step: the letters' intake settled.
+    pub async fn settle_intake(&mut self) {
+        let settling = shared::dead_letter::settle_behind(
+            &self.pool,
+            &reference_name(),
+            self.clock.now(),
+            Duration::from_secs(5),
+            usize::MAX,
+        )
+        .await
+        .expect("settling the intake");
+        self.log.push(format!(
+            "settle: {} rows, {} new letters",
+            settling.settled.len(),
+            settling.new_letters
+        ));
+    }
+
+    /// The message ids of the records received in the letters' intake and not yet settled.
+    pub async fn received(&self) -> BTreeSet<String> {
+        let message_ids: Vec<String> = self.msgs.iter().map(|m| m.id.clone()).collect();
+        let rows: Vec<String> = sqlx::query_scalar(
+            "SELECT message_id FROM core.letter_intake WHERE consumer = $1 AND message_id = ANY($2)",
+        )
+        .bind(reference_name().as_str())
+        .bind(&message_ids)
+        .fetch_all(&self.pool)
+        .await
+        .expect("reading the intake");
+        rows.into_iter().collect()
     }
 
     /// Whether the queue holds no message.
@@ -939,6 +995,8 @@ impl World {
         self.unsent.retain(|u| !u.withdrawn);
         self.clock
             .advance(chrono::Duration::from_std(FENCE_TTL).unwrap() + chrono::Duration::days(1));
+        // The scheduled run settles the intake before it sweeps.
+        self.settle_intake().await;
         let report = shared::upkeep::sweep::sweep(&self.pool, self.clock.as_ref(), SWEEP, None)
             .await
             .expect("the sweep");
