@@ -339,3 +339,43 @@ async fn the_fence_of_a_job_whose_replay_is_queued_is_never_swept(pool: PgPool) 
             .unwrap()
     );
 }
+
+/// Issue 36: a record received in the letters' intake and not yet settled is settled through
+/// its job's fence. If that fence were swept first (the settlers down for longer than the TTL),
+/// the settle would find no fence and write a letter for a job that committed. The sweep keeps
+/// every fence that expired after the oldest received row (less an hour): a copy that arrived
+/// within its job's TTL still finds the fence when it settles. Once settled, the fence goes.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn fences_that_expired_after_the_oldest_received_letter_are_kept_until_it_settles(
+    pool: PgPool,
+) {
+    let now = t0();
+    let received_at = now - Span::days(10);
+    seed(&pool, 3, received_at - Span::days(1)).await; // expired before the row came: go
+    seed(&pool, 4, received_at + Span::days(1)).await; // expired since: kept for it
+    sqlx::query(
+        "INSERT INTO core.letter_intake (consumer, received_at, queue, message_id, body,
+                                         attempts, error_kind, last_error)
+         VALUES ($1, $2, 'jobs', 'm-1', 'not json', 1, 'poison', 'not JSON')",
+    )
+    .bind(reference_name().as_str())
+    .bind(received_at)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let report = sweep(&pool, &ManualClock::new(now), ALL_AT_ONCE, None)
+        .await
+        .unwrap();
+    assert_eq!(report.deleted, 3, "{report:?}");
+    assert_eq!(fences(&pool).await, 4);
+
+    // A row set aside (refused even as received) is never settled: it keeps nothing.
+    sqlx::query("UPDATE core.letter_intake SET refused = 'refused'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let report = sweep(&pool, &ManualClock::new(now), ALL_AT_ONCE, None)
+        .await
+        .unwrap();
+    assert_eq!(report.deleted, 4, "{report:?}");
+}

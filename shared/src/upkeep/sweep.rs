@@ -1,7 +1,9 @@
 //! The TTL sweep of `core.processed_jobs`.
 //!
 //! Invariants: a row is deleted only when its `expires_at` is before the injected `now` (the TTL
-//! floor guarantees no copy of its job can still arrive), no dead letter of its job is pending
+//! floor guarantees no copy of its job can still arrive) and before the oldest record still
+//! received in the letters' intake (less an hour: its settle goes through its job's fence), no
+//! dead letter of its job is pending
 //! review (a replay of that letter must still find the fence, however late it comes), and no
 //! replay of its job is queued (recorded but not yet sent: the send may come at any time, and
 //! the job may have committed through an earlier send whose record was lost);
@@ -199,6 +201,12 @@ async fn sweep_leased(
     deadline: Option<Instant>,
 ) -> sqlx::Result<(u64, u32, SweepStop)> {
     let now = clock.now();
+    // A fence may outlive its TTL for a record still received in the letters' intake: its
+    // settle goes through the fence, and must find it (see [`received_since`]).
+    let cutoff = match received_since(&mut *conn).await? {
+        Some(oldest) => now.min(oldest - chrono::Duration::hours(1)),
+        None => now,
+    };
     let started = Instant::now();
     let (mut deleted, mut batches) = (0, 0);
     let mut from = None;
@@ -214,7 +222,7 @@ async fn sweep_leased(
         if batches > 0 && !hold_lease(&mut *conn, holder).await? {
             break SweepStop::Busy;
         }
-        let (n, last) = sweep_expired(&mut *conn, now, from, settings.batch_size).await?;
+        let (n, last) = sweep_expired(&mut *conn, cutoff, from, settings.batch_size).await?;
         deleted += n;
         batches += 1;
         if n < settings.batch_size as u64 {
@@ -233,6 +241,28 @@ async fn sweep_leased(
         crate::ledger::sweep_stale_ledgers(&mut *conn, stale, settings.batch_size).await?;
     }
     Ok((deleted, batches, stop))
+}
+
+/// When the oldest record still received in the letters' intake was received (rows set aside
+/// as refused are never settled, and count for nothing): each consumer's first row by its key,
+/// one index probe per consumer. A fence that expired after it is kept: the copy it received
+/// arrived within its job's TTL, so its settle must still find the fence (else it would write a
+/// letter for a job that committed). A fence that expired before it had outlived every copy.
+async fn received_since(conn: &mut sqlx::PgConnection) -> sqlx::Result<Option<DateTime<Utc>>> {
+    sqlx::query_scalar!(
+        "WITH RECURSIVE c (consumer) AS (
+             (SELECT consumer FROM core.letter_intake ORDER BY consumer LIMIT 1)
+             UNION ALL
+             SELECT (SELECT i.consumer FROM core.letter_intake i
+                      WHERE i.consumer > c.consumer ORDER BY i.consumer LIMIT 1)
+               FROM c WHERE c.consumer IS NOT NULL)
+         SELECT min((SELECT i.received_at FROM core.letter_intake i
+                      WHERE i.consumer = c.consumer AND i.refused IS NULL
+                      ORDER BY i.seq LIMIT 1))
+           FROM c WHERE c.consumer IS NOT NULL"
+    )
+    .fetch_one(conn)
+    .await
 }
 
 async fn report(
