@@ -19,6 +19,7 @@ pub mod local_stack;
 pub mod operations_kit;
 pub mod otlp_receiver;
 pub mod pooler;
+pub mod promises;
 pub mod smoke;
 pub mod soak;
 pub mod stack;

@@ -11,7 +11,7 @@
 
 use aws_lambda_events::event::sqs::SqsMessage;
 use consumer::{AwardPoints, count_awards};
-use e2e::groups::{counts_match_letters, one_open_group_per_failure};
+use e2e::groups::counts_match_letters;
 use serde_json::{Value, json};
 use shared::clock::SystemClock;
 use shared::dead_letter::{
@@ -85,64 +85,12 @@ async fn awards(pool: &PgPool, job: JobId) -> i64 {
 /// The promises over the whole database (as the earlier attacks check them), and the intake
 /// empty.
 async fn promises_hold(pool: &PgPool) {
-    assert_eq!(
-        count(
-            pool,
-            "SELECT count(*) FROM (SELECT job_id FROM reference.point_awards
-                 GROUP BY job_id HAVING count(*) > 1) twice"
-        )
-        .await,
-        0,
-        "a job's effect applied twice"
-    );
-    assert_eq!(
-        count(
-            pool,
-            "SELECT count(*) FROM core.processed_jobs f
-             WHERE NOT EXISTS (SELECT 1 FROM reference.point_awards a WHERE a.job_id = f.job_id)"
-        )
-        .await,
-        0,
-        "a fence without its effect: a placeholder claim outlived its call"
-    );
-    assert_eq!(
-        count(
-            pool,
-            "SELECT count(*) FROM core.dead_letters d
-             JOIN core.processed_jobs f ON f.job_id = d.job_id AND f.consumer = d.consumer
-             WHERE d.status = 'pending_review' AND d.error_kind <> 'conflict'
-               AND core.same_job(d.job_id, d.consumer, d.job_digest, f.payload_digest)"
-        )
-        .await,
-        0,
-        "a pending letter of a job whose effect committed"
-    );
-    assert_eq!(
-        count(
-            pool,
-            "SELECT count(*) FROM core.dead_letters WHERE group_id IS NULL"
-        )
-        .await,
-        0,
-        "a letter in no failure group"
-    );
-    assert_eq!(
-        count(
-            pool,
-            "SELECT count(*) FROM (SELECT consumer, message_id FROM core.dead_letters
-                 GROUP BY consumer, message_id HAVING count(*) > 1) two"
-        )
-        .await,
-        0,
-        "two letters of one message"
-    );
+    e2e::promises::both_hold(pool).await;
     assert_eq!(
         intake_rows(pool).await,
         0,
         "a received row was never settled"
     );
-    counts_match_letters(pool).await;
-    one_open_group_per_failure(pool).await;
 }
 
 // ---------------------------------------------------------------------------------------------

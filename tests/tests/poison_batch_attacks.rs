@@ -12,7 +12,6 @@ use consumer::{AwardPoints, count_awards};
 use dead_letter_api::api::Scope;
 use e2e::alert_receiver::AlertReceiver;
 use e2e::api_client::{caller, request, with_body};
-use e2e::groups::counts_match_letters;
 use e2e::stack::Stack;
 use futures_util::future::join_all;
 use serde_json::{Value, json};
@@ -98,68 +97,7 @@ fn pending(letters: &[Letter]) -> usize {
 /// as the same job, every letter in a group, every group's counts exact, no pending letter in a
 /// resolved group, at most one open group per failure.
 async fn promises_hold(pool: &PgPool) {
-    assert_eq!(
-        count(
-            pool,
-            "SELECT count(*) FROM (SELECT job_id FROM reference.point_awards
-                 GROUP BY job_id HAVING count(*) > 1) twice"
-        )
-        .await,
-        0,
-        "a job's effect applied twice"
-    );
-    assert_eq!(
-        count(
-            pool,
-            "SELECT count(*) FROM core.processed_jobs f
-             WHERE NOT EXISTS (SELECT 1 FROM reference.point_awards a WHERE a.job_id = f.job_id)"
-        )
-        .await,
-        0,
-        "a fence without its effect: a placeholder claim outlived its call"
-    );
-    assert_eq!(
-        count(
-            pool,
-            "SELECT count(*) FROM core.dead_letters d
-             JOIN core.processed_jobs f ON f.job_id = d.job_id AND f.consumer = d.consumer
-             WHERE d.status = 'pending_review' AND d.error_kind <> 'conflict'
-               AND core.same_job(d.job_id, d.consumer, d.job_digest, f.payload_digest)"
-        )
-        .await,
-        0,
-        "a pending letter of a job whose effect committed"
-    );
-    assert_eq!(
-        count(
-            pool,
-            "SELECT count(*) FROM core.dead_letters WHERE group_id IS NULL"
-        )
-        .await,
-        0,
-        "a letter in no failure group"
-    );
-    assert_eq!(
-        count(
-            pool,
-            "SELECT count(*) FROM core.dead_letters d JOIN core.dead_letter_groups g ON g.id = d.group_id
-             WHERE d.status = 'pending_review' AND g.resolved_at IS NOT NULL"
-        )
-        .await,
-        0,
-        "a pending letter in a resolved group"
-    );
-    assert_eq!(
-        count(
-            pool,
-            "SELECT count(*) FROM (SELECT 1 FROM core.dead_letter_groups WHERE resolved_at IS NULL
-                 GROUP BY consumer, queue, error_kind, fingerprint HAVING count(*) > 1) two"
-        )
-        .await,
-        0,
-        "two open groups for one failure"
-    );
-    counts_match_letters(pool).await;
+    e2e::promises::both_hold(pool).await;
 }
 
 // ---------------------------------------------------------------------------------------------
