@@ -17,6 +17,7 @@ source "$(dirname "$0")/lib.sh"
 command -v cargo >/dev/null || die "cargo is not installed"
 if [ "${1:-}" = model ]; then
   ensure_postgres
+  ensure_sqs_api # the histories' bulk replays send to it
   cases=${2:-2000}
   seed=${3:-$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}
   step "Model-based histories: $cases of them, seed $seed (cargo test -p shared --test model)"

@@ -420,11 +420,17 @@ pub async fn check(world: &World, memory: &mut Memory) -> Vec<String> {
                 }
             }
         }
+        // Nothing left of the job is a pending letter, a record received, or an operator's
+        // discard (which promise 2 takes as the job's end too: found by the model's long form,
+        // seed 20261207, a replay's letter discarded before a withdrawal that found it sent).
         if let Some(f) = family
             && !done
             && !db.letters.iter().any(|(l, j)| {
-                l.status == "pending_review" && j.is_some_and(|j| world.msgs[j].family == Some(f))
+                j.is_some_and(|j| world.msgs[j].family == Some(f))
+                    && (l.status == "pending_review"
+                        || (l.status == "discarded" && l.reviewed_by.as_deref() == Some(OPERATOR)))
             })
+            && !(world.msgs.iter()).any(|m| m.family == Some(f) && db.received.contains(&m.id))
             && !world.msgs.iter().any(|m| m.family == Some(f) && !m.gone)
             && !world
                 .unsent
