@@ -11,8 +11,8 @@
 
 use crate::clock::Clock;
 use crate::dead_letter::{
-    ErrorKind, NewDeadLetter, Recorded, Settled, Settling, receive_letters,
-    record_unless_processed, record_without_settling, settle_behind,
+    ErrorKind, NewDeadLetter, Recorded, Settled, receive_and_settle, record_unless_processed,
+    record_without_settling,
 };
 use crate::envelope::{Envelope, JobDigest, PartialIds, Poison};
 use crate::fence::{FenceError, fence_exists, settle_horizon};
@@ -95,10 +95,10 @@ impl DlqIngester {
                     Err(_) => None,
                 })
                 .collect();
-            match self.together(&letters, now).await {
-                Ok((settled, new)) => {
-                    new_letters = new;
-                    for (&i, settled) in together.iter().zip(settled) {
+            match receive_and_settle(&self.pool, &letters, now, self.settle_wait).await {
+                Ok(received) => {
+                    new_letters = received.new_letters;
+                    for (&i, settled) in together.iter().zip(received.settled) {
                         written[i] = Some(settled);
                     }
                 }
@@ -142,45 +142,14 @@ impl DlqIngester {
         batch_response(failed)
     }
 
-    /// The batch's letters received in one statement and settled behind it: each one's
-    /// settlement (its letter, or [`Recorded::Received`] where the settler at work takes it),
-    /// and how many new letters the settle wrote (its own and others').
-    async fn together(
-        &self,
-        letters: &[(NewDeadLetter<'_>, Option<&JobDigest>)],
-        now: DateTime<Utc>,
-    ) -> sqlx::Result<(Vec<Settled>, usize)> {
-        let seqs = receive_letters(&self.pool, letters, now).await?;
-        let settle = settle_behind(&self.pool, &self.consumer, now, self.settle_wait, 4);
-        let settling = settle.await.unwrap_or_else(|e| {
-            // The rows stay received: the next settler (a writer, the scheduled run) takes them.
-            tracing::warn!(error = %e, "settling the received letters failed; they stay received");
-            Settling::default()
-        });
-        let settled = (seqs.into_iter())
-            .map(|seq| {
-                (settling.settled.get(&seq).copied())
-                    .unwrap_or(Settled::Recorded(Recorded::Received(seq)))
-            })
-            .collect();
-        Ok((settled, settling.new_letters))
-    }
-
     /// Paging rounds for the batch's new letters: at least one, then as many as their groups
-    /// need, each of up to [`crate::harness::ALERTS_PER_ROUND`].
+    /// need.
     async fn page(&self, new_letters: usize) {
-        let Some(alerter) = &self.alerter else {
-            return;
-        };
-        let limit = crate::harness::ALERTS_PER_ROUND;
-        let per_round = usize::try_from(limit).unwrap_or(1).max(1);
-        for _ in 0..new_letters.div_ceil(per_round).max(1) {
-            let delivery = alerter.deliver_pending(limit).await;
-            self.metrics.count_delivery(&delivery);
-            let claimed = delivery.delivered() + delivery.failed + delivery.deferred;
-            if claimed < per_round {
-                break;
-            }
+        if let Some(alerter) = &self.alerter {
+            let (rounds_for, per_round) = (new_letters.max(1), crate::harness::ALERTS_PER_ROUND);
+            alerter
+                .page_new_letters(rounds_for, per_round, &self.metrics)
+                .await;
         }
     }
 

@@ -196,9 +196,7 @@ async fn settle_all(pool: &PgPool) -> Settling {
 /// Holds the consumer's settle lock in an open transaction, as a settler at work does.
 async fn hold_settle_lock(pool: &PgPool) -> Transaction<'static, Postgres> {
     let mut tx = pool.begin().await.unwrap();
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('core.letter_intake:' || $1, 0))")
-        .bind(consumer().as_str())
-        .execute(&mut *tx)
+    shared::dead_letter::take_settle_lock(&mut tx, &consumer())
         .await
         .unwrap();
     tx

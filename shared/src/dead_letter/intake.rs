@@ -31,6 +31,11 @@ pub const SETTLE_ROUND: i64 = 500;
 /// must fit the smallest function that settles (256 MB), whatever the bodies' size.
 pub const SETTLE_ROUND_BYTES: i64 = 4 << 20;
 
+/// The most settle rounds a writer runs behind its own rows: in a storm, the invocation holding
+/// the settle lock settles for others too, within this bound; the next writer (or the
+/// scheduled run) goes on.
+pub const SETTLE_ROUNDS: usize = 4;
+
 /// A received row's key in the intake.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct IntakeSeq(pub i64);
@@ -188,6 +193,49 @@ pub struct Settling {
     pub new_letters: usize,
     /// Whether a round found another settler at work (it settles what is left).
     pub busy: bool,
+}
+
+/// What [`receive_and_settle`] did with a writer's letters.
+#[derive(Debug, Default)]
+pub struct Received {
+    /// Each letter's settlement, in the letters' order: its letter (or its job's commit), or
+    /// [`Recorded::Received`] where the settler at work takes it.
+    pub settled: Vec<Settled>,
+    /// Letters written now by the settle (the writer's own and others').
+    pub new_letters: usize,
+}
+
+/// A writer's letters (of one consumer) received in one statement ([`receive_letters`]), then
+/// settled behind it ([`settle_behind`], up to [`SETTLE_ROUNDS`] rounds). Fails only if they
+/// could not be received (none is, then); a settle that fails leaves them received, for the
+/// next settler.
+pub async fn receive_and_settle(
+    pool: &sqlx::PgPool,
+    letters: &[(NewDeadLetter<'_>, Option<&JobDigest>)],
+    now: DateTime<Utc>,
+    wait: Duration,
+) -> sqlx::Result<Received> {
+    let Some((first, _)) = letters.first() else {
+        return Ok(Received::default());
+    };
+    let consumer = first.consumer;
+    let seqs = receive_letters(pool, letters, now).await?;
+    let settling = settle_behind(pool, consumer, now, wait, SETTLE_ROUNDS)
+        .await
+        .unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "settling the received letters failed; they stay received");
+            Settling::default()
+        });
+    let settled = (seqs.into_iter())
+        .map(|seq| {
+            (settling.settled.get(&seq).copied())
+                .unwrap_or(Settled::Recorded(Recorded::Received(seq)))
+        })
+        .collect();
+    Ok(Received {
+        settled,
+        new_letters: settling.new_letters,
+    })
 }
 
 /// Settles `consumer`'s received rows, oldest first, in rounds of up to [`SETTLE_ROUND`]: until a
@@ -408,6 +456,43 @@ fn letter_of<'a>(
         digest_fields: fields,
         trace: row.trace_parent.as_deref().and_then(TraceParent::from_w3c),
     }
+}
+
+/// When the oldest record still to settle was received (rows set aside as refused are never
+/// settled, and count for nothing): each consumer's first row by its key, one index probe per
+/// consumer. The sweep keeps the fences that expired after it: its settle goes through its
+/// job's fence.
+pub async fn oldest_received(conn: &mut sqlx::PgConnection) -> sqlx::Result<Option<DateTime<Utc>>> {
+    sqlx::query_scalar!(
+        "WITH RECURSIVE c (consumer) AS (
+             (SELECT consumer FROM core.letter_intake ORDER BY consumer LIMIT 1)
+             UNION ALL
+             SELECT (SELECT i.consumer FROM core.letter_intake i
+                      WHERE i.consumer > c.consumer ORDER BY i.consumer LIMIT 1)
+               FROM c WHERE c.consumer IS NOT NULL)
+         SELECT min((SELECT i.received_at FROM core.letter_intake i
+                      WHERE i.consumer = c.consumer AND i.refused IS NULL
+                      ORDER BY i.seq LIMIT 1))
+           FROM c WHERE c.consumer IS NOT NULL"
+    )
+    .fetch_one(conn)
+    .await
+}
+
+/// Takes `consumer`'s settle lock in the transaction `conn` is in, waiting for it: a settler at
+/// work, as [`settle_round`] is while it holds the lock (for tests and tools that stand in for
+/// one).
+pub async fn take_settle_lock(
+    conn: &mut sqlx::PgConnection,
+    consumer: &ConsumerName,
+) -> sqlx::Result<()> {
+    sqlx::query!(
+        "SELECT pg_advisory_xact_lock(hashtextextended('core.letter_intake:' || $1, 0))",
+        consumer.as_str(),
+    )
+    .execute(conn)
+    .await
+    .map(drop)
 }
 
 /// The consumers with rows received and not yet settled, one index probe each (a skip scan of

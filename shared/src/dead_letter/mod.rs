@@ -38,8 +38,9 @@ pub use groups::{
     list_groups,
 };
 pub use intake::{
-    IntakeSeq, Round, SETTLE_ROUND, Settling, consumers_with_received, receive_letters,
-    settle_behind, settle_round,
+    IntakeSeq, Received, Round, SETTLE_ROUND, SETTLE_ROUNDS, Settling, consumers_with_received,
+    oldest_received, receive_and_settle, receive_letters, settle_behind, settle_round,
+    take_settle_lock,
 };
 pub(crate) use kinds::text_enum;
 pub use kinds::{ErrorKind, GroupStatus, ReplayOutcome, ReviewStatus};

@@ -5,18 +5,13 @@ use super::parsed::Record;
 use super::{ALERTS_PER_ROUND, Harness, IncomingMessage, RecordOutcome};
 use crate::consumer::Consumer;
 use crate::dead_letter::{
-    CONFLICT_ERROR, ErrorKind, NewDeadLetter, Recorded, Settled, Settling, receive_letters,
-    record_unless_processed, record_without_settling, settle_behind,
+    CONFLICT_ERROR, ErrorKind, NewDeadLetter, Recorded, Settled, receive_and_settle,
+    record_unless_processed, record_without_settling,
 };
 use crate::envelope::{JobDigest, PartialIds};
 use crate::fence::FenceError;
 use crate::ids::JobId;
 use tracing::Instrument;
-
-/// The most settle rounds (of up to [`crate::dead_letter::SETTLE_ROUND`] rows) a batch's
-/// poison runs behind its own rows: in a storm, the invocation holding the settle lock settles
-/// for others too, within this bound; the next writer (or the scheduled run) goes on.
-const SETTLE_ROUNDS: usize = 4;
 
 /// Whether a letter is settled through the fence before it is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,21 +152,11 @@ impl<C: Consumer> Harness<C> {
         }
     }
 
-    /// The paging rounds for `new_letters` a settle wrote: rounds until one finds fewer
-    /// incidents due than it may page (at most one per [`ALERTS_PER_ROUND`] letters), so every
-    /// group they opened is paged before the writer returns, not left to the scheduled run.
+    /// The paging rounds for `new_letters` a settle wrote (their groups paged before the writer
+    /// returns), if alerting is on.
     async fn page_settled(&self, new_letters: usize) {
-        let Some(alerter) = &self.alerter else {
-            return;
-        };
-        let per_round = usize::try_from(ALERTS_PER_ROUND).unwrap_or(1).max(1);
-        for _ in 0..new_letters.div_ceil(per_round) {
-            let delivery = alerter.deliver_pending(ALERTS_PER_ROUND).await;
-            self.metrics.count_delivery(&delivery);
-            let claimed = delivery.delivered() + delivery.failed + delivery.deferred;
-            if claimed < per_round {
-                break;
-            }
+        if let Some(alerter) = &self.alerter {
+            (alerter.page_new_letters(new_letters, ALERTS_PER_ROUND, &self.metrics)).await;
         }
     }
 
@@ -184,14 +169,15 @@ impl<C: Consumer> Harness<C> {
     }
 
     /// A batch's poison, received together (in either commit mode: poison has no effect to
-    /// commit): the poison records of `fresh` (one or more) kept in the letters' intake in one
-    /// narrow statement ([`receive_letters`]), then settled into letters behind it ([`settle_behind`]: each through its job's fence, in bulk, one settler
-    /// at a time per consumer). A record whose row this invocation settled is answered with its
-    /// letter (or as a duplicate: its job committed); one left to the settler at work is
-    /// answered [`Recorded::Received`]. Each is counted and logged in its own span. A storm of
-    /// poison then costs its records one statement per batch, and its letters a round per
-    /// hundreds. Returns the records left to go one by one: the rest, and the poison too if
-    /// receiving them failed (each then writes its own letter, with the as-received fallback).
+    /// commit): the poison records of `fresh` (one or more) kept in the letters' intake and
+    /// settled behind it ([`receive_and_settle`]: one narrow statement, then each through its
+    /// job's fence, in bulk, one settler at a time per consumer). A record whose row this
+    /// invocation settled is answered with its letter (or as a duplicate: its job committed);
+    /// one left to the settler at work is answered [`Recorded::Received`]. Each is counted and
+    /// logged in its own span. A storm of poison then costs its records one statement per
+    /// batch, and its letters a round per hundreds. Returns the records left to go one by one:
+    /// the rest, and the poison too if receiving them failed (each then writes its own letter,
+    /// with the as-received fallback).
     pub(super) async fn poison_together(
         &self,
         msgs: &[IncomingMessage],
@@ -231,9 +217,9 @@ impl<C: Consumer> Harness<C> {
         // from (as a commit group's does).
         let together = tracing::error_span!(target: crate::telemetry::RECORD_SPAN_TARGET,
             "dead letters", jobs = letters.len());
-        let received = receive_letters(&self.pool, &letters, now);
-        let seqs = match received.instrument(together.clone()).await {
-            Ok(seqs) => seqs,
+        let received = receive_and_settle(&self.pool, &letters, now, wait);
+        let received = match received.instrument(together.clone()).await {
+            Ok(received) => received,
             Err(e) => {
                 tracing::warn!(error = %e, records = poison.len(),
                     "the batch's poison letters could not be received together; each goes alone");
@@ -242,24 +228,10 @@ impl<C: Consumer> Harness<C> {
             }
         };
         drop(letters);
-        let settling = settle_behind(&self.pool, self.consumer.name(), now, wait, SETTLE_ROUNDS);
-        let settling = match settling.instrument(together.clone()).await {
-            Ok(settling) => settling,
-            Err(e) => {
-                // The rows stay received: the next settler (a writer, the scheduled run) takes them.
-                tracing::warn!(error = %e, "settling the received letters failed; they stay received");
-                Settling::default()
-            }
-        };
         // Paging rounds for the new letters a settle wrote (its own and others'), not one per
         // letter: as many as their groups need, each of up to ALERTS_PER_ROUND.
-        self.page_settled(settling.new_letters).await;
-        for ((i, parsed), seq) in poison.into_iter().zip(seqs) {
-            let settled = settling
-                .settled
-                .get(&seq)
-                .copied()
-                .unwrap_or(Settled::Recorded(Recorded::Received(seq)));
+        self.page_settled(received.new_letters).await;
+        for ((i, parsed), settled) in poison.into_iter().zip(received.settled) {
             let Err(p) = parsed else { continue };
             let span = together.in_scope(|| self.span(&msgs[i], &p.ids));
             let lettered = |kind, letter, error| RecordOutcome::DeadLettered {

@@ -133,6 +133,29 @@ impl Alerter {
     }
 }
 
+impl Alerter {
+    /// The paging rounds for `new_letters` just written: rounds of up to `per_round` incidents
+    /// until one claims fewer (at most one round per `per_round` letters), so every group they
+    /// opened is paged before the writer returns, not left to the scheduled run. Each round's
+    /// failures are counted in `metrics`.
+    pub(crate) async fn page_new_letters(
+        &self,
+        new_letters: usize,
+        per_round: i64,
+        metrics: &Metrics,
+    ) {
+        let per = usize::try_from(per_round).unwrap_or(1).max(1);
+        for _ in 0..new_letters.div_ceil(per) {
+            let delivery = self.deliver_pending(per_round).await;
+            metrics.count_delivery(&delivery);
+            let claimed = delivery.delivered() + delivery.failed + delivery.deferred;
+            if claimed < per {
+                break;
+            }
+        }
+    }
+}
+
 impl Metrics {
     /// Counts what a paging round failed to deliver.
     pub(crate) fn count_delivery(&self, pages: &Pages) {

@@ -202,8 +202,9 @@ async fn sweep_leased(
 ) -> sqlx::Result<(u64, u32, SweepStop)> {
     let now = clock.now();
     // A fence may outlive its TTL for a record still received in the letters' intake: its
-    // settle goes through the fence, and must find it (see [`received_since`]).
-    let cutoff = match received_since(&mut *conn).await? {
+    // settle goes through the fence, and must find it. A fence that expired before the oldest
+    // such record came had outlived every copy of its job.
+    let cutoff = match crate::dead_letter::oldest_received(&mut *conn).await? {
         Some(oldest) => now.min(oldest - chrono::Duration::hours(1)),
         None => now,
     };
@@ -241,28 +242,6 @@ async fn sweep_leased(
         crate::ledger::sweep_stale_ledgers(&mut *conn, stale, settings.batch_size).await?;
     }
     Ok((deleted, batches, stop))
-}
-
-/// When the oldest record still received in the letters' intake was received (rows set aside
-/// as refused are never settled, and count for nothing): each consumer's first row by its key,
-/// one index probe per consumer. A fence that expired after it is kept: the copy it received
-/// arrived within its job's TTL, so its settle must still find the fence (else it would write a
-/// letter for a job that committed). A fence that expired before it had outlived every copy.
-async fn received_since(conn: &mut sqlx::PgConnection) -> sqlx::Result<Option<DateTime<Utc>>> {
-    sqlx::query_scalar!(
-        "WITH RECURSIVE c (consumer) AS (
-             (SELECT consumer FROM core.letter_intake ORDER BY consumer LIMIT 1)
-             UNION ALL
-             SELECT (SELECT i.consumer FROM core.letter_intake i
-                      WHERE i.consumer > c.consumer ORDER BY i.consumer LIMIT 1)
-               FROM c WHERE c.consumer IS NOT NULL)
-         SELECT min((SELECT i.received_at FROM core.letter_intake i
-                      WHERE i.consumer = c.consumer AND i.refused IS NULL
-                      ORDER BY i.seq LIMIT 1))
-           FROM c WHERE c.consumer IS NOT NULL"
-    )
-    .fetch_one(conn)
-    .await
 }
 
 async fn report(

@@ -461,13 +461,9 @@ impl World {
         let mut settler = sqlx::Connection::begin(&mut conn)
             .await
             .expect("a settler's transaction");
-        sqlx::query(
-            "SELECT pg_advisory_xact_lock(hashtextextended('core.letter_intake:' || $1, 0))",
-        )
-        .bind(reference_name().as_str())
-        .execute(&mut *settler)
-        .await
-        .expect("the settle lock");
+        shared::dead_letter::take_settle_lock(&mut settler, &reference_name())
+            .await
+            .expect("the settle lock");
         self.log.push("a settler is at work".into());
         self.deliver(picks).await;
         settler.rollback().await.expect("the settler lets go");
