@@ -54,6 +54,30 @@ type Letter = (
     Option<String>,
 );
 
+/// A [`Letter`] as its row keeps it: the payload NULL where the body gives it back (0032).
+type Stored = (
+    Uuid,
+    Option<Uuid>,
+    String,
+    String,
+    Option<Value>,
+    Option<Uuid>,
+    String,
+    Option<String>,
+);
+
+/// `rows` with each payload as a reader of the letter sees it (`DeadLetter`'s rule).
+fn read(rows: Vec<Stored>) -> Vec<Letter> {
+    rows.into_iter()
+        .map(|(id, job, kind, status, payload, replay_of, error, body)| {
+            let payload = payload.unwrap_or_else(|| {
+                shared::envelope::body_as_json(body.as_deref().unwrap_or_default())
+            });
+            (id, job, kind, status, payload, replay_of, error, body)
+        })
+        .collect()
+}
+
 const LETTER_COLUMNS: &str = "SELECT id, job_id, error_kind, status, payload, replay_of, last_error, body FROM core.dead_letters";
 
 /// The letters of the message `message_id` (as stored), oldest first.
@@ -65,6 +89,7 @@ async fn letters_of_message(pool: &PgPool, message_id: &str) -> Vec<Letter> {
         .bind(message_id)
         .fetch_all(pool)
         .await
+        .map(read)
         .expect("reading a message's letters")
 }
 
@@ -77,6 +102,7 @@ async fn letters_of_job(pool: &PgPool, job: JobId) -> Vec<Letter> {
         .bind(job.0)
         .fetch_all(pool)
         .await
+        .map(read)
         .expect("reading a job's letters")
 }
 
@@ -315,15 +341,20 @@ async fn one_job_spelled_as_poison_and_as_a_job_in_one_batch_is_applied_once_wit
         assert_eq!(awards(&pool, job).await, 1, "{job} applied once");
         assert!(fenced(&pool, job).await);
     }
-    // The poison spellings of J wrote letters before J committed in the same batch: the commit
-    // closed them. J2's came after its job: they are its duplicates, no letter.
+    // The poison spellings of J settle beside J's commit in the same batch, through J's fence:
+    // before it, they wrote letters the commit closed; after it, they are its duplicates (no
+    // letter). Either way both settle alike (one claim in one call), and none stays pending.
+    // J2's came after its job: its duplicates, no letter.
     let of_j = letters_of_job(&pool, j).await;
     assert_eq!(
         pending(&of_j),
         0,
         "a pending letter for a job that committed: {of_j:#?}"
     );
-    assert_eq!(of_j.len(), 2, "one per poison message: {of_j:#?}");
+    assert!(
+        of_j.is_empty() || of_j.len() == 2,
+        "one per poison message, or none: {of_j:#?}"
+    );
     assert!(of_j.iter().all(|l| l.3 == "discarded"), "{of_j:#?}");
     assert!(letters_of_job(&pool, j2).await.is_empty());
     // Poison spellings of a job that committed, beside other poison: its duplicates.
@@ -340,7 +371,7 @@ async fn one_job_spelled_as_poison_and_as_a_job_in_one_batch_is_applied_once_wit
     assert!(handed_back.is_empty(), "handed back: {handed_back:?}");
     assert_eq!(
         letters_of_job(&pool, j).await.len(),
-        2,
+        of_j.len(),
         "no letter for a committed job"
     );
     assert!(letters_of_job(&pool, j2).await.is_empty());

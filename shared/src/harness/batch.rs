@@ -85,44 +85,77 @@ impl<C: Consumer> Harness<C> {
         let mut plan = self.plan(msgs, &mut outcomes).await;
         let batch = self.settings.commit == CommitMode::Batch;
         let poison = plan.fresh.iter().filter(|(_, p)| p.is_err()).count();
-        // Poison has no effect to commit, so it goes together in either commit mode; per job,
-        // a lone poison record goes beside the batch's jobs instead of before them.
-        if plan.fresh.len() > 1 && (poison > 1 || (batch && poison > 0)) && may_start() {
-            let fresh = std::mem::take(&mut plan.fresh);
-            plan.fresh = self.poison_together(msgs, fresh, &mut outcomes).await;
-        }
-        if batch && plan.fresh.len() > 1 && may_start() {
-            let fresh = std::mem::take(&mut plan.fresh);
-            plan.fresh = self
-                .commit_group(msgs, fresh, WorkOrder::JobId, &mut outcomes)
-                .await;
-        }
-        let start = |(i, parsed): Record<C::Payload>| async move {
-            if !may_start() {
-                self.unstarted(&msgs[i], &super::parsed::ids_of(&parsed));
-                return (i, None);
+        // Poison has no effect to commit, so it goes together in either commit mode (per job,
+        // a lone poison record goes on its own: one letter needs no intake round).
+        let together = plan.fresh.len() > 1 && (poison > 1 || (batch && poison > 0)) && may_start();
+        let (poison, fresh): (Vec<_>, Vec<_>) = std::mem::take(&mut plan.fresh)
+            .into_iter()
+            .partition(|(_, p)| together && p.is_err());
+        // The poison is received and settled beside the jobs, not before them: it has no effect,
+        // and its settle goes through each job's fence as any other writer's settle does (a
+        // settler of another invocation settles beside this batch's jobs all the same).
+        let mut poison_outcomes: Vec<Option<RecordOutcome>> = vec![None; msgs.len()];
+        let poisoned = self.poison_together(msgs, poison, &mut poison_outcomes);
+        let jobs = async {
+            let mut fresh = fresh;
+            if batch && fresh.len() > 1 && may_start() {
+                fresh = (self.commit_group(msgs, fresh, WorkOrder::JobId, &mut outcomes)).await;
             }
-            (i, Some(self.process_parsed(&msgs[i], parsed).await))
+            let ran = self.run_beside(msgs, fresh, may_start, concurrency).await;
+            (ran, outcomes)
         };
-        let concurrent: Vec<(usize, Option<RecordOutcome>)> =
-            futures_util::stream::iter(plan.fresh)
-                .map(start)
-                .buffer_unordered(concurrency.max(1))
-                .collect()
-                .await;
-        for (i, outcome) in concurrent {
-            outcomes[i] = outcome;
+        let (unreceived, (ran, mut outcomes)) = futures_util::join!(poisoned, jobs);
+        // Poison that could not be received together goes one by one (each with the
+        // as-received fallback).
+        let ran = ran.into_iter().chain(
+            self.run_beside(msgs, unreceived, may_start, concurrency)
+                .await,
+        );
+        for (i, outcome) in ran.chain(poison_outcomes.into_iter().enumerate()) {
+            if outcome.is_some() {
+                outcomes[i] = outcome;
+            }
         }
         // Then one at a time: repeats least run first, then the later records of a job id.
         let repeats = self.least_run_first(msgs, &plan.keys, plan.repeats).await;
         for record in repeats.into_iter().chain(plan.later) {
-            let (i, outcome) = start(record).await;
+            let (i, outcome) = self.start(msgs, record, may_start).await;
             outcomes[i] = outcome;
         }
         self.write_conflicts(msgs, plan.conflicting, may_start, &mut outcomes)
             .await;
         self.answer_copies(msgs, plan.copies, &mut outcomes);
         outcomes
+    }
+
+    /// `records` run side by side, up to `concurrency` at once: each record's outcome, `None`
+    /// for one not started because `may_start` said no.
+    async fn run_beside(
+        &self,
+        msgs: &[IncomingMessage],
+        records: Vec<Record<C::Payload>>,
+        may_start: &(dyn Fn() -> bool + Sync),
+        concurrency: usize,
+    ) -> Vec<(usize, Option<RecordOutcome>)> {
+        futures_util::stream::iter(records)
+            .map(|record| self.start(msgs, record, may_start))
+            .buffer_unordered(concurrency.max(1))
+            .collect()
+            .await
+    }
+
+    /// One record run on its own, unless `may_start` says no (then handed back unstarted).
+    async fn start(
+        &self,
+        msgs: &[IncomingMessage],
+        (i, parsed): Record<C::Payload>,
+        may_start: &(dyn Fn() -> bool + Sync),
+    ) -> (usize, Option<RecordOutcome>) {
+        if !may_start() {
+            self.unstarted(&msgs[i], &super::parsed::ids_of(&parsed));
+            return (i, None);
+        }
+        (i, Some(self.process_parsed(&msgs[i], parsed).await))
     }
 
     /// Says, in the record's span, that `msg` is handed back unstarted: the deadline is near.
