@@ -356,6 +356,82 @@ async fn a_contended_fence_charges_no_execution(pool: PgPool) {
     );
 }
 
+/// A letter keeps its body once (issue 36, migration 0032): a letter written as parsed, alone or
+/// settled from the intake in bulk, stores no payload of its own, and reads back the payload the
+/// body gives (`body_as_json`: a JSON body as JSON, any other as a JSON string); a body that held
+/// a NUL (which the stored body replaces) keeps its payload apart, as received.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn a_letter_keeps_its_body_once_and_reads_its_payload_back_from_it(pool: PgPool) {
+    let harness = harness(&pool, award_points());
+    let envelope = |points: &str| {
+        format!(
+            r#"{{"job_id":"{}","tenant_id":"{}","payload":{{"account_id":"a","points":{points}}}}}"#,
+            Uuid::new_v4(),
+            Uuid::new_v4()
+        )
+    };
+    let alone = [
+        envelope("\"many\""),
+        "not json at all".to_owned(),
+        "{\"a\":\"x\0\"}".to_owned(),
+    ];
+    let together = [envelope("\"lots\""), "[1, 2".to_owned(), envelope("-1.50")];
+    let mut written = Vec::new();
+    for body in &alone {
+        let msg = message(body, 1);
+        let outcome = harness.process(&msg).await;
+        assert!(
+            outcome.dead_letter_kind().is_some(),
+            "{body:?}: {outcome:?}"
+        );
+        written.push((msg.message_id, body));
+    }
+    let batch: Vec<IncomingMessage> = together.iter().map(|b| message(b, 1)).collect();
+    let outcomes = harness.process_batch(&batch, &|| true, 4).await;
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| o.as_ref().is_some_and(|o| o.dead_letter_kind().is_some()))
+    );
+    written.extend(batch.iter().map(|m| m.message_id.clone()).zip(&together));
+    shared::dead_letter::settle_behind(
+        &pool,
+        &reference_name(),
+        chrono::Utc::now(),
+        Duration::from_secs(1),
+        4,
+    )
+    .await
+    .unwrap();
+    for (message_id, body) in written {
+        let kept: Option<Value> =
+            sqlx::query_scalar("SELECT payload FROM core.dead_letters WHERE message_id = $1")
+                .bind(&message_id)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        let letter = shared::dead_letter::letter_for_message(&pool, &reference_name(), &message_id)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            letter.payload,
+            shared::envelope::body_as_json(body),
+            "{body:?}"
+        );
+        if body.contains('\0') {
+            assert_eq!(
+                kept,
+                Some(json!(body.replace('\0', "\u{fffd}"))),
+                "{body:?}"
+            );
+        } else {
+            assert_eq!(kept, None, "{body:?}: the body once");
+            assert_eq!(letter.body.as_deref(), Some(body.as_str()));
+        }
+    }
+}
+
 /// A letter's payload is the body as received, number for number (it went through
 /// f64: 123456789012345678901234567890 was stored as 123456789012345680000000000000).
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
@@ -368,12 +444,16 @@ async fn a_letter_keeps_every_number_of_the_body_as_received(pool: PgPool) {
     );
     let outcome = harness.process(&message(&body, 1)).await;
     assert_eq!(outcome.dead_letter_kind(), Some(ErrorKind::Poison));
-    let stored: String =
-        sqlx::query_scalar("SELECT payload::text FROM core.dead_letters WHERE job_id = $1")
-            .bind(job_id.0)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+    let letter = &letters(&pool, job_id).await[0];
+    // As jsonb holds it, where the row keeps a payload of its own, or as read back from the body.
+    let stored: String = sqlx::query_scalar(
+        "SELECT coalesce(payload, $2)::text FROM core.dead_letters WHERE job_id = $1",
+    )
+    .bind(job_id.0)
+    .bind(&letter.payload)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
     for number in [
         "123456789012345678901234567890",
         "0.1000000000000000055511151231257827",
@@ -381,7 +461,6 @@ async fn a_letter_keeps_every_number_of_the_body_as_received(pool: PgPool) {
     ] {
         assert!(stored.contains(number), "{number} in {stored}");
     }
-    let letter = &letters(&pool, job_id).await[0];
     assert_eq!(
         letter.payload,
         serde_json::from_str::<Value>(&body).unwrap()

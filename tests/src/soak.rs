@@ -476,7 +476,7 @@ async fn settled_jobs(admin: &PgPool, planned: &[Planned]) -> u64 {
     .await
     .ok();
     let without_id: Option<i64> = sqlx::query_scalar(
-        "SELECT count(DISTINCT payload) FROM core.dead_letters WHERE job_id IS NULL",
+        "SELECT count(DISTINCT coalesce(body, payload::text)) FROM core.dead_letters WHERE job_id IS NULL",
     )
     .fetch_one(admin)
     .await
@@ -553,8 +553,11 @@ async fn check(admin: &PgPool, planned: &[Planned]) -> SoakReport {
             .collect();
     // Letters still standing: a letter closed by a later commit of its job (reviewed by the
     // harness) records a failure that another copy made good; it is counted, not judged.
-    let letters: Vec<(Option<Uuid>, String, Value, bool)> = sqlx::query_as(
-        "SELECT job_id, error_kind, payload, reviewed_by IS NOT DISTINCT FROM 'harness'
+    // A letter's body as received (a letter keeps its body once since 0032: its payload is
+    // NULL where the body gives it back).
+    let letters: Vec<(Option<Uuid>, String, String, bool)> = sqlx::query_as(
+        "SELECT job_id, error_kind, coalesce(body, payload #>> '{}'),
+                reviewed_by IS NOT DISTINCT FROM 'harness'
          FROM core.dead_letters",
     )
     .fetch_all(admin)
@@ -564,7 +567,7 @@ async fn check(admin: &PgPool, planned: &[Planned]) -> SoakReport {
     let mut poison_bodies = HashSet::new();
     let mut dead_lettered = BTreeMap::new();
     let mut closed_by_commit = 0;
-    for (job, kind, payload, closed) in &letters {
+    for (job, kind, body, closed) in &letters {
         if *closed {
             closed_by_commit += 1;
             continue;
@@ -573,7 +576,7 @@ async fn check(admin: &PgPool, planned: &[Planned]) -> SoakReport {
         match job {
             Some(job) => kinds_by_job.entry(*job).or_default().push(kind.clone()),
             None => {
-                poison_bodies.insert(payload.as_str().unwrap_or_default().to_owned());
+                poison_bodies.insert(body.clone());
             }
         }
     }

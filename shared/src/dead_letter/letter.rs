@@ -94,13 +94,13 @@ pub struct LetterHead {
 
 /// A stored dead letter, read back as the domain's types: its [`LetterHead`] (its fields read
 /// through it, `letter.status`), its payload and body, and its replay's send record.
-#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct DeadLetter {
     /// What its list item shows too.
     #[serde(flatten)]
-    #[sqlx(flatten)]
     pub head: LetterHead,
-    /// The body as JSON (a JSON string where it is not JSON, or not JSON `jsonb` can hold).
+    /// The body as JSON (a JSON string where it is not JSON, or not JSON `jsonb` can hold):
+    /// read back from `body` where the row keeps none of its own (the body is kept once).
     pub payload: Value,
     /// The body exactly as received, what a replay sends (none for a letter older than it).
     #[serde(skip)]
@@ -136,6 +136,36 @@ pub struct DeadLetter {
     /// The W3C trace context of the message it was written from (its producer's, or for a
     /// replay the original job's), which its replay sends as the `traceparent` attribute.
     pub trace_parent: Option<String>,
+}
+
+impl<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> for DeadLetter {
+    fn from_row(row: &'r sqlx::postgres::PgRow) -> sqlx::Result<Self> {
+        use sqlx::Row;
+        let body: Option<String> = row.try_get("body")?;
+        // A letter written since 0032 keeps its body once: its JSON is the body's, by the rule
+        // that wrote the column before (a NUL-holding body's is kept apart).
+        let payload = match row.try_get::<Option<Value>, _>("payload")? {
+            Some(payload) => payload,
+            None => crate::envelope::body_as_json(body.as_deref().unwrap_or_default()),
+        };
+        Ok(DeadLetter {
+            head: LetterHead::from_row(row)?,
+            payload,
+            body,
+            job_digest: row.try_get("job_digest")?,
+            digest_fields: row.try_get("digest_fields")?,
+            replay_message_id: row.try_get("replay_message_id")?,
+            replay_sent_at: row.try_get("replay_sent_at")?,
+            replay_reason: row.try_get("replay_reason")?,
+            replay_body: row.try_get("replay_body")?,
+            message_group: row.try_get("message_group")?,
+            replay_withdrawn_by: row.try_get("replay_withdrawn_by")?,
+            replay_withdrawn_at: row.try_get("replay_withdrawn_at")?,
+            replay_withdraw_reason: row.try_get("replay_withdraw_reason")?,
+            operation_id: row.try_get("operation_id")?,
+            trace_parent: row.try_get("trace_parent")?,
+        })
+    }
 }
 
 /// A stored body, shown as the JSON it is.

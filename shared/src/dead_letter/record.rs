@@ -47,7 +47,8 @@ impl std::fmt::Display for Recorded {
 /// How a letter's body is stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Storage {
-    /// `payload` is the body's JSON where `jsonb` can hold it.
+    /// The body kept once: `payload` is read back from it ([`super::DeadLetter`]), and
+    /// written apart only for a body holding a NUL (which the stored body replaces).
     Parsed,
     /// PostgreSQL refused the letter as parsed: `payload` is the body as a JSON string, and
     /// the identifiers are cut shorter. Written only after a refusal.
@@ -100,7 +101,7 @@ pub(super) async fn record_stored(
         letter.consumer.as_str(),
         &*queue,
         &*message_id,
-        &payload,
+        payload as _,
         &*body,
         i32::try_from(letter.attempts).unwrap_or(i32::MAX),
         letter.kind.as_str(),
@@ -125,7 +126,9 @@ pub(super) async fn record_stored(
 /// A letter's values as its row keeps them, each bounded so that nothing a producer sends can
 /// make the write fail: what both writers ([`record_stored`], [`write_letters`]) store.
 struct Bounded<'a> {
-    payload: Value,
+    /// The body as JSON where the row's `body` does not give it back (none: it does, by the
+    /// same rule, [`crate::envelope::body_as_json`]: the body is kept once).
+    payload: Option<Value>,
     message_id: Cow<'a, str>,
     queue: Cow<'a, str>,
     body: Cow<'a, str>,
@@ -137,8 +140,17 @@ struct Bounded<'a> {
 impl<'a> Bounded<'a> {
     fn of(letter: &NewDeadLetter<'a>, storage: Storage) -> Self {
         let (payload, id_bytes) = match storage {
-            Storage::Parsed => (crate::envelope::body_as_json(letter.body), MAX_ID_BYTES),
-            Storage::AsReceived => (Value::String(letter.body.replace('\0', "\u{fffd}")), 64),
+            // The stored body is the body itself unless it holds a NUL (replaced there), so its
+            // JSON is read back from it.
+            Storage::Parsed if !letter.body.contains('\0') => (None, MAX_ID_BYTES),
+            Storage::Parsed => (
+                Some(crate::envelope::body_as_json(letter.body)),
+                MAX_ID_BYTES,
+            ),
+            Storage::AsReceived => {
+                let payload = Value::String(letter.body.replace('\0', "\u{fffd}"));
+                (Some(payload), 64)
+            }
         };
         let Parts {
             message_id,
@@ -266,7 +278,7 @@ async fn write_letters_of_fields(
         &columns.tenant_ids as _,
         &columns.queues,
         &columns.message_ids,
-        &columns.payloads,
+        &columns.payloads as _,
         &columns.bodies,
         &columns.attempts,
         &columns.kinds,
@@ -310,7 +322,7 @@ struct Columns {
     tenant_ids: Vec<Option<uuid::Uuid>>,
     queues: Vec<String>,
     message_ids: Vec<String>,
-    payloads: Vec<Value>,
+    payloads: Vec<Option<Value>>,
     bodies: Vec<String>,
     attempts: Vec<i32>,
     kinds: Vec<String>,
