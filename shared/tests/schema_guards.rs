@@ -148,3 +148,86 @@ async fn a_dead_letter_without_a_job_must_be_poison(pool: PgPool) {
     .unwrap_err();
     assert!(err.to_string().contains("dead_letters_identified"), "{err}");
 }
+
+/// A letter costs what it must (issue 36, migrations 0033-0036): the list indexes by tenant, by
+/// correlation id and by job keep only letters that have one (every query that reads them asks
+/// for one with `=`), so a poison message that carried none writes no entry in them; and the
+/// queries that read them still take them: the list by each, and the sweep's "no pending letter
+/// for this job", whose job comes from the fence it joins.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn the_list_indexes_of_nullable_columns_keep_only_letters_that_have_a_value(pool: PgPool) {
+    for (index, column) in [
+        ("dead_letters_tenant_created_idx", "tenant_id"),
+        ("dead_letters_correlation_created_idx", "correlation_id"),
+        ("dead_letters_job_idx", "job_id"),
+    ] {
+        let predicate: Option<String> = sqlx::query_scalar(
+            "SELECT pg_get_expr(i.indpred, i.indrelid) FROM pg_index i
+              WHERE i.indexrelid = ('core.' || $1)::regclass",
+        )
+        .bind(index)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!(
+            predicate,
+            Some(format!("({column} IS NOT NULL)")),
+            "{index}"
+        );
+    }
+    a_letter(&pool).await;
+    // Enough letters and expired fences for the plans a large table gets.
+    for sql in [
+        "INSERT INTO core.dead_letters (job_id, consumer, queue, message_id, payload, body,
+             attempts, error_kind, last_error, created_at)
+         SELECT CASE WHEN g % 3 > 0 THEN gen_random_uuid() END, 'c', 'q', 'm' || g, NULL, '[]',
+                1, 'poison', 'not an envelope', now()
+           FROM generate_series(1, 2000) AS g",
+        "INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, processed_at, expires_at)
+         SELECT gen_random_uuid(), 'c', gen_random_uuid(), now() - interval '2 days',
+                now() - interval '1 day'
+           FROM generate_series(1, 2000)",
+        "ANALYZE core.dead_letters",
+        "ANALYZE core.processed_jobs",
+    ] {
+        sqlx::query(sql).execute(&pool).await.unwrap();
+    }
+    let mut conn = pool.acquire().await.unwrap();
+    // The tables are tiny here: the plans a large table gets (index scans, the sweep's nested
+    // loop probing the letters per fence) are asked for, to see the partial index can serve them.
+    for off in ["enable_seqscan", "enable_hashjoin", "enable_mergejoin"] {
+        sqlx::query(sqlx::AssertSqlSafe(format!("SET {off} = off")))
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+    }
+    for (sql, index) in [
+        (
+            "EXPLAIN SELECT id FROM core.dead_letters WHERE tenant_id = $1::uuid
+              ORDER BY created_at DESC, id DESC LIMIT 50",
+            "dead_letters_tenant_created_idx",
+        ),
+        (
+            "EXPLAIN SELECT id FROM core.dead_letters WHERE correlation_id = $1::text
+              ORDER BY created_at DESC, id DESC LIMIT 50",
+            "dead_letters_correlation_created_idx",
+        ),
+        (
+            "EXPLAIN SELECT p.job_id FROM core.processed_jobs p
+              WHERE p.expires_at < now() AND p.job_id <> $1::uuid
+                AND NOT EXISTS (SELECT 1 FROM core.dead_letters d
+                                 WHERE d.job_id = p.job_id AND d.consumer = p.consumer
+                                   AND d.status = 'pending_review')",
+            "dead_letters_job_idx",
+        ),
+    ] {
+        let value = "00000000-0000-0000-0000-000000000001";
+        let plan: Vec<String> = sqlx::query_scalar(sql)
+            .bind(value)
+            .fetch_all(&mut *conn)
+            .await
+            .unwrap();
+        let plan = plan.join("\n");
+        assert!(plan.contains(index), "{sql}:\n{plan}");
+    }
+}

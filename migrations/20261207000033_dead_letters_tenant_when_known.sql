@@ -1,0 +1,8 @@
+-- no-transaction
+-- The letters of one tenant listed only where a letter has one (issue 36, "a letter costs what it
+-- must"; CONCURRENTLY, alone in its file, as 0010): every query that reads this index asks for
+-- one tenant_id (`tenant_id = …`), which a NULL never matches, yet a letter without one (a poison
+-- message that carried none) paid for an entry. 0036 puts this index in the place of the
+-- whole one.
+CREATE INDEX CONCURRENTLY IF NOT EXISTS dead_letters_tenant_known_idx ON core.dead_letters (tenant_id, created_at DESC, id DESC)
+    WHERE tenant_id IS NOT NULL;
