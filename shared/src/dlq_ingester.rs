@@ -319,6 +319,7 @@ impl Read {
             message_group: msg.message_group.as_deref(),
             digest_fields: fields,
             trace: msg.trace.original(),
+            nul_replaced: false,
         }
     }
 }

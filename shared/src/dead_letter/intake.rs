@@ -78,19 +78,22 @@ pub async fn receive_letters(
         c.message_groups
             .push(parts.message_group.map(str::to_owned));
         c.traces.push(letter.trace.map(|t| t.to_w3c()));
+        c.nul_replaced
+            .push(letter.nul_replaced || letter.body.contains('\0'));
     }
     let seqs = sqlx::query_scalar!(
         "INSERT INTO core.letter_intake (consumer, received_at, job_id, tenant_id, queue,
              message_id, body, attempts, error_kind, last_error, correlation_id, replay_of,
-             job_digest, digest_fields, message_group, trace_parent)
+             job_digest, digest_fields, message_group, trace_parent, nul_replaced)
          SELECT $1, $2, r.job_id, r.tenant_id, r.queue, r.message_id, r.body, r.attempts, r.kind,
                 r.error, r.correlation_id, r.replay_of, r.digest, r.fields::text[], r.message_group,
-                r.trace
+                r.trace, r.nul_replaced
            FROM unnest($3::uuid[], $4::uuid[], $5::text[], $6::text[], $7::text[], $8::int[],
                        $9::text[], $10::text[], $11::text[], $12::uuid[], $13::bytea[], $14::text[],
-                       $15::text[], $16::text[]) WITH ORDINALITY
+                       $15::text[], $16::text[], $17::bool[]) WITH ORDINALITY
                 AS r (job_id, tenant_id, queue, message_id, body, attempts, kind, error,
-                      correlation_id, replay_of, digest, fields, message_group, trace, o)
+                      correlation_id, replay_of, digest, fields, message_group, trace,
+                      nul_replaced, o)
           ORDER BY r.o
          RETURNING seq",
         consumer.as_str(),
@@ -109,6 +112,7 @@ pub async fn receive_letters(
         &c.fields as _,
         &c.message_groups as _,
         &c.traces as _,
+        &c.nul_replaced,
     )
     .fetch_all(pool)
     .await?;
@@ -144,6 +148,7 @@ struct IntakeColumns {
     fields: Vec<Option<String>>,
     message_groups: Vec<Option<String>>,
     traces: Vec<Option<String>>,
+    nul_replaced: Vec<bool>,
 }
 
 /// A received row, as a settler reads it back.
@@ -163,6 +168,7 @@ struct IntakeRow {
     digest_fields: Option<Vec<String>>,
     message_group: Option<String>,
     trace_parent: Option<String>,
+    nul_replaced: bool,
 }
 
 /// The values of one row that a letter borrows.
@@ -306,7 +312,8 @@ pub async fn settle_round(
         r#"SELECT seq AS "seq!", job_id, tenant_id, queue AS "queue!",
                 message_id AS "message_id!", body AS "body!", attempts AS "attempts!",
                 error_kind AS "error_kind!", last_error AS "last_error!", correlation_id,
-                replay_of, job_digest, digest_fields, message_group, trace_parent
+                replay_of, job_digest, digest_fields, message_group, trace_parent,
+                nul_replaced AS "nul_replaced!"
            FROM (SELECT *, sum(octet_length(body)) OVER (ORDER BY seq) AS upto
                    FROM core.letter_intake WHERE consumer = $1 AND refused IS NULL
                   ORDER BY seq LIMIT $2) r
@@ -455,6 +462,7 @@ fn letter_of<'a>(
         message_group: row.message_group.as_deref(),
         digest_fields: fields,
         trace: row.trace_parent.as_deref().and_then(TraceParent::from_w3c),
+        nul_replaced: row.nul_replaced,
     }
 }
 

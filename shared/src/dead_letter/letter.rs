@@ -44,6 +44,10 @@ pub struct NewDeadLetter<'a> {
     /// The payload fields the job's digest covers, as its consumer names them (empty: the
     /// whole payload); kept with a letter that has a digest.
     pub digest_fields: &'a [&'a str],
+    /// Whether `body` had NULs of the message's replaced already (U+FFFD: a record received into
+    /// the letters' intake, whose text keeps no NUL): its JSON is then the body as a JSON string,
+    /// as the message's was (a NUL makes any text invalid JSON). Else `body` holds them itself.
+    pub nul_replaced: bool,
     /// The trace context its message carried ([`crate::telemetry::otel::MessageTrace::original`]),
     /// which its replay carries on, so the replayed job's span links to the original's trace.
     pub trace: Option<crate::telemetry::otel::TraceParent>,

@@ -140,13 +140,17 @@ struct Bounded<'a> {
 impl<'a> Bounded<'a> {
     fn of(letter: &NewDeadLetter<'a>, storage: Storage) -> Self {
         let (payload, id_bytes) = match storage {
-            // The stored body is the body itself unless it holds a NUL (replaced there), so its
-            // JSON is read back from it.
-            Storage::Parsed if !letter.body.contains('\0') => (None, MAX_ID_BYTES),
-            Storage::Parsed => (
-                Some(crate::envelope::body_as_json(letter.body)),
-                MAX_ID_BYTES,
-            ),
+            // The stored body is the message's unless it held a NUL (replaced there, or before
+            // the letter's intake), so its JSON is read back from it.
+            Storage::Parsed if !letter.body.contains('\0') && !letter.nul_replaced => {
+                (None, MAX_ID_BYTES)
+            }
+            // A NUL makes any text invalid JSON: the body as a JSON string, NUL replaced (as
+            // `body_as_json` gives it for the message's body).
+            Storage::Parsed => {
+                let payload = Value::String(letter.body.replace('\0', "\u{fffd}"));
+                (Some(payload), MAX_ID_BYTES)
+            }
             Storage::AsReceived => {
                 let payload = Value::String(letter.body.replace('\0', "\u{fffd}"));
                 (Some(payload), 64)

@@ -106,6 +106,7 @@ impl<C: Consumer> Harness<C> {
             message_group: msg.message_group.as_deref(),
             digest_fields: self.consumer.job_fields(),
             trace: msg.trace.original(),
+            nul_replaced: false,
         };
         let settled = self.record(&letter, digest, settle).await;
         match settled {
@@ -208,6 +209,7 @@ impl<C: Consumer> Harness<C> {
                     message_group: msg.message_group.as_deref(),
                     digest_fields: self.consumer.job_fields(),
                     trace: msg.trace.original(),
+                    nul_replaced: false,
                 };
                 (letter, p.digest.as_deref())
             })

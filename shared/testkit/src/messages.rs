@@ -147,6 +147,7 @@ impl TestLetter {
             message_group: self.message_group.as_deref(),
             digest_fields: &[],
             trace: None,
+            nul_replaced: false,
         }
     }
 }
