@@ -378,3 +378,42 @@ async fn a_row_whose_letter_was_written_but_not_deleted_is_settled_again_to_the_
     assert_eq!(letters_before, letters_after);
     one_letter_each(&pool, &batch).await;
 }
+
+/// A round settled in one statement (0038) writes a conflict letter's error as the one-by-one
+/// path does: the row's own error cut to a number of bytes at a character boundary
+/// (`core.cut_to_bytes`, as `shared::ids::truncate` cuts), whatever widths its characters have.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn the_settle_statement_cuts_an_error_at_a_character_boundary_as_the_harness_does(
+    pool: PgPool,
+) {
+    fn truncate(s: &str, max: usize) -> &str {
+        let mut end = max.min(s.len());
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        &s[..end]
+    }
+    let texts = [
+        "plain ascii error".repeat(300),
+        "é".repeat(5000),
+        "€a".repeat(2000),
+        "😀é€a".repeat(1000),
+        String::new(),
+    ];
+    for text in &texts {
+        for n in [0, 1, 2, 3, 4, 5, 7, 4095, 4096, 4097, 8192, 20_000] {
+            let cut: String = sqlx::query_scalar("SELECT core.cut_to_bytes($1, $2)")
+                .bind(text)
+                .bind(n as i32)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+            assert_eq!(
+                cut,
+                truncate(text, n),
+                "{n} bytes of {:?}…",
+                &text[..text.len().min(12)]
+            );
+        }
+    }
+}

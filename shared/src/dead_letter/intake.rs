@@ -12,11 +12,11 @@
 //!   lock, finds nothing (or its rounds run out: the next writer, or the scheduled run, takes
 //!   over).
 
-use super::record::{Recorded, storable_parts, write_letters};
-use super::settle::{Settled, record_with_fallback, refused_for_its_content};
-use super::{ErrorKind, NewDeadLetter};
+use super::record::{Recorded, settled_of, storable_parts};
+use super::settle::{CONFLICT_ERROR, Settled, record_with_fallback, refused_for_its_content};
+use super::{ErrorKind, MAX_ERROR_BYTES, NewDeadLetter};
 use crate::envelope::JobDigest;
-use crate::fence::FenceError;
+use crate::fence::{FenceError, lock_wait};
 use crate::ids::{ConsumerName, DeadLetterId, JobId, TenantId};
 use crate::telemetry::otel::TraceParent;
 use chrono::{DateTime, Utc};
@@ -282,11 +282,72 @@ pub async fn settle_behind(
 
 /// One round: under the consumer's settle lock (a transaction-level advisory lock: another
 /// settler at work makes this round [`Round::busy`] at once), its oldest rows written as letters
-/// in one call of `core.record_letters` (each through its job's fence), and deleted, in one
-/// transaction. If the call fails (a claim waited out, a value PostgreSQL refuses), each row
-/// goes alone, with the as-received fallback, and is deleted after its letter: a row that
-/// fails even so is left for a later round.
+/// in one call of `core.record_letters` (each through its job's fence), and deleted: one
+/// statement, `core.settle_intake` (migration 0038), so one round trip and one commit, and no
+/// body crosses the wire. If it fails (a claim waited out, a value PostgreSQL refuses), nothing
+/// of it is settled, and the round's rows go one by one instead ([`settle_one_by_one`]).
 pub async fn settle_round(
+    pool: &sqlx::PgPool,
+    consumer: &ConsumerName,
+    now: DateTime<Utc>,
+    wait: Duration,
+) -> Result<Round, FenceError> {
+    let rows = sqlx::query!(
+        r#"SELECT seq, verdict, letter_id, fresh, busy AS "busy!"
+             FROM core.settle_intake($1, $2, $3, $4, $5, $6, $7)"#,
+        consumer.as_str(),
+        now,
+        lock_wait(wait),
+        SETTLE_ROUND as i32,
+        SETTLE_ROUND_BYTES,
+        CONFLICT_ERROR,
+        (MAX_ERROR_BYTES / 2) as i32,
+    )
+    .fetch_all(pool)
+    .await;
+    match rows {
+        Ok(rows) if rows.first().is_some_and(|r| r.busy) => Ok(Round {
+            busy: true,
+            ..Round::default()
+        }),
+        Ok(rows) => {
+            let settled = rows
+                .into_iter()
+                .map(|r| {
+                    let seq = r.seq.expect("a settled row has its key");
+                    let verdict = r.verdict.expect("a settled row has its verdict");
+                    let fresh = r.fresh.unwrap_or(false);
+                    (IntakeSeq(seq), settled_of(&verdict, r.letter_id, fresh))
+                })
+                .collect();
+            Ok(Round {
+                settled,
+                ..Round::default()
+            })
+        }
+        // PostgreSQL refused the round (a claim waited out, a value it refuses): nothing of it
+        // is settled, and each row goes alone.
+        Err(e) if refused_by_the_server(&e) => {
+            tracing::warn!(error = %e,
+                "the received letters could not be settled together; each goes alone");
+            settle_one_by_one(pool, consumer, now, wait).await
+        }
+        // The connection went (or the server, or the pool): the rows stay for a later settler.
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Whether `e` is PostgreSQL's answer to the statement, not the loss of its connection (class
+/// 08) or of its session or server (57P01-57P05: a terminated backend, a shutdown).
+fn refused_by_the_server(e: &sqlx::Error) -> bool {
+    e.as_database_error()
+        .and_then(|d| d.code())
+        .is_some_and(|code| !code.starts_with("08") && !code.starts_with("57P"))
+}
+
+/// The round's rows, as [`settle_round`] takes them, under the settle lock again (busy if
+/// another settler took it meanwhile), each written alone ([`each_alone`]).
+async fn settle_one_by_one(
     pool: &sqlx::PgPool,
     consumer: &ConsumerName,
     now: DateTime<Utc>,
@@ -325,10 +386,6 @@ pub async fn settle_round(
     )
     .fetch_all(&mut *tx)
     .await?;
-    if rows.is_empty() {
-        tx.commit().await?;
-        return Ok(Round::default());
-    }
     let owned: Vec<Owned> = rows.iter().map(owned_of).collect();
     let fields: Vec<Vec<&str>> = owned
         .iter()
@@ -341,32 +398,13 @@ pub async fn settle_round(
         .map(|((row, o), f)| (letter_of(row, consumer, f), o.digest.as_ref()))
         .collect();
     let seqs: Vec<i64> = rows.iter().map(|r| r.seq).collect();
-    // The call in a savepoint: if it fails, the round keeps its lock for the fallback.
-    let mut call = sqlx::Acquire::begin(&mut tx).await?;
-    match write_letters(&mut call, &letters, now, Some(wait)).await {
-        Ok(settled) => {
-            call.commit().await?;
-            delete_rows(&mut tx, consumer, &seqs).await?;
-            tx.commit().await?;
-            let settled = seqs.into_iter().map(IntakeSeq).zip(settled).collect();
-            Ok(Round {
-                settled,
-                ..Round::default()
-            })
-        }
-        Err(e) => {
-            call.rollback().await?;
-            tracing::warn!(error = %e, rows = seqs.len(),
-                "the received letters could not be settled together; each goes alone");
-            let settled = each_alone(pool, &mut tx, consumer, &seqs, &letters, now, wait).await?;
-            tx.commit().await?;
-            Ok(Round {
-                settled,
-                fell_back: true,
-                ..Round::default()
-            })
-        }
-    }
+    let settled = each_alone(pool, &mut tx, consumer, &seqs, &letters, now, wait).await?;
+    tx.commit().await?;
+    Ok(Round {
+        settled,
+        fell_back: true,
+        ..Round::default()
+    })
 }
 
 /// A round's rows one by one, each in a transaction of its own with the as-received fallback,

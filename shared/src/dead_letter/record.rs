@@ -123,6 +123,24 @@ pub(super) async fn record_stored(
     }
 }
 
+/// What `core.record_letters` answered for one letter: its verdict, its letter (if it has one)
+/// and whether that letter is new.
+pub(super) fn settled_of(verdict: &str, letter_id: Option<uuid::Uuid>, fresh: bool) -> Settled {
+    let recorded = || {
+        let id = DeadLetterId(letter_id.expect("a written letter has its id"));
+        if fresh {
+            Recorded::New(id)
+        } else {
+            Recorded::AlreadyRecorded(id)
+        }
+    };
+    match verdict {
+        "already_processed" => Settled::AlreadyProcessed,
+        "conflict" => Settled::Conflict(recorded()),
+        _ => Settled::Recorded(recorded()),
+    }
+}
+
 /// A letter's values as its row keeps them, each bounded so that nothing a producer sends can
 /// make the write fail: what both writers ([`record_stored`], [`write_letters`]) store.
 struct Bounded<'a> {
@@ -299,21 +317,8 @@ async fn write_letters_of_fields(
     .map_err(claim_error)?;
     let mut settled = vec![Settled::AlreadyProcessed; letters.len()];
     for row in rows {
-        let recorded = || {
-            let id = DeadLetterId(row.letter_id.expect("a written letter has its id"));
-            if row.fresh {
-                Recorded::New(id)
-            } else {
-                Recorded::AlreadyRecorded(id)
-            }
-        };
-        let answer = match row.verdict.as_str() {
-            "already_processed" => Settled::AlreadyProcessed,
-            "conflict" => Settled::Conflict(recorded()),
-            _ => Settled::Recorded(recorded()),
-        };
         let ord = usize::try_from(row.ord).expect("ordinals count from 1");
-        settled[ord - 1] = answer;
+        settled[ord - 1] = settled_of(&row.verdict, row.letter_id, row.fresh);
     }
     Ok(settled)
 }
