@@ -5,19 +5,19 @@
 //! in both commit modes, the dead-letter API in process and the local SQS API for replays.
 
 use consumer::{AwardPoints, count_awards};
-use dead_letter_api::api::{Api, ApiRequest, ApiResponse, Scope};
+use dead_letter_api::api::{ApiResponse, Scope};
 use e2e::api_client::{caller, request, with_body};
 use e2e::event_source::{Queue, create_queue, sqs_client};
+use e2e::operations_kit::Apis;
 use futures_util::future::join_all;
 use serde_json::{Value, json};
-use shared::clock::SystemClock;
 use shared::dead_letter::{
     self, DeadLetter, ListFilter, ReplayOutcome, Verdict, Withdrawal, list_letters,
 };
 use shared::envelope::body_as_json;
 use shared::harness::{CommitMode, Harness, IncomingMessage, RecordOutcome};
 use shared::ids::{DeadLetterId, JobId, TenantId};
-use shared::replay::{Replayer, letter_body};
+use shared::replay::letter_body;
 use shared_testkit::{envelope, message_on};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -31,54 +31,35 @@ const ALL: &[Scope] = &[Scope::Read, Scope::Replay, Scope::Discard, Scope::Edit]
 // ---------------------------------------------------------------------------------------------
 // Setup.
 
-struct Apis {
-    read: Api,
-    replay: Api,
-    discard: Api,
+/// A letter's detail, as an operator with every scope reads it.
+async fn letter_detail(apis: &Apis, id: DeadLetterId) -> ApiResponse {
+    apis.call(request(
+        "GET",
+        &format!("/v1/core/dead-letters/{}", id.0),
+        Some(caller("ops-1", ALL)),
+    ))
+    .await
 }
 
-impl Apis {
-    fn new(pool: &PgPool, sqs: &aws_sdk_sqs::Client) -> Self {
-        let clock = Arc::new(SystemClock);
-        let wait = Duration::from_secs(5);
-        Apis {
-            read: Api::read(pool.clone(), clock.clone(), wait),
-            replay: Api::replay(
-                pool.clone(),
-                clock.clone(),
-                wait,
-                Replayer::new(sqs.clone()),
-            ),
-            discard: Api::discard(pool.clone(), clock, wait),
-        }
-    }
+/// A letter replayed by an operator with every scope.
+async fn replay_letter(apis: &Apis, id: DeadLetterId) -> ApiResponse {
+    apis.call(request(
+        "POST",
+        &format!("/v1/core/dead-letters/{}/replay", id.0),
+        Some(caller("ops-1", ALL)),
+    ))
+    .await
+}
 
-    async fn call(&self, request: ApiRequest) -> ApiResponse {
-        let api = match dead_letter_api::api::function_for(&request.method, &request.path) {
-            Some("dead-letters-replay") => &self.replay,
-            Some("dead-letters-discard") => &self.discard,
-            _ => &self.read,
-        };
-        api.handle(&request).await
-    }
-
-    async fn get(&self, id: DeadLetterId) -> ApiResponse {
-        self.call(request(
-            "GET",
-            &format!("/v1/core/dead-letters/{}", id.0),
-            Some(caller("ops-1", ALL)),
-        ))
-        .await
-    }
-
-    async fn replay(&self, id: DeadLetterId) -> ApiResponse {
-        self.call(request(
-            "POST",
-            &format!("/v1/core/dead-letters/{}/replay", id.0),
-            Some(caller("ops-1", ALL)),
-        ))
-        .await
-    }
+/// `msgs` as one batch through `h`, every record acked, then what it left received settled.
+async fn acked_then_settled(pool: &PgPool, h: &Harness<AwardPoints>, msgs: &[IncomingMessage]) {
+    let o = h.process_batch(msgs, &|| true, 10).await;
+    assert!(
+        o.iter()
+            .all(|o| o.as_ref().is_some_and(RecordOutcome::is_ack)),
+        "{o:#?}"
+    );
+    drain_intake(pool).await;
 }
 
 async fn queue(sqs: &aws_sdk_sqs::Client, tag: &str) -> Queue {
@@ -279,7 +260,7 @@ async fn assert_reads_back(pool: &PgPool, apis: &Apis, tag: &str, msg: &Incoming
             "{tag}: a body kept once"
         );
     }
-    let detail = apis.get(letter.id).await;
+    let detail = letter_detail(apis, letter.id).await;
     assert_eq!(detail.status, 200, "{tag}: {:#}", detail.body);
     assert_eq!(
         detail.body["letter"]["payload"],
@@ -351,7 +332,7 @@ async fn every_edge_body_reads_back_its_payload_and_replays_byte_for_byte_from_b
             assert_reads_back(&pool, &apis, &tag, m).await;
             let letter = letter_of(&pool, &m.message_id).await.unwrap();
             if letter.job_id.is_some() {
-                let r = apis.replay(letter.id).await;
+                let r = replay_letter(&apis, letter.id).await;
                 assert_eq!(r.status, 200, "{tag}: {:#}", r.body);
                 assert_eq!(r.body["replay"]["sent"], true, "{tag}: {:#}", r.body);
                 replayed.push(m.body.clone());
@@ -967,20 +948,12 @@ async fn poison_to_letter_to_replay_to_edit_to_valid_applies_once_with_every_let
         );
         let first = message_on(&q.name, &poison, 1);
         let beside = message_on(&q.name, "not json at all", 1);
-        let o = h
-            .process_batch(&[first.clone(), beside.clone()], &|| true, 10)
-            .await;
-        assert!(
-            o.iter()
-                .all(|o| o.as_ref().is_some_and(RecordOutcome::is_ack)),
-            "{o:#?}"
-        );
-        drain_intake(&pool).await;
+        acked_then_settled(&pool, &h, &[first.clone(), beside.clone()]).await;
         let l1 = letter_of(&pool, &first.message_id)
             .await
             .expect("first letter");
         assert_reads_back(&pool, &apis, "chain l1", &first).await;
-        let r = apis.replay(l1.id).await;
+        let r = replay_letter(&apis, l1.id).await;
         assert_eq!(r.status, 200, "{:#}", r.body);
         let sent = drain(&sqs, &q, 1).await;
         assert_eq!(
@@ -992,15 +965,7 @@ async fn poison_to_letter_to_replay_to_edit_to_valid_applies_once_with_every_let
             replay_of: Some(l1.id),
             ..message_on(&q.name, &sent[0], 1)
         };
-        let o = h
-            .process_batch(&[again.clone(), copy(&beside)], &|| true, 10)
-            .await;
-        assert!(
-            o.iter()
-                .all(|o| o.as_ref().is_some_and(RecordOutcome::is_ack)),
-            "{o:#?}"
-        );
-        drain_intake(&pool).await;
+        acked_then_settled(&pool, &h, &[again.clone(), copy(&beside)]).await;
         let l2 = letter_of(&pool, &again.message_id)
             .await
             .expect("second letter");
@@ -1031,15 +996,7 @@ async fn poison_to_letter_to_replay_to_edit_to_valid_applies_once_with_every_let
             ..message_on(&q.name, &sent[0], 1)
         };
         // The fix beside a late copy of the poison in one batch.
-        let o = h
-            .process_batch(&[copy(&first), fixed, copy(&first)], &|| true, 10)
-            .await;
-        assert!(
-            o.iter()
-                .all(|o| o.as_ref().is_some_and(RecordOutcome::is_ack)),
-            "{o:#?}"
-        );
-        drain_intake(&pool).await;
+        acked_then_settled(&pool, &h, &[copy(&first), fixed, copy(&first)]).await;
         assert_eq!(awards(&pool, job).await, 1, "{mode:?}: one effect");
         let letters = e2e::letters(&pool, job).await;
         assert!(
