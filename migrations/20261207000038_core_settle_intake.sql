@@ -16,7 +16,8 @@
 -- Each statement here takes its snapshot after the lock: the rows read are those no settler
 -- before this one settled. If another settler holds the lock, the answer is one row, busy. If
 -- the call fails, the statement fails with it (nothing is settled): the caller settles the rows
--- one by one instead.
+-- one by one instead, on the same connection (where the failed statement's lock is released
+-- before anything else runs), and its later rounds pass by (p_skip) the rows it left.
 
 -- The longest prefix of s of at most n bytes, cut at a character boundary (shared::ids::truncate).
 CREATE FUNCTION core.cut_to_bytes(s text, n integer) RETURNS text
@@ -48,7 +49,9 @@ CREATE FUNCTION core.settle_intake(
     p_rows      integer,
     p_bytes     bigint,
     p_conflict  text,
-    p_own_bytes integer
+    p_own_bytes integer,
+    -- Rows this settler's fall back left (a claim waited out): passed by, for a later settler.
+    p_skip      bigint[]
 ) RETURNS TABLE (seq bigint, verdict text, letter_id uuid, fresh boolean, busy boolean)
 LANGUAGE plpgsql
 AS $$
@@ -86,6 +89,7 @@ BEGIN
                            first_value(i.digest_fields) OVER (ORDER BY i.seq) AS first_fields
                       FROM (SELECT * FROM core.letter_intake li
                              WHERE li.consumer = p_consumer AND li.refused IS NULL
+                               AND NOT (li.seq = ANY (p_skip))
                              ORDER BY li.seq LIMIT p_rows) i) w
              WHERE w.upto - octet_length(w.body) < p_bytes) r
      WHERE r.others = 0;
@@ -107,5 +111,5 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION core.settle_intake(text, timestamptz, text, integer, bigint, text, integer) IS
+COMMENT ON FUNCTION core.settle_intake(text, timestamptz, text, integer, bigint, text, integer, bigint[]) IS
     'One round of a consumer''s letters'' intake settled into letters, in one statement (issue 36).';

@@ -13,7 +13,7 @@
 //!   over).
 
 use super::record::{Recorded, settled_of, storable_parts};
-use super::settle::{CONFLICT_ERROR, Settled, record_with_fallback, refused_for_its_content};
+use super::settle::{CONFLICT_ERROR, Settled, record_with_fallback_on, refused_for_its_content};
 use super::{ErrorKind, MAX_ERROR_BYTES, NewDeadLetter};
 use crate::envelope::JobDigest;
 use crate::fence::{FenceError, lock_wait};
@@ -187,6 +187,8 @@ pub struct Round {
     /// Whether the rows could not be settled together and went one by one: a row left (a
     /// claim that waited out, a failure) waits for a later settler.
     pub fell_back: bool,
+    /// The rows a fall back left ([`Round::fell_back`]).
+    pub left: Vec<IntakeSeq>,
 }
 
 /// What [`settle_behind`] did: every row it settled (its own and others'), and whether it found
@@ -245,8 +247,9 @@ pub async fn receive_and_settle(
 }
 
 /// Settles `consumer`'s received rows, oldest first, in rounds of up to [`SETTLE_ROUND`]: until a
-/// round finds none, another settler at work, a round falls back to rows one by one, or `rounds`
-/// have run. Each round is one
+/// round finds none, another settler at work, or `rounds` have run (a round that falls back to
+/// rows one by one leaves the rows it could not settle to a later settler, and the rounds after
+/// it pass them by). Each round is one
 /// transaction under the consumer's settle lock ([`settle_round`]).
 pub async fn settle_behind(
     pool: &sqlx::PgPool,
@@ -256,13 +259,15 @@ pub async fn settle_behind(
     rounds: usize,
 ) -> Result<Settling, FenceError> {
     let mut settling = Settling::default();
+    // The rows a fall back left (their claims waited out, or they failed): a later settler's.
+    let mut left: Vec<i64> = Vec::new();
     for _ in 0..rounds {
-        let round = settle_round(pool, consumer, now, wait).await?;
+        let round = settle_round_past(pool, consumer, now, wait, &left).await?;
         if round.busy {
             settling.busy = true;
             break;
         }
-        let (empty, fell_back) = (round.settled.is_empty(), round.fell_back);
+        let empty = round.settled.is_empty() && round.left.is_empty();
         for (seq, settled) in round.settled {
             if matches!(
                 settled,
@@ -272,8 +277,10 @@ pub async fn settle_behind(
             }
             settling.settled.insert(seq, settled);
         }
-        // A round that fell back has waited for a claim already: a later settler goes on.
-        if empty || fell_back {
+        // A round that fell back goes on past the rows it left: a writer that found this
+        // settler at work meanwhile left its rows to it.
+        left.extend(round.left.iter().map(|s| s.0));
+        if empty {
             break;
         }
     }
@@ -292,9 +299,23 @@ pub async fn settle_round(
     now: DateTime<Utc>,
     wait: Duration,
 ) -> Result<Round, FenceError> {
+    settle_round_past(pool, consumer, now, wait, &[]).await
+}
+
+/// [`settle_round`], passing by the rows `skip` (ones a fall back of this settler left). Its
+/// fall back runs on the connection the statement ran on: there the statement's transaction has
+/// ended (its settle lock released) before the next one begins.
+async fn settle_round_past(
+    pool: &sqlx::PgPool,
+    consumer: &ConsumerName,
+    now: DateTime<Utc>,
+    wait: Duration,
+    skip: &[i64],
+) -> Result<Round, FenceError> {
+    let mut conn = pool.acquire().await?;
     let rows = sqlx::query!(
         r#"SELECT seq, verdict, letter_id, fresh, busy AS "busy!"
-             FROM core.settle_intake($1, $2, $3, $4, $5, $6, $7)"#,
+             FROM core.settle_intake($1, $2, $3, $4, $5, $6, $7, $8)"#,
         consumer.as_str(),
         now,
         lock_wait(wait),
@@ -302,8 +323,9 @@ pub async fn settle_round(
         SETTLE_ROUND_BYTES,
         CONFLICT_ERROR,
         (MAX_ERROR_BYTES / 2) as i32,
+        skip,
     )
-    .fetch_all(pool)
+    .fetch_all(&mut *conn)
     .await;
     match rows {
         Ok(rows) if rows.first().is_some_and(|r| r.busy) => Ok(Round {
@@ -330,7 +352,7 @@ pub async fn settle_round(
         Err(e) if refused_by_the_server(&e) => {
             tracing::warn!(error = %e,
                 "the received letters could not be settled together; each goes alone");
-            settle_one_by_one(pool, consumer, now, wait).await
+            settle_one_by_one(&mut conn, consumer, now, wait, skip).await
         }
         // The connection went (or the server, or the pool): the rows stay for a later settler.
         Err(e) => Err(e.into()),
@@ -346,14 +368,15 @@ fn refused_by_the_server(e: &sqlx::Error) -> bool {
 }
 
 /// The round's rows, as [`settle_round`] takes them, under the settle lock again (busy if
-/// another settler took it meanwhile), each written alone ([`each_alone`]).
+/// another settler took it meanwhile), each written alone ([`each_alone`]), all on `conn`.
 async fn settle_one_by_one(
-    pool: &sqlx::PgPool,
+    conn: &mut sqlx::PgConnection,
     consumer: &ConsumerName,
     now: DateTime<Utc>,
     wait: Duration,
+    skip: &[i64],
 ) -> Result<Round, FenceError> {
-    let mut tx = pool.begin().await?;
+    let mut tx = sqlx::Acquire::begin(conn).await?;
     let locked = sqlx::query_scalar!(
         r#"SELECT pg_try_advisory_xact_lock(hashtextextended('core.letter_intake:' || $1, 0))
              AS "locked!""#,
@@ -376,13 +399,15 @@ async fn settle_one_by_one(
                 replay_of, job_digest, digest_fields, message_group, trace_parent,
                 nul_replaced AS "nul_replaced!"
            FROM (SELECT *, sum(octet_length(body)) OVER (ORDER BY seq) AS upto
-                   FROM core.letter_intake WHERE consumer = $1 AND refused IS NULL
+                   FROM core.letter_intake
+                  WHERE consumer = $1 AND refused IS NULL AND NOT (seq = ANY ($4))
                   ORDER BY seq LIMIT $2) r
           WHERE upto - octet_length(body) < $3
           ORDER BY seq"#,
         consumer.as_str(),
         SETTLE_ROUND,
         SETTLE_ROUND_BYTES,
+        skip,
     )
     .fetch_all(&mut *tx)
     .await?;
@@ -398,23 +423,29 @@ async fn settle_one_by_one(
         .map(|((row, o), f)| (letter_of(row, consumer, f), o.digest.as_ref()))
         .collect();
     let seqs: Vec<i64> = rows.iter().map(|r| r.seq).collect();
-    let settled = each_alone(pool, &mut tx, consumer, &seqs, &letters, now, wait).await?;
+    let settled = each_alone(&mut tx, consumer, &seqs, &letters, now, wait).await?;
     tx.commit().await?;
+    let done: std::collections::HashSet<i64> = settled.iter().map(|(s, _)| s.0).collect();
+    let left = seqs
+        .into_iter()
+        .filter(|s| !done.contains(s))
+        .map(IntakeSeq)
+        .collect();
     Ok(Round {
         settled,
         fell_back: true,
+        left,
         ..Round::default()
     })
 }
 
-/// A round's rows one by one, each in a transaction of its own with the as-received fallback,
-/// while the round's transaction (`lock`) keeps the settle lock: the rows whose letter (or
-/// whose job's commit) is settled are deleted in it. The claims share one lock wait in all, as
+/// A round's rows one by one, each in a savepoint of its own with the as-received fallback,
+/// inside the round's transaction (`lock`), which keeps the settle lock: the rows whose letter
+/// (or whose job's commit) is settled are deleted in it. The claims share one lock wait in all, as
 /// the call's do: once it is spent, a row whose claim must wait is left for a later round. A
 /// row PostgreSQL refuses even as received is set aside with why (its `refused` column): no
 /// later round tries it again.
 async fn each_alone(
-    pool: &sqlx::PgPool,
     lock: &mut sqlx::PgConnection,
     consumer: &ConsumerName,
     seqs: &[i64],
@@ -428,7 +459,7 @@ async fn each_alone(
     for (&seq, (letter, digest)) in seqs.iter().zip(letters) {
         let left = until.saturating_duration_since(std::time::Instant::now());
         let left = left.max(Duration::from_millis(10));
-        match record_with_fallback(pool, letter, *digest, now, Some(left)).await {
+        match record_with_fallback_on(&mut *lock, letter, *digest, now, Some(left)).await {
             Ok(s) => {
                 done.push(seq);
                 settled.push((IntakeSeq(seq), s));

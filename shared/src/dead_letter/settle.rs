@@ -93,7 +93,21 @@ pub(super) async fn record_with_fallback(
     now: DateTime<Utc>,
     settle: Option<std::time::Duration>,
 ) -> Result<Settled, FenceError> {
-    match settle_and_record(pool, letter, digest, now, settle, Storage::Parsed).await {
+    let mut conn = pool.acquire().await?;
+    record_with_fallback_on(&mut conn, letter, digest, now, settle).await
+}
+
+/// [`record_with_fallback`] on `conn`: each attempt a transaction of its own, or a savepoint
+/// where `conn` is in a transaction already (a settler's fallback, which holds the settle lock
+/// in it: on one connection, so that a pool of one serves it).
+pub(super) async fn record_with_fallback_on(
+    conn: &mut PgConnection,
+    letter: &NewDeadLetter<'_>,
+    digest: Option<&JobDigest>,
+    now: DateTime<Utc>,
+    settle: Option<std::time::Duration>,
+) -> Result<Settled, FenceError> {
+    match settle_and_record(conn, letter, digest, now, settle, Storage::Parsed).await {
         Err(refused) if refused_for_its_content(&refused) => {
             tracing::warn!(message_id = letter.message_id, error = %refused,
                 "the letter was refused as parsed; writing it as received");
@@ -105,24 +119,24 @@ pub(super) async fn record_with_fallback(
                 last_error: &error,
                 ..letter.clone()
             };
-            settle_and_record(pool, &as_received, digest, now, settle, Storage::AsReceived).await
+            settle_and_record(conn, &as_received, digest, now, settle, Storage::AsReceived).await
         }
         settled => settled,
     }
 }
 
-/// One transaction: the settle, then the letter. Whatever fails, its `ROLLBACK` has been
-/// answered before this returns, so a caller that tries again (the as-received fallback, the
-/// next delivery) never meets this attempt's placeholder fence.
+/// One transaction (or savepoint): the settle, then the letter. Whatever fails, its `ROLLBACK`
+/// has been answered before this returns, so a caller that tries again (the as-received
+/// fallback, the next delivery) never meets this attempt's placeholder fence.
 async fn settle_and_record(
-    pool: &sqlx::PgPool,
+    conn: &mut PgConnection,
     letter: &NewDeadLetter<'_>,
     digest: Option<&JobDigest>,
     now: DateTime<Utc>,
     settle: Option<std::time::Duration>,
     storage: Storage,
 ) -> Result<Settled, FenceError> {
-    let mut tx = pool.begin().await?;
+    let mut tx = sqlx::Acquire::begin(conn).await?;
     match settle_in(&mut tx, letter, digest, now, settle, storage).await {
         Ok(Settled::AlreadyProcessed) => {
             tx.rollback().await?;
