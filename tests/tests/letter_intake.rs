@@ -303,6 +303,20 @@ async fn writers_side_by_side_leave_every_record_one_letter(pool: PgPool) {
     );
 }
 
+/// The scheduled run, without paging, replays or a heartbeat.
+fn scheduled_run(pool: &PgPool) -> shared::upkeep::ScheduledRun {
+    shared::upkeep::ScheduledRun {
+        pool: pool.clone(),
+        clock: std::sync::Arc::new(shared::clock::SystemClock),
+        alerter: None,
+        sweep: shared_testkit::SWEEP,
+        escalate_after: Duration::from_secs(3 * 86_400),
+        replayer: None,
+        heartbeat: None,
+        replay_alert_after: shared::config::REPLAY_ALERT_AFTER,
+    }
+}
+
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn the_scheduled_run_settles_what_the_writers_left(pool: PgPool) {
     let harness = e2e::harness_in(
@@ -316,17 +330,7 @@ async fn the_scheduled_run_settles_what_the_writers_left(pool: PgPool) {
         shared_testkit::run_batch(&harness, chunk).await;
     }
     held.rollback().await.unwrap();
-    let run = shared::upkeep::ScheduledRun {
-        pool: pool.clone(),
-        clock: std::sync::Arc::new(shared::clock::SystemClock),
-        alerter: None,
-        sweep: shared_testkit::SWEEP,
-        escalate_after: Duration::from_secs(3 * 86_400),
-        replayer: None,
-        heartbeat: None,
-        replay_alert_after: shared::config::REPLAY_ALERT_AFTER,
-    };
-    let report = run.run(None).await;
+    let report = scheduled_run(&pool).run(None).await;
     assert_eq!(report.settled, Ok(25), "{report:?}");
     assert_eq!(report.to_json()["settled"]["letters"], 25);
     one_letter_each(&pool, &batch).await;
@@ -416,4 +420,52 @@ async fn the_settle_statement_cuts_an_error_at_a_character_boundary_as_the_harne
             );
         }
     }
+}
+
+/// What waits in the intake reaches a person: the scheduled run measures the records not yet
+/// settled (while a settler holds the lock), how long the oldest has waited, and the records set
+/// aside (their letter refused even as received), as metrics the template alarms on
+/// (`LettersSetAsideAlarm`, `OldestReceivedLetterAlarm`).
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn the_scheduled_run_measures_what_waits_in_the_intake_and_what_was_set_aside(pool: PgPool) {
+    let harness = e2e::harness_in(
+        pool.clone(),
+        AwardPoints::new(consumer()),
+        CommitMode::Batch,
+    );
+    let held = hold_settle_lock(&pool).await;
+    let batch: Vec<_> = (0..4).map(|_| poison().1).collect();
+    shared_testkit::run_batch(&harness, &batch).await;
+    sqlx::query(
+        "UPDATE core.letter_intake SET refused = 'a value PostgreSQL refused',
+                received_at = received_at - interval '2 hours'
+          WHERE seq = (SELECT min(seq) FROM core.letter_intake)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("UPDATE core.letter_intake SET received_at = received_at - interval '90 minutes' WHERE refused IS NULL AND seq = (SELECT max(seq) FROM core.letter_intake)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let report = scheduled_run(&pool).run(None).await;
+    held.rollback().await.unwrap();
+    let waiting = report.to_json()["waiting"].clone();
+    assert_eq!(waiting["received_unsettled"], 3, "{waiting}");
+    assert_eq!(waiting["received_set_aside"], 1, "{waiting}");
+    let emf = report.emf("JobHarness", chrono::Utc::now());
+    assert_eq!(emf["LettersReceived"], 3);
+    assert_eq!(emf["LettersSetAside"], 1);
+    let oldest = emf["OldestReceivedLetterSeconds"].as_f64().unwrap();
+    assert!(
+        (5_400.0..5_500.0).contains(&oldest),
+        "{oldest}: the oldest not set aside"
+    );
+    // Settled, the records leave; the one set aside stays, and is still counted.
+    let report = scheduled_run(&pool).run(None).await;
+    assert_eq!(report.settled, Ok(3), "{report:?}");
+    let emf = report.emf("JobHarness", chrono::Utc::now());
+    assert_eq!(emf["LettersReceived"], 0);
+    assert_eq!(emf["OldestReceivedLetterSeconds"], 0);
+    assert_eq!(emf["LettersSetAside"], 1);
 }

@@ -784,6 +784,8 @@ fn every_alarm_reaches_a_person_and_the_alarms_cover_the_flow() {
         "SweepBacklogSeconds",
         "ScheduledStepsFailed",
         "QueuedReplaysOverdue",
+        "LettersSetAside",
+        "OldestReceivedLetterSeconds",
     ] {
         assert!(has(metric, "scheduled"), "an alarm on {metric}");
     }

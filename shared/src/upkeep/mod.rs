@@ -19,8 +19,8 @@ mod waiting;
 pub use heartbeat::Heartbeat;
 pub use replays::ReplaySends;
 pub use report::{ScheduledReport, Waiting};
-pub use waiting::DeliveryBacklog;
-use waiting::{delivery_backlog, pending_review};
+pub use waiting::{DeliveryBacklog, Received};
+use waiting::{delivery_backlog, pending_review, received_letters};
 
 use crate::clock::Clock;
 use crate::paging::{Alerter, Escalations, Pace, Pages, ReadBacks, UnsentReplayIncidents};
@@ -207,6 +207,7 @@ impl ScheduledRun {
                 oldest_pending,
                 undelivered: delivery_backlog(&self.pool, now).await?,
                 unsent: unsent(&self.pool, now, self.replay_alert_after).await?,
+                received: received_letters(&self.pool, now).await?,
             })
         };
         measured.await.map_err(|e| e.to_string())

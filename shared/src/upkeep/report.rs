@@ -1,8 +1,8 @@
 //! What a scheduled run reports: its response, its failed steps and its metrics.
 
-use super::DeliveryBacklog;
 use super::ReplaySends;
 use super::sweep::SweepReport;
+use super::{DeliveryBacklog, Received};
 use crate::metrics::emf_line;
 use crate::paging::Pages;
 use crate::replay::sends::Unsent;
@@ -20,6 +20,8 @@ pub struct Waiting {
     pub undelivered: DeliveryBacklog,
     /// Replays recorded and not yet sent, and those past the bound.
     pub unsent: Unsent,
+    /// Records in the letters' intake: not yet settled, and set aside.
+    pub received: Received,
 }
 
 /// What one scheduled run did.
@@ -96,7 +98,9 @@ impl ScheduledReport {
             json!({"pending_letters": w.pending_letters, "oldest_pending_seconds": w.oldest_pending.as_secs(),
                    "undelivered_incidents": w.undelivered.groups, "oldest_undelivered_seconds": w.undelivered.oldest.as_secs(),
                    "queued_replays": w.unsent.queued, "oldest_queued_replay_seconds": w.unsent.oldest.as_secs(),
-                   "overdue_replays": w.unsent.overdue})
+                   "overdue_replays": w.unsent.overdue, "received_unsettled": w.received.unsettled,
+                   "oldest_received_seconds": w.received.oldest.as_secs(),
+                   "received_set_aside": w.received.set_aside})
         });
         let a = &self.alerts;
         json!({
@@ -192,6 +196,13 @@ impl ScheduledReport {
                 "Seconds",
             ),
             ("QueuedReplaysOverdue", w.unsent.overdue as f64, "Count"),
+            ("LettersReceived", w.received.unsettled as f64, "Count"),
+            (
+                "OldestReceivedLetterSeconds",
+                secs(w.received.oldest),
+                "Seconds",
+            ),
+            ("LettersSetAside", w.received.set_aside as f64, "Count"),
         ]
     }
 }

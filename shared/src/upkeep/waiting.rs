@@ -39,6 +39,42 @@ pub(super) async fn delivery_backlog(
     })
 }
 
+/// What waits in the letters' intake at `now`: records received and not yet settled into
+/// letters, how long the oldest has waited, and records set aside (PostgreSQL refused their
+/// letter even as received: a person must read them, `docs/operations.md`).
+pub(super) async fn received_letters(
+    db: impl PgExecutor<'_>,
+    now: DateTime<Utc>,
+) -> sqlx::Result<Received> {
+    let row = sqlx::query!(
+        r#"SELECT count(*) FILTER (WHERE refused IS NULL) AS "unsettled!",
+                min(received_at) FILTER (WHERE refused IS NULL) AS "oldest?",
+                count(*) FILTER (WHERE refused IS NOT NULL) AS "set_aside!"
+         FROM core.letter_intake"#,
+    )
+    .fetch_one(db)
+    .await?;
+    Ok(Received {
+        unsettled: row.unsettled,
+        oldest: row
+            .oldest
+            .and_then(|t| (now - t).to_std().ok())
+            .unwrap_or_default(),
+        set_aside: row.set_aside,
+    })
+}
+
+/// What waits in the letters' intake ([`received_letters`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Received {
+    /// Records received, not yet settled into letters.
+    pub unsettled: i64,
+    /// How long the oldest of them has waited.
+    pub oldest: Duration,
+    /// Records set aside: their letter refused even as received.
+    pub set_aside: i64,
+}
+
 /// Letters pending review, and how old the oldest is at `now` (for the scheduled run's metrics).
 pub(super) async fn pending_review(
     db: impl PgExecutor<'_>,
