@@ -253,8 +253,9 @@ async fn each_job_is_one_span_with_its_link_and_its_statements(
             .filter(|s| s.kind == CLIENT && holders.contains(&s.parent_span_id.as_str()))
             .collect();
         let wanted: &[&str] = if is_poison && mode == CommitMode::Batch {
-            // A batch's poison letters are written in one call, under its `dead letters` span.
-            &["core.record_letters"]
+            // A batch's poison is received in one statement and settled in one more, under its
+            // `dead letters` span.
+            &["core.letter_intake", "core.settle_intake"]
         } else if is_poison {
             &["core.dead_letters"]
         } else {
