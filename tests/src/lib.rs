@@ -13,6 +13,7 @@ pub mod event_source;
 pub mod faulty_award;
 pub mod gateway;
 pub mod groups;
+pub mod intake_kit;
 pub mod lambda_host;
 pub mod latency_proxy;
 pub mod local_stack;

@@ -12,17 +12,18 @@
 use aws_lambda_events::event::sqs::SqsMessage;
 use consumer::{AwardPoints, count_awards};
 use e2e::groups::counts_match_letters;
+use e2e::intake_kit::{
+    copy_inside_its_transaction, harness_waiting, hold_settle_lock, run, settle_all,
+};
 use serde_json::{Value, json};
 use shared::clock::SystemClock;
-use shared::dead_letter::{
-    Recorded, ReplayOutcome, Settled, Settling, Verdict, lock_letter, settle_behind,
-};
+use shared::dead_letter::{Recorded, ReplayOutcome, Settled, Verdict, lock_letter, settle_behind};
 use shared::dlq_ingester::DlqIngester;
 use shared::envelope::JobDigest;
-use shared::harness::{CommitMode, Harness, HarnessSettings, IncomingMessage, RecordOutcome};
+use shared::harness::{CommitMode, Harness, IncomingMessage, RecordOutcome};
 use shared::ids::{ConsumerName, DeadLetterId, JobId, TenantId};
 use shared_testkit::{envelope, message_on};
-use sqlx::{PgPool, Postgres, Transaction};
+use sqlx::PgPool;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -162,76 +163,6 @@ fn digest_of(body: &str) -> JobDigest {
 
 fn harness(pool: &PgPool, mode: CommitMode) -> Harness<AwardPoints> {
     e2e::harness_in(pool.clone(), AwardPoints::new(consumer()), mode)
-}
-
-fn harness_waiting(pool: &PgPool, mode: CommitMode, wait: Duration) -> Harness<AwardPoints> {
-    let settings = HarnessSettings {
-        lock_timeout: wait,
-        commit: mode,
-        ..shared_testkit::settings()
-    };
-    shared_testkit::harness_on(
-        pool,
-        AwardPoints::new(consumer()),
-        settings,
-        Arc::new(SystemClock),
-    )
-}
-
-async fn run(harness: &Harness<AwardPoints>, batch: &[IncomingMessage]) -> Vec<RecordOutcome> {
-    let outcomes = shared_testkit::run_batch(harness, batch).await;
-    assert!(
-        outcomes.iter().all(RecordOutcome::is_ack),
-        "every record acked: {outcomes:?}"
-    );
-    outcomes
-}
-
-async fn settle_all(pool: &PgPool) -> Settling {
-    settle_behind(pool, &consumer(), chrono::Utc::now(), WAIT, 1_000)
-        .await
-        .expect("settling")
-}
-
-/// Holds the consumer's settle lock in an open transaction, as a settler at work does.
-async fn hold_settle_lock(pool: &PgPool) -> Transaction<'static, Postgres> {
-    let mut tx = pool.begin().await.unwrap();
-    shared::dead_letter::take_settle_lock(&mut tx, &consumer())
-        .await
-        .unwrap();
-    tx
-}
-
-/// A transaction inside a copy of `job`: its fence claimed with `digest` and its award written,
-/// not committed.
-async fn copy_inside_its_transaction(
-    pool: &PgPool,
-    job: JobId,
-    tenant: TenantId,
-    digest: &JobDigest,
-) -> Transaction<'static, Postgres> {
-    let mut tx = pool.begin().await.unwrap();
-    let claim: String = sqlx::query_scalar(
-        "SELECT core.claim_job_fence($1, $2, $3, now(), now() + interval '1 day', '1s', $4)",
-    )
-    .bind(job.0)
-    .bind(consumer().as_str())
-    .bind(tenant.0)
-    .bind(&digest.0[..])
-    .fetch_one(&mut *tx)
-    .await
-    .unwrap();
-    assert_eq!(claim, "claimed");
-    sqlx::query(
-        "INSERT INTO reference.point_awards (job_id, tenant_id, account_id, points, awarded_at)
-         VALUES ($1, $2, 'a', 5, now())",
-    )
-    .bind(job.0)
-    .bind(tenant.0)
-    .execute(&mut *tx)
-    .await
-    .unwrap();
-    tx
 }
 
 async fn until_a_session_waits_on_a_lock(pool: &PgPool) {

@@ -6,16 +6,15 @@
 
 use consumer::AwardPoints;
 use e2e::groups::counts_match_letters;
+use e2e::intake_kit::{hold_settle_lock, settle_all};
 use serde_json::json;
-use shared::dead_letter::{Recorded, Settled, settle_behind};
+use shared::dead_letter::{Recorded, Settled};
 use shared::harness::{CommitMode, RecordOutcome};
 use shared::ids::{ConsumerName, JobId, TenantId};
 use shared_testkit::{envelope, message_on};
 use sqlx::PgPool;
 use std::time::Duration;
 use uuid::Uuid;
-
-const WAIT: Duration = Duration::from_secs(2);
 
 fn consumer() -> ConsumerName {
     e2e::consumer_name()
@@ -44,21 +43,6 @@ fn poison() -> (JobId, shared::harness::IncomingMessage) {
 fn valid_copy(job: JobId, tenant: TenantId) -> shared::harness::IncomingMessage {
     let body = envelope(job, tenant, "c", json!({"account_id": "a", "points": 5}));
     message_on("jobs", &body, 1)
-}
-
-/// Holds `consumer`'s settle lock in an open transaction, as a settler at work does.
-async fn hold_settle_lock(pool: &PgPool) -> sqlx::Transaction<'static, sqlx::Postgres> {
-    let mut tx = pool.begin().await.unwrap();
-    shared::dead_letter::take_settle_lock(&mut tx, &consumer())
-        .await
-        .unwrap();
-    tx
-}
-
-async fn settle_all(pool: &PgPool) -> shared::dead_letter::Settling {
-    settle_behind(pool, &consumer(), chrono::Utc::now(), WAIT, 100)
-        .await
-        .expect("settling")
 }
 
 /// Every message has exactly one letter, nothing is left received, every group's counts exact.

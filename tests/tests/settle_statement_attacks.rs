@@ -5,17 +5,18 @@
 //! 4 MiB, a tight statement_timeout, and conflict errors cut by SQL vs by the harness.
 
 use consumer::AwardPoints;
+use e2e::intake_kit::{
+    copy_inside_its_transaction, harness_waiting, hold_settle_lock, run, settle_all,
+};
 use serde_json::{Value, json};
-use shared::clock::SystemClock;
 use shared::dead_letter::{
-    ErrorKind, NewDeadLetter, Recorded, Settled, Settling, receive_letters, settle_behind,
+    ErrorKind, NewDeadLetter, Recorded, Settled, receive_letters, settle_behind,
 };
 use shared::envelope::JobDigest;
-use shared::harness::{CommitMode, Harness, HarnessSettings, IncomingMessage, RecordOutcome};
+use shared::harness::{CommitMode, Harness, IncomingMessage, RecordOutcome};
 use shared::ids::{ConsumerName, JobId, TenantId};
 use shared_testkit::{envelope, message_on};
-use sqlx::{PgPool, Postgres, Transaction};
-use std::sync::Arc;
+use sqlx::PgPool;
 use std::time::{Duration, Instant};
 use uuid::Uuid;
 
@@ -94,74 +95,6 @@ fn harness(pool: &PgPool) -> Harness<AwardPoints> {
         AwardPoints::new(consumer()),
         CommitMode::Batch,
     )
-}
-
-fn harness_waiting(pool: &PgPool, wait: Duration) -> Harness<AwardPoints> {
-    let settings = HarnessSettings {
-        lock_timeout: wait,
-        commit: CommitMode::Batch,
-        ..shared_testkit::settings()
-    };
-    shared_testkit::harness_on(
-        pool,
-        AwardPoints::new(consumer()),
-        settings,
-        Arc::new(SystemClock),
-    )
-}
-
-async fn run(harness: &Harness<AwardPoints>, batch: &[IncomingMessage]) -> Vec<RecordOutcome> {
-    let outcomes = shared_testkit::run_batch(harness, batch).await;
-    assert!(
-        outcomes.iter().all(RecordOutcome::is_ack),
-        "every record acked: {outcomes:?}"
-    );
-    outcomes
-}
-
-async fn settle_all(pool: &PgPool) -> Settling {
-    settle_behind(pool, &consumer(), chrono::Utc::now(), WAIT, 1_000)
-        .await
-        .expect("settling")
-}
-
-async fn hold_settle_lock(pool: &PgPool) -> Transaction<'static, Postgres> {
-    let mut tx = pool.begin().await.unwrap();
-    shared::dead_letter::take_settle_lock(&mut tx, &consumer())
-        .await
-        .unwrap();
-    tx
-}
-
-/// A copy of `job` inside its transaction: its fence claimed with `digest`, its award written.
-async fn copy_inside_its_transaction(
-    pool: &PgPool,
-    job: JobId,
-    tenant: TenantId,
-    digest: &JobDigest,
-) -> Transaction<'static, Postgres> {
-    let mut tx = pool.begin().await.unwrap();
-    let claim: String = sqlx::query_scalar(
-        "SELECT core.claim_job_fence($1, $2, $3, now(), now() + interval '1 day', '1s', $4)",
-    )
-    .bind(job.0)
-    .bind(consumer().as_str())
-    .bind(tenant.0)
-    .bind(&digest.0[..])
-    .fetch_one(&mut *tx)
-    .await
-    .unwrap();
-    assert_eq!(claim, "claimed");
-    sqlx::query(
-        "INSERT INTO reference.point_awards (job_id, tenant_id, account_id, points, awarded_at)
-         VALUES ($1, $2, 'a', 5, now())",
-    )
-    .bind(job.0)
-    .bind(tenant.0)
-    .execute(&mut *tx)
-    .await
-    .unwrap();
-    tx
 }
 
 /// Waits until a session waits on a lock, its query matching `like` (or not, for `!like`).
@@ -325,7 +258,7 @@ async fn a_round_refused_mid_way_falls_back_and_writes_every_other_letter_once(p
 async fn a_claim_that_waits_out_falls_back_and_the_held_row_settles_after_the_commit(pool: PgPool) {
     let (j, t) = new_job();
     let copy = copy_inside_its_transaction(&pool, j, t, &digest_of(&valid(j, t).body, &[])).await;
-    let h = harness_waiting(&pool, Duration::from_millis(300));
+    let h = harness_waiting(&pool, CommitMode::Batch, Duration::from_millis(300));
     // The same job spelled as poison (a correlation id that is no string): its own digest.
     let same = message_on(
         "jobs",
@@ -374,7 +307,7 @@ async fn a_fallback_on_a_pool_of_one_connection_still_writes_the_other_letters(p
     let (j, t) = new_job();
     let copy = copy_inside_its_transaction(&pool, j, t, &digest_of(&valid(j, t).body, &[])).await;
     let one = own_pool(&pool, 1, Duration::from_millis(700)).await;
-    let h = harness_waiting(&one, Duration::from_millis(300));
+    let h = harness_waiting(&one, CommitMode::Batch, Duration::from_millis(300));
     let mut batch: Vec<_> = (0..5).map(|_| poison()).collect();
     batch.push(poison_of(j, t, "c"));
     let started = Instant::now();
