@@ -579,3 +579,81 @@ async fn a_letter_written_with_a_group_of_another_failure_joins_its_own(pool: Pg
     );
     counts_match_letters(&pool).await;
 }
+
+/// 0039 made `core.masked_error` one SQL expression (it was 0009's PL/pgSQL, six assignments):
+/// a failure's group is found by its masked text, so every error must mask exactly as before, or
+/// a deployment would open a second group for a failure already open. 0009's function, installed
+/// beside it under another name, is the oracle over errors built from every kind of thing the
+/// masks take (quotes, ids, tokens, statuses, reason phrases, numbers with and without units),
+/// each in several places, with the text before and after them, and over 500 characters.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn the_masked_error_in_one_expression_masks_as_0009_did(pool: PgPool) {
+    let text = include_str!("../../migrations/20261201000009_core_dead_letter_groups.sql");
+    let start = text
+        .find("CREATE FUNCTION core.masked_error(")
+        .expect("0009 defines the function");
+    let end = start + text[start..].find("\n$$;").expect("its body ends") + "\n$$;".len();
+    let old = text[start..end].replacen("core.masked_error(", "core.masked_error_0009(", 1);
+    sqlx::raw_sql(sqlx::AssertSqlSafe(old))
+        .execute(&pool)
+        .await
+        .expect("0009's function");
+    let things = [
+        "'acct-17'",
+        "\"acct-17\"",
+        "`x`",
+        "'unclosed",
+        "550e8400-e29b-41d4-a716-446655440000",
+        "550E8400-E29B-41D4-A716-446655440000",
+        "req_9f8e7d6c5b4a3",
+        "abcdefghijklmnop",
+        "status 503",
+        "HTTP 429",
+        "answered: 401",
+        "code E1001",
+        "SQLSTATE 23505",
+        "errno 11",
+        "503 Service Unavailable",
+        "404 not found",
+        "31 s",
+        "31s",
+        "2.5ms",
+        "1,000",
+        "3 KB",
+        "7 days",
+        "x2",
+        "#12",
+        "é 12 ü",
+        "",
+    ];
+    let mut errors: Vec<String> = Vec::new();
+    for (i, a) in things.iter().enumerate() {
+        for (j, b) in things.iter().enumerate() {
+            errors.push(format!("{a} {b}"));
+            errors.push(format!("partner refused {a} after {b}; retry {i}{j}"));
+            errors.push(format!("{a}{b}"));
+        }
+        errors.push(format!("{} {a}", "long ".repeat(100)));
+        errors.push(format!("{a} {}", "9 ".repeat(300)));
+    }
+    let differs: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT e, core.masked_error(e), core.masked_error_0009(e) FROM unnest($1::text[]) AS e
+          WHERE core.masked_error(e) IS DISTINCT FROM core.masked_error_0009(e)",
+    )
+    .bind(&errors)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(
+        differs.is_empty(),
+        "{} of {} errors mask otherwise than 0009 did, the first: {:?}",
+        differs.len(),
+        errors.len(),
+        differs.first()
+    );
+    let null: Option<String> = sqlx::query_scalar("SELECT core.masked_error(NULL)")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(null, None);
+}
