@@ -657,3 +657,119 @@ async fn the_masked_error_in_one_expression_masks_as_0009_did(pool: PgPool) {
         .unwrap();
     assert_eq!(null, None);
 }
+
+/// Opens `jobs`' fences in a transaction of `conn` (as a commit group claims them), runs the
+/// finisher `finish` on them (`core.finish_jobs_of` for the group, `core.close_job` for the first
+/// job alone) and says how many rows of `core.dead_letters` the transaction read; rolls back.
+async fn letters_read_finishing(conn: &mut sqlx::PgConnection, jobs: &[Uuid], group: bool) -> i64 {
+    let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+    sqlx::query(
+        "INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, processed_at, expires_at)
+         SELECT j, $2, '00000000-0000-0000-0000-000000000001', now(), now() + interval '7 days'
+           FROM unnest($1::uuid[]) AS j",
+    )
+    .bind(jobs)
+    .bind(consumer().as_str())
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    let finish = if group {
+        "SELECT 1 FROM core.finish_jobs_of($1, $2, now(), array_fill(NULL::bytea, ARRAY[cardinality($1)]))"
+    } else {
+        "SELECT 1 FROM core.close_job(($1)[1], $2, 'm-1', now(), NULL)"
+    };
+    sqlx::query(finish)
+        .bind(jobs)
+        .bind(consumer().as_str())
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let read: i64 = sqlx::query_scalar(
+        "SELECT coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0)
+           FROM pg_stat_xact_user_tables WHERE relid = 'core.dead_letters'::regclass",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    tx.rollback().await.unwrap();
+    read
+}
+
+/// bench-storm, one record in ten poison: every valid commit group beside the storm read all
+/// the letters the storm had written so far. A connection plans a function's statements once
+/// (generically, after five runs), and a plan made while `core.dead_letters` was empty (a new
+/// deployment, a quiet consumer, a table vacuumed empty) closed a commit's pending letters by
+/// reading every pending letter (the partial index of pending letters, in full); it keeps that
+/// plan until the table is analyzed again, minutes into a storm. Here the finishers' plans are
+/// made on the empty table, a storm writes 3,000 pending letters, and each commit, of a group
+/// and of a job alone, must read no more than its own jobs' letters, and still close them.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn a_commit_beside_a_storm_reads_only_its_own_jobs_letters_whenever_it_was_planned(
+    pool: PgPool,
+) {
+    let mut conn = pool.acquire().await.unwrap();
+    sqlx::query("SET plan_cache_mode = force_generic_plan")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let batch = |n: usize| (0..n).map(|_| Uuid::new_v4()).collect::<Vec<_>>();
+    for _ in 0..2 {
+        assert_eq!(letters_read_finishing(&mut conn, &batch(10), true).await, 0);
+        assert_eq!(letters_read_finishing(&mut conn, &batch(1), false).await, 0);
+    }
+    // The storm: 3,000 pending letters of the consumer, one of them of a job about to commit.
+    let lettered = Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO core.dead_letters (id, job_id, consumer, queue, message_id, body, attempts,
+                                        error_kind, last_error, created_at)
+         SELECT gen_random_uuid(), CASE WHEN i = 1 THEN $3 ELSE gen_random_uuid() END, $1, $2,
+                'storm-' || i, '{}', 5, 'exhausted', 'partner answered 503 after 31 s', now()
+           FROM generate_series(1, 3000) AS i",
+    )
+    .bind(consumer().as_str())
+    .bind(QUEUE)
+    .bind(lettered)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let read = letters_read_finishing(&mut conn, &batch(10), true).await;
+    assert!(
+        read <= 10,
+        "a commit group read {read} letters of the storm"
+    );
+    let read = letters_read_finishing(&mut conn, &batch(1), false).await;
+    assert!(read <= 1, "a job's commit read {read} letters of the storm");
+    // The letter of a job that commits is still closed, by either finisher.
+    let mut jobs = batch(9);
+    jobs.push(lettered);
+    let read = letters_read_finishing(&mut conn, &jobs, true).await;
+    assert!(
+        read <= 10,
+        "a commit group read {read} letters of the storm"
+    );
+    let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+    sqlx::query(
+        "INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, processed_at, expires_at)
+         VALUES ($1, $2, '00000000-0000-0000-0000-000000000001', now(), now() + interval '7 days')",
+    )
+    .bind(lettered)
+    .bind(consumer().as_str())
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    sqlx::query("SELECT core.close_job($1, $2, 'm-2', now(), NULL)")
+        .bind(lettered)
+        .bind(consumer().as_str())
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let status: String =
+        sqlx::query_scalar("SELECT status FROM core.dead_letters WHERE job_id = $1")
+            .bind(lettered)
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+    assert_eq!(status, "discarded", "the committed job's letter is closed");
+    tx.commit().await.unwrap();
+    counts_match_letters(&pool).await;
+}
