@@ -57,6 +57,10 @@ pub struct Config {
     /// The producer adds a `note` that changes on every send, and the consumer names its job
     /// fields (`account_id`, `points`): copies differing in the note are one job.
     pub noted: bool,
+    /// The process's pool has one connection (`DATABASE_POOL_SIZE=1`, a batch's records one at
+    /// a time), where every writer and its fall back must still finish on that connection (an
+    /// outside attack found a settle's fall back waiting on a second one).
+    pub pool_of_one: bool,
 }
 
 /// One step of a history.
@@ -152,8 +156,9 @@ impl ReferenceStateMachine for Model {
             any::<bool>(),
             proptest::collection::vec([payload.clone(), payload], 3),
             proptest::bool::weighted(0.25),
+            proptest::bool::weighted(0.2),
         )
-            .prop_map(|(batch, fifo, slots, noted)| Config {
+            .prop_map(|(batch, fifo, slots, noted, pool_of_one)| Config {
                 mode: if batch {
                     CommitMode::Batch
                 } else {
@@ -162,6 +167,7 @@ impl ReferenceStateMachine for Model {
                 fifo,
                 slots,
                 noted,
+                pool_of_one,
             })
             .prop_map(|cfg| Plan {
                 cfg,
@@ -552,12 +558,36 @@ fn model_hand_written_histories_keep_the_promises() {
     let good = vec![[Good, Good]; 3];
     let examples: Vec<(&str, Config, Vec<Step>)> = vec![
         (
+            "a pool of one connection: two poison records beside two jobs in one batch while a \
+             settler is at work, then settled, batch mode (an outside attack on the settle)",
+            Config {
+                mode: CommitMode::Batch,
+                fifo: false,
+                slots: good.clone(),
+                noted: false,
+                pool_of_one: true,
+            },
+            vec![
+                send(0, 0, Spelling::Exact),
+                Step::SendGarbage,
+                send(1, 0, Spelling::Exact),
+                Step::SendGarbage,
+                Step::DeliverWhileSettling {
+                    picks: vec![0, 1, 2, 3],
+                },
+                Step::Settle,
+                Deliver { picks: vec![0, 1] },
+                Step::SweepPastTtl,
+            ],
+        ),
+        (
             "another job under the id in one FIFO batch, batch mode (item 1)",
             Config {
                 mode: CommitMode::Batch,
                 fifo: true,
                 slots: good.clone(),
                 noted: false,
+                pool_of_one: false,
             },
             vec![
                 send(0, 0, Spelling::Exact),
@@ -572,6 +602,7 @@ fn model_hand_written_histories_keep_the_promises() {
                 fifo: false,
                 slots: good.clone(),
                 noted: false,
+                pool_of_one: false,
             },
             vec![
                 send(0, 0, Spelling::Exact),
@@ -586,6 +617,7 @@ fn model_hand_written_histories_keep_the_promises() {
                 fifo: false,
                 slots: vec![[Flaky, Good], [Good, Good], [Good, Good]],
                 noted: false,
+                pool_of_one: false,
             },
             vec![
                 send(0, 0, Spelling::Exact),
@@ -608,6 +640,7 @@ fn model_hand_written_histories_keep_the_promises() {
                 fifo: true,
                 slots: vec![[Flaky, Good], [Good, Good], [BadPoints, Good]],
                 noted: false,
+                pool_of_one: false,
             },
             vec![
                 send(0, 0, Spelling::Exact),
@@ -640,6 +673,7 @@ fn model_hand_written_histories_keep_the_promises() {
                 fifo: false,
                 slots: vec![[BadPoints, Good], [Good, Good], [Good, Good]],
                 noted: false,
+                pool_of_one: false,
             },
             vec![
                 send(0, 0, Spelling::Exact),
@@ -666,6 +700,7 @@ fn model_hand_written_histories_keep_the_promises() {
                 fifo: false,
                 slots: vec![[Flaky, Good], [Good, Good], [Good, Good]],
                 noted: false,
+                pool_of_one: false,
             },
             vec![
                 send(0, 0, Spelling::Exact),
@@ -685,6 +720,7 @@ fn model_hand_written_histories_keep_the_promises() {
                 fifo: false,
                 slots: good.clone(),
                 noted: false,
+                pool_of_one: false,
             },
             vec![
                 send(0, 0, Spelling::Exact),
@@ -701,6 +737,7 @@ fn model_hand_written_histories_keep_the_promises() {
                 fifo: false,
                 slots: vec![[BadPoints, Good], [Good, Good], [Good, Good]],
                 noted: false,
+                pool_of_one: false,
             },
             vec![
                 send(0, 0, Spelling::Exact),
@@ -722,6 +759,7 @@ fn model_hand_written_histories_keep_the_promises() {
                 fifo: false,
                 slots: vec![[Flaky, Good], [Good, Good], [Good, Good]],
                 noted: false,
+                pool_of_one: false,
             },
             vec![
                 send(0, 0, Spelling::Exact),
@@ -751,6 +789,7 @@ fn model_hand_written_histories_keep_the_promises() {
                 fifo: false,
                 slots: vec![[Flaky, Good], [Good, Good], [Good, Good]],
                 noted: false,
+                pool_of_one: false,
             },
             vec![
                 send(0, 0, Spelling::Exact),
@@ -777,6 +816,7 @@ fn model_hand_written_histories_keep_the_promises() {
                 fifo: false,
                 slots: good.clone(),
                 noted: false,
+                pool_of_one: false,
             },
             vec![
                 send(1, 0, Spelling::PointsExponent),
@@ -796,6 +836,7 @@ fn model_hand_written_histories_keep_the_promises() {
                 fifo: true,
                 slots: good.clone(),
                 noted: false,
+                pool_of_one: false,
             },
             vec![
                 send(0, 0, Spelling::PointsDecimal),
@@ -811,6 +852,7 @@ fn model_hand_written_histories_keep_the_promises() {
                 fifo: false,
                 slots: good.clone(),
                 noted: true,
+                pool_of_one: false,
             },
             vec![
                 send(0, 0, Spelling::Exact),
@@ -828,6 +870,7 @@ fn model_hand_written_histories_keep_the_promises() {
                 fifo: true,
                 slots: vec![[Flaky, Flaky], [Good, Good], [Flaky, Good]],
                 noted: false,
+                pool_of_one: false,
             },
             vec![
                 send(0, 0, Spelling::Exact),

@@ -28,7 +28,7 @@ use shared::harness::{CommitMode, Harness, HarnessSettings, IncomingMessage, Rec
 use shared::ids::{DeadLetterId, JobId, TenantId};
 use shared::retry::RetryPolicy;
 use shared_testkit::reference::reference_name;
-use shared_testkit::{FENCE_TTL, SWEEP, harness_on, run_batch, settings, t0};
+use shared_testkit::{CONCURRENCY, FENCE_TTL, SWEEP, harness_on, settings, t0};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use std::collections::{BTreeMap, BTreeSet};
@@ -190,9 +190,26 @@ fn harness_settings(mode: CommitMode) -> HarnessSettings {
     }
 }
 
-async fn process_pool(connect: &PgConnectOptions) -> PgPool {
+/// `batch` through `harness` as one SQS batch, no deadline, as many records at once as the
+/// process's pool has connections (as `shared::run` deploys it): one for a pool of one.
+async fn run_batch(
+    harness: &Harness<Probe>,
+    batch: &[IncomingMessage],
+    pool_of_one: bool,
+) -> Vec<RecordOutcome> {
+    let concurrency = if pool_of_one { 1 } else { CONCURRENCY };
+    harness
+        .process_batch(batch, &|| true, concurrency)
+        .await
+        .into_iter()
+        .map(|outcome| outcome.expect("every record starts: no deadline here"))
+        .collect()
+}
+
+/// A process's pool: one connection, or eight.
+async fn process_pool(connect: &PgConnectOptions, pool_of_one: bool) -> PgPool {
     PgPoolOptions::new()
-        .max_connections(8)
+        .max_connections(if pool_of_one { 1 } else { 8 })
         .connect_with(connect.clone())
         .await
         .expect("a process's pool")
@@ -204,7 +221,7 @@ impl World {
         let case = Uuid::new_v4().simple().to_string()[..8].to_owned();
         let clock = Arc::new(ManualClock::new(t0()));
         let probe = Arc::new(ProbeState::default());
-        let harness_pool = process_pool(&connect).await;
+        let harness_pool = process_pool(&connect, cfg.pool_of_one).await;
         let harness = Arc::new(harness_on(
             &harness_pool,
             Probe::new(reference_name(), cfg.noted, probe.clone()),
@@ -446,7 +463,7 @@ impl World {
             self.msgs[i].receives += 1;
         }
         let records: Vec<IncomingMessage> = batch.iter().map(|&i| self.incoming(i)).collect();
-        let outcomes = run_batch(&self.harness, &records).await;
+        let outcomes = run_batch(&self.harness, &records, self.cfg.pool_of_one).await;
         self.settle(&batch, outcomes, "deliver");
     }
 
@@ -606,8 +623,11 @@ impl World {
         self.probe.crash_next(job);
         let harness = self.harness.clone();
         let record = self.incoming(i);
+        let one = self.cfg.pool_of_one;
         let mut task =
-            tokio::spawn(async move { run_batch(&harness, std::slice::from_ref(&record)).await });
+            tokio::spawn(
+                async move { run_batch(&harness, std::slice::from_ref(&record), one).await },
+            );
         tokio::select! {
             finished = &mut task => {
                 self.probe.disarm();
@@ -632,13 +652,13 @@ impl World {
 
     async fn deliver_one(&mut self, i: usize, what: &str) {
         self.msgs[i].receives += 1;
-        let outcomes = run_batch(&self.harness, &[self.incoming(i)]).await;
+        let outcomes = run_batch(&self.harness, &[self.incoming(i)], self.cfg.pool_of_one).await;
         self.settle(&[i], outcomes, what);
     }
 
     /// A new process: a new pool and harness; the dead one's connections close.
     async fn restart(&mut self) {
-        let pool = process_pool(&self.connect).await;
+        let pool = process_pool(&self.connect, self.cfg.pool_of_one).await;
         let harness = Arc::new(harness_on(
             &pool,
             Probe::new(reference_name(), self.cfg.noted, self.probe.clone()),
