@@ -254,13 +254,18 @@ pub async fn check(world: &World, memory: &mut Memory) -> Vec<String> {
         let runs = world.probe.runs(job);
         let eligible = runs - world.uncharged.get(&job).copied().unwrap_or(0);
         let effects_now = db.awards.iter().filter(|(j, _, _)| *j == job.0).count();
-        // A withdrawal's letter is the withdrawn one's again, not a budget's end.
+        // A withdrawal's letter is the withdrawn one's again, not a budget's end; nor is the
+        // letter of a spelling the payload type refuses (it never ran: the job's valid copy
+        // goes on with its attempts, model_findings.rs). A body that ran and failed as poison
+        // (bad points) ends its budget.
+        let unread = |message: &str| world.msgs.iter().any(|m| m.id == message && m.unreadable);
         let budget_letters = db
             .letters
             .iter()
             .filter(|(l, _)| {
                 l.job_id == Some(job.0)
                     && l.error_kind != "conflict"
+                    && !(l.error_kind == "poison" && unread(&l.message_id))
                     && !l.message_id.starts_with("withdrawn:")
             })
             .count();
