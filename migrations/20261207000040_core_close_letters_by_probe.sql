@@ -13,14 +13,19 @@
 --
 -- core.pending_letters_of_jobs finds each job's pending letters through the job index only: its
 -- probe names no status (so no partial index of another query can stand in for it) and sits
--- behind OFFSET 0 in a lateral subquery (a nested loop, whatever the estimates). A finisher
--- updates a letter it found by its id, the status checked again on the row it locks (a letter
--- a review closed meanwhile stays as the review left it; the status is named by what it is not,
--- so that the pending letters' index is no path for this statement either). A commit whose jobs
--- have no letter (nearly all of them) runs no UPDATE, nor the statement trigger of one.
+-- behind OFFSET 0 in a lateral subquery (a nested loop, whatever the estimates). A commit whose
+-- jobs have no letter (nearly all of them) runs no UPDATE, nor the statement trigger of one.
+-- The letters found are closed by one UPDATE, as 0021 closed them: its statement trigger takes
+-- their groups' locks in group id order (an UPDATE per letter took them in letter order, and two
+-- commits whose letters crossed two groups deadlocked: an outside attack,
+-- commits_whose_letters_share_groups_in_crossed_order_both_commit). It is planned as it runs
+-- (EXECUTE, only when there is a letter to close), so it finds them by id however the table has
+-- grown; the status is checked again on each row it locks (a letter a review closed meanwhile
+-- stays as the review left it).
 -- core.finish_job_of (0021) finds its letters the same way: its UPDATE named
 -- status = 'pending_review' beside the job, so the same full scan was a plan it could be given.
--- (A PL/pgSQL function called by both cost a job's commit 0.17 ms more; each loops itself.)
+-- (A PL/pgSQL function called by both cost a job's commit 0.17 ms more: each finisher reads
+-- the letters itself.)
 CREATE FUNCTION core.pending_letters_of_jobs(p_job_ids uuid[], p_consumer text, p_digests bytea[])
 RETURNS SETOF uuid
 LANGUAGE sql STABLE AS $$
@@ -37,11 +42,24 @@ $$;
 COMMENT ON FUNCTION core.pending_letters_of_jobs(uuid[], text, bytea[]) IS
     'The pending letters of jobs (of their family: core.same_job), probing the job index per job.';
 
+-- The letters of jobs that committed, closed in one statement planned as it runs.
+CREATE FUNCTION core.close_letters(p_letters uuid[], p_now timestamptz, p_reason text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE 'UPDATE core.dead_letters
+                SET status = ''discarded'', discard_reason = $2, reviewed_by = ''harness'',
+                    reviewed_at = $3
+              WHERE id = ANY ($1) AND status = ''pending_review'''
+      USING p_letters, p_reason, p_now;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION core.finish_job_of(p_job_id uuid, p_consumer text, p_message_id text, p_now timestamptz, p_digest bytea)
 RETURNS boolean
 LANGUAGE plpgsql SET lock_timeout = '2s' AS $$
 DECLARE
-    letter uuid;
+    letters uuid[];
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM core.processed_jobs
                    WHERE job_id = p_job_id AND consumer = p_consumer
@@ -49,16 +67,12 @@ BEGIN
         RETURN false;
     END IF;
     DELETE FROM core.job_executions WHERE job_id = p_job_id AND consumer = p_consumer;
-    FOR letter IN
-        SELECT p.id FROM core.pending_letters_of_jobs(ARRAY[p_job_id], p_consumer, ARRAY[p_digest]) AS p (id)
-    LOOP
-        UPDATE core.dead_letters
-           SET status = 'discarded',
-               discard_reason = format('the job committed through another delivery (message %s) after this letter was written; nothing to replay', p_message_id),
-               reviewed_by = 'harness',
-               reviewed_at = p_now
-         WHERE id = letter AND status NOT IN ('replayed', 'discarded');
-    END LOOP;
+    SELECT array_agg(p.id) INTO letters
+      FROM core.pending_letters_of_jobs(ARRAY[p_job_id], p_consumer, ARRAY[p_digest]) AS p (id);
+    IF letters IS NOT NULL THEN
+        PERFORM core.close_letters(letters, p_now,
+            format('the job committed through another delivery (message %s) after this letter was written; nothing to replay', p_message_id));
+    END IF;
     RETURN true;
 END
 $$;
@@ -68,7 +82,7 @@ RETURNS integer
 LANGUAGE plpgsql SET lock_timeout = '2s' AS $$
 DECLARE
     owned integer;
-    letter uuid;
+    letters uuid[];
 BEGIN
     SELECT count(*) INTO owned FROM core.processed_jobs
      WHERE job_id = ANY (p_job_ids) AND consumer = p_consumer
@@ -79,14 +93,12 @@ BEGIN
             USING ERRCODE = 'invalid_transaction_state';
     END IF;
     DELETE FROM core.job_executions WHERE job_id = ANY (p_job_ids) AND consumer = p_consumer;
-    FOR letter IN SELECT p.id FROM core.pending_letters_of_jobs(p_job_ids, p_consumer, p_digests) AS p (id) LOOP
-        UPDATE core.dead_letters
-           SET status = 'discarded',
-               discard_reason = 'the job committed through another delivery (in a batch) after this letter was written; nothing to replay',
-               reviewed_by = 'harness',
-               reviewed_at = p_now
-         WHERE id = letter AND status NOT IN ('replayed', 'discarded');
-    END LOOP;
+    SELECT array_agg(p.id) INTO letters
+      FROM core.pending_letters_of_jobs(p_job_ids, p_consumer, p_digests) AS p (id);
+    IF letters IS NOT NULL THEN
+        PERFORM core.close_letters(letters, p_now,
+            'the job committed through another delivery (in a batch) after this letter was written; nothing to replay');
+    END IF;
     RETURN owned;
 END
 $$;
