@@ -41,3 +41,15 @@ pub async fn one_open_group_per_failure(pool: &PgPool) {
     .expect("reading the open groups");
     assert_eq!(doubled, 0, "one open group per failure");
 }
+
+/// How many rows of `core.dead_letters` the transaction on `conn` has read so far (scanned or
+/// fetched through an index): what its statements cost the table, whatever plans they ran.
+pub async fn letters_read(conn: &mut sqlx::PgConnection) -> i64 {
+    sqlx::query_scalar(
+        "SELECT coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0)
+           FROM pg_stat_xact_user_tables WHERE relid = 'core.dead_letters'::regclass",
+    )
+    .fetch_one(conn)
+    .await
+    .expect("the transaction's reads of core.dead_letters")
+}

@@ -721,13 +721,7 @@ async fn committed_group_reads(conn: &mut sqlx::PgConnection, jobs: &[Uuid], com
     .execute(&mut *tx)
     .await
     .unwrap();
-    let read: i64 = sqlx::query_scalar(
-        "SELECT coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0)
-           FROM pg_stat_xact_user_tables WHERE relid = 'core.dead_letters'::regclass",
-    )
-    .fetch_one(&mut *tx)
-    .await
-    .unwrap();
+    let read = e2e::groups::letters_read(&mut tx).await;
     if commit {
         tx.commit().await.unwrap();
     } else {

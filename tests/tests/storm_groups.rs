@@ -684,13 +684,7 @@ async fn letters_read_finishing(conn: &mut sqlx::PgConnection, jobs: &[Uuid], gr
         .execute(&mut *tx)
         .await
         .unwrap();
-    let read: i64 = sqlx::query_scalar(
-        "SELECT coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0)
-           FROM pg_stat_xact_user_tables WHERE relid = 'core.dead_letters'::regclass",
-    )
-    .fetch_one(&mut *tx)
-    .await
-    .unwrap();
+    let read = e2e::groups::letters_read(&mut tx).await;
     tx.rollback().await.unwrap();
     read
 }
