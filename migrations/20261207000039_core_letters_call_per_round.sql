@@ -158,11 +158,12 @@ BEGIN
             END IF;
         END LOOP;
     ELSE
+        -- (A call that settles, of one letter or with a fence that waits.)
         FOR i IN
             SELECT j.i FROM unnest(p_job_ids) WITH ORDINALITY AS j (job_id, i)
              ORDER BY j.job_id NULLS FIRST, j.i
         LOOP
-            IF NOT p_settle OR p_job_ids[i] IS NULL OR p_job_ids[i] = ANY (claimed) THEN
+            IF p_job_ids[i] IS NULL OR p_job_ids[i] = ANY (claimed) THEN
                 verdicts[i] := 'recorded';
                 CONTINUE;
             END IF;

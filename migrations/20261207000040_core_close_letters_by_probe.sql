@@ -36,7 +36,6 @@ LANGUAGE sql STABLE AS $$
                           OFFSET 0) AS x
      WHERE x.status = 'pending_review'
        AND core.same_job(j.job_id, p_consumer, j.digest, x.job_digest)
-     ORDER BY x.id
 $$;
 
 COMMENT ON FUNCTION core.pending_letters_of_jobs(uuid[], text, bytea[]) IS

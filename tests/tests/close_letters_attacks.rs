@@ -100,11 +100,7 @@ fn closed_by(who: &str) -> (String, Option<String>) {
 }
 
 /// Opens the fences of `jobs` (digests beside them) in `tx`, as a commit group claims them.
-async fn open_fences(
-    tx: &mut Transaction<'static, Postgres>,
-    jobs: &[Uuid],
-    digests: &[Option<Vec<u8>>],
-) {
+async fn open_fences(tx: &mut sqlx::PgConnection, jobs: &[Uuid], digests: &[Option<Vec<u8>>]) {
     sqlx::query(
         "INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, processed_at, expires_at, payload_digest)
          SELECT j, $3, $4::uuid, now(), now() + interval '7 days', d
@@ -114,7 +110,7 @@ async fn open_fences(
     .bind(digests)
     .bind(CONSUMER)
     .bind(TENANT)
-    .execute(&mut **tx)
+    .execute(&mut *tx)
     .await
     .expect("opening fences");
 }
@@ -511,7 +507,7 @@ async fn commits_whose_letters_share_groups_in_crossed_order_both_commit(pool: P
 /// in group order by its one statement) restored in this test's database: both commit.
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn control_the_same_race_under_0021s_finisher_commits_both(pool: PgPool) {
-    sqlx::raw_sql(FINISH_JOBS_OF_0021)
+    sqlx::raw_sql(sqlx::AssertSqlSafe(finish_jobs_of_0021()))
         .execute(&pool)
         .await
         .unwrap();
@@ -519,32 +515,14 @@ async fn control_the_same_race_under_0021s_finisher_commits_both(pool: PgPool) {
 }
 
 /// `core.finish_jobs_of` as migrations/20261204000021_core_job_families.sql wrote it.
-const FINISH_JOBS_OF_0021: &str = r#"
-CREATE OR REPLACE FUNCTION core.finish_jobs_of(p_job_ids uuid[], p_consumer text, p_now timestamptz, p_digests bytea[])
-RETURNS integer
-LANGUAGE plpgsql SET lock_timeout = '2s' AS $$
-DECLARE
-    owned integer;
-BEGIN
-    SELECT count(*) INTO owned FROM core.processed_jobs
-     WHERE job_id = ANY (p_job_ids) AND consumer = p_consumer
-       AND xmin::text::bigint = (txid_current() % 4294967296);
-    IF owned <> cardinality(p_job_ids) THEN
-        RAISE EXCEPTION 'not whole' USING ERRCODE = 'invalid_transaction_state';
-    END IF;
-    DELETE FROM core.job_executions WHERE job_id = ANY (p_job_ids) AND consumer = p_consumer;
-    UPDATE core.dead_letters AS l
-       SET status = 'discarded',
-           discard_reason = 'the job committed through another delivery (in a batch) after this letter was written; nothing to replay',
-           reviewed_by = 'harness',
-           reviewed_at = p_now
-      FROM unnest(p_job_ids, p_digests) AS j (job_id, digest)
-     WHERE l.job_id = j.job_id AND l.consumer = p_consumer AND l.status = 'pending_review'
-       AND core.same_job(j.job_id, p_consumer, j.digest, l.job_digest);
-    RETURN owned;
-END
-$$;
-"#;
+fn finish_jobs_of_0021() -> String {
+    let text = include_str!("../../migrations/20261204000021_core_job_families.sql");
+    let start = text
+        .find("CREATE OR REPLACE FUNCTION core.finish_jobs_of(")
+        .expect("0021 defines the finisher");
+    let end = start + text[start..].find("\n$$;").expect("its body ends") + "\n$$;".len();
+    text[start..end].to_owned()
+}
 
 async fn crossed_commits(pool: &PgPool) {
     let pool = pool.clone();
@@ -703,16 +681,7 @@ async fn commit_groups_over_overlapping_jobs_in_opposite_orders(pool: PgPool) {
 /// `jobs`, committed; the number of letters it read.
 async fn committed_group_reads(conn: &mut sqlx::PgConnection, jobs: &[Uuid], commit: bool) -> i64 {
     let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
-    sqlx::query(
-        "INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, processed_at, expires_at)
-         SELECT j, $2, $3::uuid, now(), now() + interval '7 days' FROM unnest($1::uuid[]) AS j",
-    )
-    .bind(jobs)
-    .bind(CONSUMER)
-    .bind(TENANT)
-    .execute(&mut *tx)
-    .await
-    .unwrap();
+    open_fences(&mut tx, jobs, &vec![None; jobs.len()]).await;
     sqlx::query(
         "SELECT core.finish_jobs_of($1, $2, now(), array_fill(NULL::bytea, ARRAY[cardinality($1)]))",
     )

@@ -8,7 +8,7 @@ use e2e::groups::counts_match_letters;
 use shared::dead_letter::{
     GroupStatus, Recorded, Settled, group_of_letter, record_all_unless_processed,
 };
-use shared::ids::{ConsumerName, DeadLetterId, JobId};
+use shared::ids::{ConsumerName, DeadLetterId, JobId, TenantId};
 use shared_testkit::{TestLetter, record_letter};
 use sqlx::PgPool;
 use std::collections::BTreeMap;
@@ -658,21 +658,30 @@ async fn the_masked_error_in_one_expression_masks_as_0009_did(pool: PgPool) {
     assert_eq!(null, None);
 }
 
+/// Claims `jobs`' fences in `tx`, as a commit group claims them.
+async fn claim(tx: &mut sqlx::PgConnection, jobs: &[Uuid]) {
+    let jobs: Vec<_> = (jobs.iter())
+        .map(|j| (JobId(*j), TenantId(Uuid::nil()), None))
+        .collect();
+    let claimed = shared::fence::claim_job_fences(
+        tx,
+        &consumer(),
+        &jobs,
+        Utc::now(),
+        std::time::Duration::from_secs(86_400),
+        std::time::Duration::from_secs(2),
+    )
+    .await
+    .expect("claiming the fences");
+    assert_eq!(claimed.len(), jobs.len(), "every fence claimed");
+}
+
 /// Opens `jobs`' fences in a transaction of `conn` (as a commit group claims them), runs the
 /// finisher `finish` on them (`core.finish_jobs_of` for the group, `core.close_job` for the first
 /// job alone) and says how many rows of `core.dead_letters` the transaction read; rolls back.
 async fn letters_read_finishing(conn: &mut sqlx::PgConnection, jobs: &[Uuid], group: bool) -> i64 {
     let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
-    sqlx::query(
-        "INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, processed_at, expires_at)
-         SELECT j, $2, '00000000-0000-0000-0000-000000000001', now(), now() + interval '7 days'
-           FROM unnest($1::uuid[]) AS j",
-    )
-    .bind(jobs)
-    .bind(consumer().as_str())
-    .execute(&mut *tx)
-    .await
-    .unwrap();
+    claim(&mut tx, jobs).await;
     let finish = if group {
         "SELECT 1 FROM core.finish_jobs_of($1, $2, now(), array_fill(NULL::bytea, ARRAY[cardinality($1)]))"
     } else {
@@ -742,15 +751,7 @@ async fn a_commit_beside_a_storm_reads_only_its_own_jobs_letters_whenever_it_was
         "a commit group read {read} letters of the storm"
     );
     let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
-    sqlx::query(
-        "INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, processed_at, expires_at)
-         VALUES ($1, $2, '00000000-0000-0000-0000-000000000001', now(), now() + interval '7 days')",
-    )
-    .bind(lettered)
-    .bind(consumer().as_str())
-    .execute(&mut *tx)
-    .await
-    .unwrap();
+    claim(&mut tx, &[lettered]).await;
     sqlx::query("SELECT core.close_job($1, $2, 'm-2', now(), NULL)")
         .bind(lettered)
         .bind(consumer().as_str())

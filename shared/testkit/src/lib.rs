@@ -42,7 +42,7 @@ pub use messages::{
 };
 pub use setup::{
     CONCURRENCY, FENCE_TTL, LOCK_TIMEOUT, SEED, SWEEP, harness, harness_in, harness_on,
-    harness_with, own_pool, run_batch, settings, t0,
+    harness_with, own_pool, run_batch, run_batch_at, settings, t0,
 };
 
 use chrono::{DateTime, Utc};

@@ -104,8 +104,18 @@ pub async fn run_batch<C: Consumer>(
     harness: &Harness<C>,
     batch: &[IncomingMessage],
 ) -> Vec<RecordOutcome> {
+    run_batch_at(harness, batch, CONCURRENCY).await
+}
+
+/// [`run_batch`], up to `concurrency` records at once (a process deploys as many as its pool
+/// has connections).
+pub async fn run_batch_at<C: Consumer>(
+    harness: &Harness<C>,
+    batch: &[IncomingMessage],
+    concurrency: usize,
+) -> Vec<RecordOutcome> {
     harness
-        .process_batch(batch, &|| true, CONCURRENCY)
+        .process_batch(batch, &|| true, concurrency)
         .await
         .into_iter()
         .map(|outcome| outcome.expect("every record starts: no deadline in the kit"))

@@ -28,7 +28,7 @@ use shared::harness::{CommitMode, Harness, HarnessSettings, IncomingMessage, Rec
 use shared::ids::{DeadLetterId, JobId, TenantId};
 use shared::retry::RetryPolicy;
 use shared_testkit::reference::reference_name;
-use shared_testkit::{CONCURRENCY, FENCE_TTL, SWEEP, harness_on, settings, t0};
+use shared_testkit::{CONCURRENCY, FENCE_TTL, SWEEP, harness_on, run_batch_at, settings, t0};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use std::collections::{BTreeMap, BTreeSet};
@@ -190,20 +190,14 @@ fn harness_settings(mode: CommitMode) -> HarnessSettings {
     }
 }
 
-/// `batch` through `harness` as one SQS batch, no deadline, as many records at once as the
-/// process's pool has connections (as `shared::run` deploys it): one for a pool of one.
+/// `batch` through `harness` as one SQS batch, as many records at once as the process's pool
+/// has connections (as `shared::run` deploys it): one for a pool of one.
 async fn run_batch(
     harness: &Harness<Probe>,
     batch: &[IncomingMessage],
     pool_of_one: bool,
 ) -> Vec<RecordOutcome> {
-    let concurrency = if pool_of_one { 1 } else { CONCURRENCY };
-    harness
-        .process_batch(batch, &|| true, concurrency)
-        .await
-        .into_iter()
-        .map(|outcome| outcome.expect("every record starts: no deadline here"))
-        .collect()
+    run_batch_at(harness, batch, if pool_of_one { 1 } else { CONCURRENCY }).await
 }
 
 /// A process's pool: one connection, or eight.
