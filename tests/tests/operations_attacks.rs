@@ -705,6 +705,84 @@ async fn two_operations_over_overlapping_selections_worked_at_once(pool: PgPool)
 /// One replay operation, two workers at once with the lease cleared before each round (both
 /// claim it): no letter is reviewed twice or skipped, the counts are the letters, every replay
 /// reaches the queue (how many are sent twice is printed).
+/// Senders recording overlapping replays in crossed orders all commit, each replay recorded
+/// once: two workers on one operation do this (one records the call it sent, the other resends
+/// what it found queued, in another order). Recorded letter by letter in each caller's order,
+/// two such statements deadlocked (CI: the lease-cleared race below failed on "deadlock
+/// detected").
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn senders_recording_overlapping_replays_in_crossed_orders_all_commit(pool: PgPool) {
+    use rand::seq::SliceRandom;
+    seed(
+        &pool,
+        "sends-q",
+        2_000,
+        "exhausted",
+        true,
+        "ledger timed out",
+    )
+    .await;
+    // The operation the replays are recorded for (no worker works it here).
+    let sqs = sqs_client().await;
+    let op = Apis::new(&pool, &sqs)
+        .start("replay", json!({"queue": "sends-q"}))
+        .await;
+    let mut rng = rand::rng();
+    for round in 0..10 {
+        let ids: Vec<Uuid> = sqlx::query_scalar(
+            "SELECT id FROM core.dead_letters WHERE status = 'pending_review'
+             ORDER BY id LIMIT 40",
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        let mut conn = pool.acquire().await.unwrap();
+        let outcomes = vec!["queued"; ids.len()];
+        let queued = shared::dead_letter::mark_replayed(
+            &mut conn,
+            &ids,
+            &outcomes,
+            "replay",
+            "person@example.com",
+            op,
+            Utc::now(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(queued, 40);
+        drop(conn);
+        let mut senders = Vec::new();
+        for sender in 0..6 {
+            let mut order = ids.clone();
+            order.shuffle(&mut rng);
+            let messages: Vec<String> = order.iter().map(|id| format!("m-{sender}-{id}")).collect();
+            let pool = pool.clone();
+            senders.push(tokio::spawn(async move {
+                let mut conn = pool.acquire().await.unwrap();
+                shared::dead_letter::record_replays_sent(&mut conn, &order, &messages, Utc::now())
+                    .await
+            }));
+        }
+        let mut recorded = 0;
+        for sender in senders {
+            recorded += sender
+                .await
+                .unwrap()
+                .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        }
+        assert_eq!(recorded, 40, "round {round}: each replay recorded once");
+    }
+    let (sent, queued) = (
+        scalar(
+            &pool,
+            "SELECT count(*) FROM core.dead_letters WHERE replay_outcome = 'sent'",
+        )
+        .await,
+        scalar(&pool, "SELECT count(*) FROM core.replay_sends").await,
+    );
+    assert_eq!((sent, queued), (400, 0));
+}
+
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn two_workers_on_one_operation_with_the_lease_cleared(pool: PgPool) {
     let sqs = sqs_client().await;

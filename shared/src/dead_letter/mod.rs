@@ -52,7 +52,7 @@ pub use letter_list::{LetterSummary, ListFilter, Position, id_prefix_range, list
 pub use record::{Recorded, record_dead_letter};
 pub use review::{
     LockedLetter, Verdict, Withdrawal, fence_is_another_job, is_lock_timeout, letter_fence_exists,
-    lock_letter, queued_replays, record_replay_sent, withdraw_replay,
+    lock_letter, queued_replays, record_replay_sent, record_replays_sent, withdraw_replay,
 };
 pub(crate) use settle::{CONFLICT_ERROR, record_without_settling};
 pub use settle::{Settled, record_all_unless_processed, record_unless_processed};

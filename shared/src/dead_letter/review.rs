@@ -229,6 +229,37 @@ pub async fn record_replay_sent(
     .await
 }
 
+/// Records that the queue accepted the queued replays of letters `ids` as `messages` (pairwise);
+/// the letters recorded. Letters whose replay is no longer queued (another sender recorded it,
+/// or it was withdrawn) are left.
+///
+/// The letters are locked in id order before any is updated: two senders recording overlapping
+/// letters (a worker's call, and another worker resending what it found queued) otherwise each
+/// lock theirs in their own order and deadlock.
+pub async fn record_replays_sent(
+    conn: &mut PgConnection,
+    ids: &[Uuid],
+    messages: &[String],
+    now: DateTime<Utc>,
+) -> sqlx::Result<u64> {
+    let done = sqlx::query!(
+        "WITH locked AS (
+             SELECT id FROM core.dead_letters
+             WHERE id = ANY($1) AND replay_outcome = 'queued'
+             ORDER BY id FOR UPDATE)
+         UPDATE core.dead_letters d
+         SET replay_outcome = 'sent', replay_message_id = v.message_id, replay_sent_at = $3
+         FROM unnest($1::uuid[], $2::text[]) AS v(id, message_id), locked
+         WHERE d.id = v.id AND locked.id = v.id AND d.replay_outcome = 'queued'",
+        ids,
+        messages,
+        now,
+    )
+    .execute(conn)
+    .await?;
+    Ok(done.rows_affected())
+}
+
 /// What withdrawing a queued replay did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Withdrawal {

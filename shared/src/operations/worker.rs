@@ -7,6 +7,7 @@ use super::{Action, OperationRow, Progress};
 use crate::clock::Clock;
 use crate::dead_letter::{
     Chunk, ChunkLetter, DeadLetter, Position, discard_chunk, lock_chunk, mark_replayed,
+    record_replays_sent,
 };
 use crate::lease::{LEASE, Lease, Leased};
 use crate::replay::{Refusal, Replayer, letter_body, refused_by_sqs, replayable};
@@ -459,22 +460,15 @@ async fn record_sent(
         return Ok(());
     }
     let now = tools.clock.now();
+    let mut tx = tools.pool.begin().await?;
+    let sent = record_replays_sent(&mut tx, ids, messages, now).await?;
     sqlx::query!(
-        "WITH sent AS (
-             UPDATE core.dead_letters d
-             SET replay_outcome = 'sent', replay_message_id = v.message_id, replay_sent_at = $3
-             FROM unnest($1::uuid[], $2::text[]) AS v(id, message_id)
-             WHERE d.id = v.id AND d.replay_outcome = 'queued'
-             RETURNING d.id)
-         UPDATE core.dead_letter_operations
-         SET sent = sent + (SELECT count(*) FROM sent), updated_at = $3
-         WHERE id = $4",
-        ids,
-        messages,
-        now,
+        "UPDATE core.dead_letter_operations SET sent = sent + $2, updated_at = $3 WHERE id = $1",
         id,
+        i64::try_from(sent).unwrap_or(i64::MAX),
+        now,
     )
-    .execute(&tools.pool)
-    .await
-    .map(drop)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await
 }
