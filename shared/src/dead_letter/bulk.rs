@@ -4,7 +4,10 @@
 //!
 //! Invariant: a chunk locks its letters (`FOR UPDATE`) and takes only those still pending under
 //! the lock, so a letter a person reviews meanwhile is left to that review, and no letter is
-//! reviewed twice; the append-only guard refuses it anyway.
+//! reviewed twice; the append-only guard refuses it anyway. Every statement that locks several
+//! letters locks them newest first (`created_at DESC, id DESC`), as a chunk's page is ordered: a
+//! commit closing its jobs' letters (`core.close_letters`, migration 0041) and a bulk send's
+//! record ([`super::record_replays_sent`]) too, so no two of them wait on each other in a circle.
 
 use super::list::Listing;
 use super::{DeadLetter, ListFilter, Position, ReviewStatus};

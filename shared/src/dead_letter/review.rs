@@ -233,9 +233,11 @@ pub async fn record_replay_sent(
 /// the letters recorded. Letters whose replay is no longer queued (another sender recorded it,
 /// or it was withdrawn) are left.
 ///
-/// The letters are locked in id order before any is updated: two senders recording overlapping
-/// letters (a worker's call, and another worker resending what it found queued) otherwise each
-/// lock theirs in their own order and deadlock.
+/// The letters are locked before any is updated, newest first (created_at DESC, id DESC: the
+/// order every statement that locks several letters takes them in, a bulk chunk's page and a
+/// commit closing its jobs' letters too): two senders recording overlapping letters (a worker's
+/// call, and another worker resending what it found queued) otherwise each locked theirs in
+/// their own order and deadlocked.
 pub async fn record_replays_sent(
     conn: &mut PgConnection,
     ids: &[Uuid],
@@ -246,7 +248,7 @@ pub async fn record_replays_sent(
         "WITH locked AS (
              SELECT id FROM core.dead_letters
              WHERE id = ANY($1) AND replay_outcome = 'queued'
-             ORDER BY id FOR UPDATE)
+             ORDER BY created_at DESC, id DESC FOR UPDATE)
          UPDATE core.dead_letters d
          SET replay_outcome = 'sent', replay_message_id = v.message_id, replay_sent_at = $3
          FROM unnest($1::uuid[], $2::text[]) AS v(id, message_id), locked
