@@ -37,12 +37,19 @@ ensure_pg_server_binaries
 ensure_pgbouncer
 ensure_cargo_lambda # the dev loop's test runs the consumer under cargo lambda watch
 export PGBOUNCER
-step "Running the tests against ${DATABASE_URL%%@*}@… (cargo test --workspace)"
+step "Building the tests (cargo test --workspace --no-run)"
+log=$(mktemp) artifacts=$(mktemp)
+on_exit 'rm -f "$log" "$artifacts"'
+cargo test --workspace --no-run --message-format=json-render-diagnostics >"$artifacts" ||
+  die "the tests did not build (see above)"
+# Most of the suite waits on PostgreSQL, the SQS API and the processes it starts: two test
+# binaries side by side take about the time of one (TEST_LANES=1 runs them one at a time).
+LANES=${TEST_LANES:-2}
+step "Running the tests against ${DATABASE_URL%%@*}@…, $LANES test binaries at a time (scripts/run_tests.py), then the doc tests"
 note "the chaos soak restarts a throwaway PostgreSQL cluster of its own, never this one"
-log=$(mktemp)
-on_exit 'rm -f "$log"'
 status=0
-cargo test --workspace --no-fail-fast 2>&1 | tee "$log" || status=$?
+python3 scripts/run_tests.py "$LANES" <"$artifacts" 2>&1 | tee "$log" || status=$?
+cargo test --workspace --doc 2>&1 | tee -a "$log" || status=$?
 # One closing line for the whole suite (cargo's own last line is the empty doc-test run).
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      END { printf "\ntests: %d passed, %d failed\n", p, f }' "$log"
