@@ -469,6 +469,45 @@ async fn a_commit_group_and_a_discard_chunk_over_two_letters_both_commit(pool: P
     counts_match_letters(&pool).await;
 }
 
+/// A discard chunk of operation `op` over queue `q`, begun (its operation's row held), and
+/// `commits`, all let go at once, each commit after 0 to 2 ms: the errors of any of them. If
+/// none failed, no letter of `ids` is left pending.
+async fn race_a_discard_chunk(
+    pool: &PgPool,
+    wide: &PgPool,
+    op: Uuid,
+    q: &str,
+    ids: &[Uuid],
+    commits: Vec<impl Future<Output = Result<(), String>>>,
+    rng: &mut impl rand::Rng,
+) -> Vec<String> {
+    let delays: Vec<u64> = (0..commits.len()).map(|_| rng.random_range(0..3)).collect();
+    let filter = queue_filter(q);
+    let (tx, through) = begin_chunk(wide, op).await.unwrap();
+    let barrier = Barrier::new(commits.len() + 1);
+    let barrier = &barrier;
+    let chunk = async {
+        barrier.wait().await;
+        discard_in(tx, op, &filter, through).await.map(drop)
+    };
+    let commits = futures_util::future::join_all(commits.into_iter().zip(delays).map(
+        |(commit, delay)| async move {
+            barrier.wait().await;
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+            commit.await
+        },
+    ));
+    let (chunk, commits) = tokio::join!(chunk, commits);
+    let errors: Vec<String> = std::iter::once(chunk)
+        .chain(commits)
+        .filter_map(Result::err)
+        .collect();
+    if errors.is_empty() {
+        assert_eq!(still_pending(pool, ids).await, 0);
+    }
+    errors
+}
+
 /// Commit groups (ten jobs each, as one SQS batch) and a discard operation's chunk over the same
 /// letters, all let go at once: each group's jobs' letters are shuffled across the queue's
 /// newest-first order, so the chunk (newest first) and each commit (one UPDATE by id: the
@@ -491,32 +530,9 @@ async fn commit_groups_racing_a_discard_chunk_over_their_letters_never_deadlock(
         for members in letters.chunks(10) {
             groups.push(claim_group(&wide, members).await);
         }
-        let delays: Vec<u64> = (0..groups.len()).map(|_| rng.random_range(0..3)).collect();
-        let filter = queue_filter(&q);
-        let (tx, through) = begin_chunk(&wide, op).await.unwrap();
-        let barrier = Barrier::new(groups.len() + 1);
-        let barrier = &barrier;
-        let chunk = async {
-            barrier.wait().await;
-            discard_in(tx, op, &filter, through).await.map(drop)
-        };
-        let commits = futures_util::future::join_all(groups.into_iter().zip(delays).map(
-            |(group, delay)| async move {
-                barrier.wait().await;
-                tokio::time::sleep(Duration::from_millis(delay)).await;
-                commit_group(group).await
-            },
-        ));
-        let (chunk, commits) = tokio::join!(chunk, commits);
-        let round_errors: Vec<String> = std::iter::once(chunk)
-            .chain(commits)
-            .filter_map(Result::err)
-            .map(|e| format!("round {round}: {e}"))
-            .collect();
-        if round_errors.is_empty() {
-            assert_eq!(still_pending(&pool, &ids).await, 0, "round {round}");
-        }
-        errors.extend(round_errors);
+        let commits = groups.into_iter().map(commit_group).collect();
+        let race = race_a_discard_chunk(&pool, &wide, op, &q, &ids, commits, &mut rng).await;
+        errors.extend(race.into_iter().map(|e| format!("round {round}: {e}")));
     }
     counts_match_letters(&pool).await;
     one_open_group_per_failure(&pool).await;
@@ -549,32 +565,9 @@ async fn single_job_commits_closing_two_letters_racing_a_discard_chunk_never_dea
             claimed.push(claim_job(&wide, l.job, l.digest).await);
         }
         claimed.shuffle(&mut rng);
-        let delays: Vec<u64> = (0..claimed.len()).map(|_| rng.random_range(0..3)).collect();
-        let filter = queue_filter(&q);
-        let (tx, through) = begin_chunk(&wide, op).await.unwrap();
-        let barrier = Barrier::new(claimed.len() + 1);
-        let barrier = &barrier;
-        let chunk = async {
-            barrier.wait().await;
-            discard_in(tx, op, &filter, through).await.map(drop)
-        };
-        let commits = futures_util::future::join_all(claimed.into_iter().zip(delays).map(
-            |(one, delay)| async move {
-                barrier.wait().await;
-                tokio::time::sleep(Duration::from_millis(delay)).await;
-                commit_job(one).await
-            },
-        ));
-        let (chunk, commits) = tokio::join!(chunk, commits);
-        let round_errors: Vec<String> = std::iter::once(chunk)
-            .chain(commits)
-            .filter_map(Result::err)
-            .map(|e| format!("round {round}: {e}"))
-            .collect();
-        if round_errors.is_empty() {
-            assert_eq!(still_pending(&pool, &ids).await, 0, "round {round}");
-        }
-        errors.extend(round_errors);
+        let commits = claimed.into_iter().map(commit_job).collect();
+        let race = race_a_discard_chunk(&pool, &wide, op, &q, &ids, commits, &mut rng).await;
+        errors.extend(race.into_iter().map(|e| format!("round {round}: {e}")));
     }
     counts_match_letters(&pool).await;
     assert_all_committed("one-job commits against a discard chunk", &errors);
