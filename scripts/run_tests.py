@@ -11,6 +11,7 @@ Each binary's output is printed whole when it ends (never interleaved), under ca
 failed (every binary runs: cargo's --no-fail-fast), naming them.
 
 Usage: cargo test --workspace --no-run --message-format=json | python3 run_tests.py LANES
+       python3 run_tests.py LANES MESSAGES_FILE
 """
 
 import json
@@ -52,7 +53,11 @@ def binaries(messages):
 
 def main():
     lanes = int(sys.argv[1]) if len(sys.argv) > 1 else 2
-    tests = binaries(sys.stdin)
+    if len(sys.argv) > 2:
+        with open(sys.argv[2], encoding="utf-8") as messages:
+            tests = binaries(messages)
+    else:
+        tests = binaries(sys.stdin)
     if not tests:
         print("no test executables in cargo's messages", file=sys.stderr)
         return 1

@@ -62,10 +62,13 @@ POOLER_TESTS=(-p shared -p e2e --lib --test acceptance --test batch --test confl
               --test letter_locks --test schema_guards --test sweeper --test true_records --test fifo
               --test identity --test families --test lanes --test outside_attacks --test model_findings
               --test ac2_crash --test faults --test boundary --test scheduled --test api)
-step "Running the guarantee tests through PgBouncer in transaction mode (cargo test ${POOLER_TESTS[*]})"
+step "Running the guarantee tests through PgBouncer in transaction mode (cargo test ${POOLER_TESTS[*]}), $LANES test binaries at a time"
 cargo build --quiet -p e2e --bin through-pooler || die "could not build through-pooler"
+cargo test "${POOLER_TESTS[@]}" --no-run --message-format=json-render-diagnostics >"$artifacts" ||
+  die "the guarantee tests did not build (see above)"
 status=0
-"$TARGET"/debug/through-pooler -- cargo test "${POOLER_TESTS[@]}" 2>&1 | tee "$log" || status=$?
+"$TARGET"/debug/through-pooler -- python3 scripts/run_tests.py "$LANES" "$artifacts" 2>&1 | tee "$log" ||
+  status=$?
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      END { printf "\ntests through the pooler: %d passed, %d failed\n", p, f }' "$log"
 [ "$status" = 0 ] || die "tests failed through the pooler (see above)"
