@@ -743,7 +743,7 @@ async fn a_discard_and_a_replay_chunk_over_overlapping_selections_never_deadlock
 }
 
 /// Replays queued by an operation, recorded at once by: bulk senders (`record_replays_sent` in
-/// shuffled orders, each with the operation's `sent` count in the same transaction, as the
+/// shuffled orders, each with the operation's `sent` count in the same statement, as the
 /// worker records a call), the scheduled run's one-letter sender (`record_replay_sent`),
 /// withdrawals (`withdraw_replay`: the letter, a placeholder fence, a new pending letter), and
 /// the same operation's next chunk (its row held, then its pending letters locked and marked).
@@ -801,22 +801,9 @@ async fn senders_withdrawals_and_the_next_chunk_over_queued_replays_never_deadlo
         let bulk =
             futures_util::future::join_all(bulk.into_iter().map(|(order, messages)| async move {
                 barrier.wait().await;
-                let run = async {
-                    let mut tx = wide.begin().await?;
-                    let now = Utc::now();
-                    let sent = record_replays_sent(&mut tx, &order, &messages, now).await?;
-                    sqlx::query(
-                        "UPDATE core.dead_letter_operations SET sent = sent + $2, updated_at = $3
-                         WHERE id = $1",
-                    )
-                    .bind(op)
-                    .bind(i64::try_from(sent).unwrap())
-                    .bind(now)
-                    .execute(&mut *tx)
-                    .await?;
-                    tx.commit().await
-                };
-                run.await
+                record_replays_sent(wide, &order, &messages, Utc::now(), Some(op))
+                    .await
+                    .map(drop)
                     .map_err(|e| format!("bulk sender: {}", describe(&e)))
             }));
         let singles = futures_util::future::join_all(singles.into_iter().map(|id| async move {

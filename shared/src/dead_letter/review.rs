@@ -229,37 +229,47 @@ pub async fn record_replay_sent(
     .await
 }
 
-/// Records that the queue accepted the queued replays of letters `ids` as `messages` (pairwise);
-/// the letters recorded. Letters whose replay is no longer queued (another sender recorded it,
-/// or it was withdrawn) are left.
+/// Records that the queue accepted the queued replays of letters `ids` as `messages` (pairwise),
+/// and counts them in bulk `operation`'s `sent` (if any) in the same statement; the letters
+/// recorded. Letters whose replay is no longer queued (another sender recorded it, or it was
+/// withdrawn) are left.
 ///
 /// The letters are locked before any is updated, newest first (created_at DESC, id DESC: the
 /// order every statement that locks several letters takes them in, a bulk chunk's page and a
 /// commit closing its jobs' letters too): two senders recording overlapping letters (a worker's
 /// call, and another worker resending what it found queued) otherwise each locked theirs in
-/// their own order and deadlocked.
+/// their own order and deadlocked. One statement, so a sender cut off while it waits leaves no
+/// transaction open behind it.
 pub async fn record_replays_sent(
-    conn: &mut PgConnection,
+    db: impl PgExecutor<'_>,
     ids: &[Uuid],
     messages: &[String],
     now: DateTime<Utc>,
-) -> sqlx::Result<u64> {
-    let done = sqlx::query!(
-        "WITH locked AS (
+    operation: Option<Uuid>,
+) -> sqlx::Result<i64> {
+    sqlx::query_scalar!(
+        r#"WITH locked AS (
              SELECT id FROM core.dead_letters
              WHERE id = ANY($1) AND replay_outcome = 'queued'
-             ORDER BY created_at DESC, id DESC FOR UPDATE)
-         UPDATE core.dead_letters d
-         SET replay_outcome = 'sent', replay_message_id = v.message_id, replay_sent_at = $3
-         FROM unnest($1::uuid[], $2::text[]) AS v(id, message_id), locked
-         WHERE d.id = v.id AND locked.id = v.id AND d.replay_outcome = 'queued'",
+             ORDER BY created_at DESC, id DESC FOR UPDATE),
+         sent AS (
+             UPDATE core.dead_letters d
+             SET replay_outcome = 'sent', replay_message_id = v.message_id, replay_sent_at = $3
+             FROM unnest($1::uuid[], $2::text[]) AS v(id, message_id), locked
+             WHERE d.id = v.id AND locked.id = v.id AND d.replay_outcome = 'queued'
+             RETURNING d.id),
+         counted AS (
+             UPDATE core.dead_letter_operations
+             SET sent = sent + (SELECT count(*) FROM sent), updated_at = $3
+             WHERE id = $4)
+         SELECT count(*) AS "recorded!" FROM sent"#,
         ids,
         messages,
         now,
+        operation,
     )
-    .execute(conn)
-    .await?;
-    Ok(done.rows_affected())
+    .fetch_one(db)
+    .await
 }
 
 /// What withdrawing a queued replay did.

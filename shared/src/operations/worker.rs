@@ -460,15 +460,7 @@ async fn record_sent(
         return Ok(());
     }
     let now = tools.clock.now();
-    let mut tx = tools.pool.begin().await?;
-    let sent = record_replays_sent(&mut tx, ids, messages, now).await?;
-    sqlx::query!(
-        "UPDATE core.dead_letter_operations SET sent = sent + $2, updated_at = $3 WHERE id = $1",
-        id,
-        i64::try_from(sent).unwrap_or(i64::MAX),
-        now,
-    )
-    .execute(&mut *tx)
-    .await?;
-    tx.commit().await
+    record_replays_sent(&tools.pool, ids, messages, now, Some(id))
+        .await
+        .map(drop)
 }
