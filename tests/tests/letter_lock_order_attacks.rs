@@ -801,7 +801,7 @@ async fn senders_withdrawals_and_the_next_chunk_over_queued_replays_never_deadlo
         let bulk =
             futures_util::future::join_all(bulk.into_iter().map(|(order, messages)| async move {
                 barrier.wait().await;
-                record_replays_sent(wide, &order, &messages, Utc::now(), Some(op))
+                record_replays_sent(wide, &order, &messages, Utc::now(), op)
                     .await
                     .map(drop)
                     .map_err(|e| format!("bulk sender: {}", describe(&e)))

@@ -758,14 +758,8 @@ async fn senders_recording_overlapping_replays_in_crossed_orders_all_commit(pool
             let messages: Vec<String> = order.iter().map(|id| format!("m-{sender}-{id}")).collect();
             let pool = pool.clone();
             senders.push(tokio::spawn(async move {
-                shared::dead_letter::record_replays_sent(
-                    &pool,
-                    &order,
-                    &messages,
-                    Utc::now(),
-                    Some(op),
-                )
-                .await
+                shared::dead_letter::record_replays_sent(&pool, &order, &messages, Utc::now(), op)
+                    .await
             }));
         }
         let mut recorded = 0;

@@ -230,7 +230,7 @@ pub async fn record_replay_sent(
 }
 
 /// Records that the queue accepted the queued replays of letters `ids` as `messages` (pairwise),
-/// and counts them in bulk `operation`'s `sent` (if any) in the same statement; the letters
+/// and counts them in bulk `operation`'s `sent` in the same statement; the letters
 /// recorded. Letters whose replay is no longer queued (another sender recorded it, or it was
 /// withdrawn) are left.
 ///
@@ -245,7 +245,7 @@ pub async fn record_replays_sent(
     ids: &[Uuid],
     messages: &[String],
     now: DateTime<Utc>,
-    operation: Option<Uuid>,
+    operation: Uuid,
 ) -> sqlx::Result<i64> {
     sqlx::query_scalar!(
         r#"WITH locked AS (

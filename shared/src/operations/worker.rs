@@ -460,7 +460,7 @@ async fn record_sent(
         return Ok(());
     }
     let now = tools.clock.now();
-    record_replays_sent(&tools.pool, ids, messages, now, Some(id))
+    record_replays_sent(&tools.pool, ids, messages, now, id)
         .await
         .map(drop)
 }

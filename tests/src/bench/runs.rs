@@ -19,6 +19,8 @@ pub const DUPS: u64 = 100_000;
 pub const BATCH: usize = 10;
 /// The switches of `bench/batch.sql`, one a step of batch mode's statements.
 pub const BATCH_STEPS: [&str; 3] = ["lookup", "claim", "finish"];
+/// Its other switches, off unless given: a poison record's intake row beside the batch.
+const BATCH_EXTRAS: [&str; 2] = ["intake", "intake_after"];
 
 /// One side's run: how many workers, for how long.
 #[derive(Debug, Clone, Copy)]
@@ -65,6 +67,7 @@ fn pgbench_in(mode: &str, url: &str, file: &str, switches: &[&str], load: Load) 
     defines.extend(
         BATCH_STEPS
             .iter()
+            .chain(&BATCH_EXTRAS)
             .map(|step| format!("{step}={}", u8::from(switches.contains(step)))),
     );
     // A switch written `name=value` is a variable of the script's own.
