@@ -43,6 +43,19 @@ pub fn shell_word(s: &str) -> String {
     dlq::args::shell_word(s)
 }
 
+/// The cargo that built these tests, on the toolchain that built them, for a test that builds
+/// or inspects the workspace: `cargo test` runs a test with `RUSTUP_TOOLCHAIN` set to the
+/// toolchain rustup chose for it, but `scripts/run_tests.py` runs the test binaries itself, and
+/// there a nested build's `rustc` (a rustup proxy) chose again from what it found (CI's found
+/// one that is not installed). Pinned here as the tests were compiled.
+pub fn cargo() -> std::process::Command {
+    let mut cargo = std::process::Command::new(env!("CARGO"));
+    if let Some(toolchain) = option_env!("RUSTUP_TOOLCHAIN") {
+        cargo.env("RUSTUP_TOOLCHAIN", toolchain);
+    }
+    cargo
+}
+
 /// The consumer name every test here fences under: the reference consumer's.
 pub fn consumer_name() -> ConsumerName {
     shared_testkit::reference::reference_name()

@@ -6,7 +6,6 @@
 //! fragment of a file shown whole elsewhere.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -234,7 +233,7 @@ fn the_guides_consumer_copied_as_written_builds_and_its_tests_pass() {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("target"));
-    let output = Command::new(env!("CARGO"))
+    let output = e2e::cargo()
         .args(["test", "--offline", "--quiet", "-p", &package])
         .current_dir(&scratch)
         .env("CARGO_TARGET_DIR", &target)

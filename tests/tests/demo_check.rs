@@ -7,7 +7,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 /// does not build (`scripts/demo.sh` runs `cargo build --bins`): built here the way
 /// `deployed_consumer.rs` and SAM build them, at the workspace root, beside the demo.
 fn build_the_consumers_own_binaries() {
-    let mut build = std::process::Command::new(env!("CARGO"));
+    let mut build = e2e::cargo();
     build
         .args(["build", "--quiet"])
         .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));

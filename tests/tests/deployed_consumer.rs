@@ -17,7 +17,6 @@ use shared::ids::{ConsumerName, JobId, TenantId};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 use uuid::Uuid;
@@ -88,7 +87,7 @@ struct AsDeployed {
 
 /// The workspace's packages by id: name and features table.
 fn workspace_packages() -> BTreeMap<String, (String, BTreeMap<String, Vec<String>>)> {
-    let output = Command::new(env!("CARGO"))
+    let output = e2e::cargo()
         .args(["metadata", "--no-deps", "--format-version", "1"])
         .current_dir(workspace_root())
         .output()
@@ -128,7 +127,7 @@ static AS_DEPLOYED: LazyLock<AsDeployed> = LazyLock::new(|| {
     let binaries = template_binaries();
     let packages = workspace_packages();
     let started = Instant::now();
-    let mut build = Command::new(env!("CARGO"));
+    let mut build = e2e::cargo();
     build
         .arg("build")
         .arg("--message-format=json-render-diagnostics")
@@ -218,7 +217,7 @@ fn the_templates_binaries_built_at_the_workspace_root_carry_no_feature_of_ours_b
         .values()
         .map(|(name, table)| (name.as_str(), default_closure(table)))
         .collect();
-    let tree = Command::new(env!("CARGO"))
+    let tree = e2e::cargo()
         .args(["tree", "-e", "normal,build,features", "--prefix", "none"])
         .current_dir(workspace_root())
         .output()

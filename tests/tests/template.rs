@@ -110,7 +110,7 @@ fn environment(t: &Value, function: &Value) -> BTreeMap<String, String> {
 
 /// The binary targets of the crates under `functions/`, as cargo sees them.
 fn function_binaries() -> Vec<String> {
-    let output = std::process::Command::new(env!("CARGO"))
+    let output = e2e::cargo()
         .args([
             "metadata",
             "--format-version",
