@@ -279,13 +279,14 @@ mod tests {
 #[cfg(test)]
 mod database_errors {
     use super::*;
-    use sqlx::{Connection, Executor, PgPool};
+    use sqlx::{Executor, PgPool};
 
-    /// What `sql` fails with, on a connection of its own (its settings leave with it).
+    /// What `sql` fails with, on a connection of its own (never given back: its settings leave
+    /// with it).
     async fn error_of(pool: &PgPool, sql: &str) -> ProcessError {
-        let mut conn = pool.acquire().await.unwrap().detach();
+        let mut conn = crate::db::acquire(pool).await.unwrap();
         let e = sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
-            .execute(&mut conn)
+            .execute(&mut *conn)
             .await
             .expect_err(sql);
         ProcessError::from_database(e)
@@ -361,8 +362,7 @@ mod database_errors {
         }
         // A lock another transaction holds, for real.
         pool.execute("CREATE TABLE held (id int)").await.unwrap();
-        let mut holder = pool.acquire().await.unwrap();
-        let mut tx = holder.begin().await.unwrap();
+        let mut tx = crate::db::begin(&pool).await.unwrap();
         tx.execute("LOCK TABLE held").await.unwrap();
         let e = error_of(&pool, "SET lock_timeout = '10ms'; SELECT * FROM held").await;
         assert_eq!(sqlstate(&e), "55P03");

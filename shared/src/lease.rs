@@ -143,10 +143,13 @@ pub(crate) async fn deliver<W: Leased>(
     let until = now + chrono::Duration::from_std(LEASE).unwrap_or_default();
     // Only the wait for a connection is bounded by the round: a claim cut off mid-statement
     // could still commit, and its steps would wait out the lease with no worker.
-    let Ok(conn) = tokio::time::timeout_at(round.until, round.pool.acquire()).await else {
+    let Ok(conn) = tokio::time::timeout_at(round.until, crate::db::acquire(round.pool)).await
+    else {
         return Ok(());
     };
-    let steps = work.claim(&mut *conn?, Lease { now, until }, limit).await;
+    let mut conn = conn?;
+    let steps = work.claim(&mut conn, Lease { now, until }, limit).await;
+    conn.give_back();
     for step in steps? {
         if let Err(e) = deliver_one(round, work, &step, &mut tally).await {
             tracing::warn!(kind = W::KIND, step = W::label(&step), error = %e,

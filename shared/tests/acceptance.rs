@@ -530,7 +530,7 @@ async fn the_fence_lock_timeout_does_not_limit_the_work(pool: PgPool) {
     };
     let (harness, _) = harness_with(&pool, award_points(), settings);
     let (job_id, body) = job(award(1));
-    let mut blocker = pool.begin().await.unwrap();
+    let mut blocker = shared::db::begin(&pool).await.unwrap();
     sqlx::query("LOCK TABLE reference.point_awards IN EXCLUSIVE MODE")
         .execute(&mut *blocker)
         .await

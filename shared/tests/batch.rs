@@ -69,7 +69,7 @@ async fn a_batch_of_duplicates_is_answered_by_one_lookup_without_a_transaction(p
             vec![RecordOutcome::Processed; 10]
         );
         let calls = harness.consumer().calls();
-        let mut blocker = pool.begin().await.unwrap();
+        let mut blocker = shared::db::begin(&pool).await.unwrap();
         sqlx::query("LOCK TABLE core.processed_jobs IN EXCLUSIVE MODE")
             .execute(&mut *blocker)
             .await

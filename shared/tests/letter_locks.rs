@@ -32,7 +32,7 @@ async fn pending_letter(pool: &PgPool, job_id: JobId, body: &str) -> DeadLetterI
 
 /// Another session holding the letter's row lock until it is dropped or rolled back.
 async fn hold(pool: &PgPool, letter: DeadLetterId) -> Transaction<'static, Postgres> {
-    let mut tx = pool.begin().await.unwrap();
+    let mut tx = shared::db::begin(pool).await.unwrap();
     sqlx::query("SELECT 1 FROM core.dead_letters WHERE id = $1 FOR UPDATE")
         .bind(letter.0)
         .execute(&mut *tx)

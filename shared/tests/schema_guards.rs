@@ -192,7 +192,8 @@ async fn the_list_indexes_of_nullable_columns_keep_only_letters_that_have_a_valu
     ] {
         sqlx::query(sql).execute(&pool).await.unwrap();
     }
-    let mut conn = pool.acquire().await.unwrap();
+    // Never given back: closed at the end, with the settings below.
+    let mut conn = shared::db::acquire(&pool).await.unwrap();
     // The tables are tiny here: the plans a large table gets (index scans, the sweep's nested
     // loop probing the letters per fence) are asked for, to see the partial index can serve them.
     for off in ["enable_seqscan", "enable_hashjoin", "enable_mergejoin"] {

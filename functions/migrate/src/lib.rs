@@ -38,12 +38,14 @@ pub async fn migrate(database: &Database, budget: Duration) -> Result<Value, Str
             .ready()
             .await
             .map_err(|e| format!("the database is not reachable: {e}"))?;
-        let mut conn = database
-            .pool()
-            .acquire()
+        // Cut off by the budget, the connection is closed, not given back inside a migration's
+        // transaction: a warm function's next invocation would migrate inside it.
+        let mut conn = shared::db::acquire(database.pool())
             .await
             .map_err(|e| format!("no database connection: {e}"))?;
-        let report = schema::apply(&mut conn).await.map_err(|e| e.to_string())?;
+        let applied = schema::apply(&mut conn).await;
+        conn.give_back();
+        let report = applied.map_err(|e| e.to_string())?;
         Ok::<_, String>(json!({
             "Applied": report.applied.len(),
             "Migrations": report.applied,

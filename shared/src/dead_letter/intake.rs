@@ -312,7 +312,20 @@ async fn settle_round_past(
     wait: Duration,
     skip: &[i64],
 ) -> Result<Round, FenceError> {
-    let mut conn = pool.acquire().await?;
+    let mut conn = crate::db::acquire(pool).await?;
+    let round = settle_round_on(&mut conn, consumer, now, wait, skip).await;
+    conn.give_back();
+    round
+}
+
+/// [`settle_round_past`] on `conn`.
+async fn settle_round_on(
+    conn: &mut sqlx::PgConnection,
+    consumer: &ConsumerName,
+    now: DateTime<Utc>,
+    wait: Duration,
+    skip: &[i64],
+) -> Result<Round, FenceError> {
     let rows = sqlx::query!(
         r#"SELECT seq, verdict, letter_id, fresh, busy AS "busy!"
              FROM core.settle_intake($1, $2, $3, $4, $5, $6, $7, $8)"#,
@@ -352,7 +365,7 @@ async fn settle_round_past(
         Err(e) if refused_by_the_server(&e) => {
             tracing::warn!(error = %e,
                 "the received letters could not be settled together; each goes alone");
-            settle_one_by_one(&mut conn, consumer, now, wait, skip).await
+            settle_one_by_one(conn, consumer, now, wait, skip).await
         }
         // The connection went (or the server, or the pool): the rows stay for a later settler.
         Err(e) => Err(e.into()),
@@ -376,7 +389,7 @@ async fn settle_one_by_one(
     wait: Duration,
     skip: &[i64],
 ) -> Result<Round, FenceError> {
-    let mut tx = sqlx::Acquire::begin(conn).await?;
+    let mut tx = sqlx::Connection::begin(conn).await?;
     let locked = sqlx::query_scalar!(
         r#"SELECT pg_try_advisory_xact_lock(hashtextextended('core.letter_intake:' || $1, 0))
              AS "locked!""#,

@@ -84,7 +84,7 @@ pub async fn lock_letter(
     id: DeadLetterId,
     lock_wait: Duration,
 ) -> sqlx::Result<Option<LockedLetter>> {
-    let mut tx = pool.begin().await?;
+    let mut tx = crate::db::begin(pool).await?;
     sqlx::query!(
         "SELECT set_config('lock_timeout', $1, true)",
         format!("{}ms", lock_wait.as_millis().max(1)),

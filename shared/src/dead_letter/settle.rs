@@ -65,8 +65,10 @@ pub async fn record_all_unless_processed(
     now: DateTime<Utc>,
     wait: std::time::Duration,
 ) -> Result<Vec<Settled>, FenceError> {
-    let mut conn = pool.acquire().await?;
-    write_letters(&mut conn, letters, now, Some(wait)).await
+    let mut conn = crate::db::acquire(pool).await?;
+    let written = write_letters(&mut conn, letters, now, Some(wait)).await;
+    conn.give_back();
+    written
 }
 
 /// Writes `letter` without settling through the fence, with [`record_unless_processed`]'s
@@ -93,8 +95,10 @@ pub(super) async fn record_with_fallback(
     now: DateTime<Utc>,
     settle: Option<std::time::Duration>,
 ) -> Result<Settled, FenceError> {
-    let mut conn = pool.acquire().await?;
-    record_with_fallback_on(&mut conn, letter, digest, now, settle).await
+    let mut conn = crate::db::acquire(pool).await?;
+    let settled = record_with_fallback_on(&mut conn, letter, digest, now, settle).await;
+    conn.give_back();
+    settled
 }
 
 /// [`record_with_fallback`] on `conn`: each attempt a transaction of its own, or a savepoint
@@ -136,7 +140,7 @@ async fn settle_and_record(
     settle: Option<std::time::Duration>,
     storage: Storage,
 ) -> Result<Settled, FenceError> {
-    let mut tx = sqlx::Acquire::begin(conn).await?;
+    let mut tx = sqlx::Connection::begin(conn).await?;
     match settle_in(&mut tx, letter, digest, now, settle, storage).await {
         Ok(Settled::AlreadyProcessed) => {
             tx.rollback().await?;

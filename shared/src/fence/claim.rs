@@ -77,7 +77,7 @@ pub(crate) async fn settle_committed(
     now: DateTime<Utc>,
     wait: Duration,
 ) -> Result<bool, FenceError> {
-    let mut tx = pool.begin().await?;
+    let mut tx = crate::db::begin(pool).await?;
     let placeholder = TenantId(uuid::Uuid::nil());
     let claim = claim_job_fence(
         &mut tx,

@@ -79,6 +79,8 @@ impl Lanes {
 /// it sets sqlx's count once: a `BEGIN` through sqlx, which counts it, and a `ROLLBACK` sqlx
 /// does not see. Two round trips, once per connection.
 async fn new_lane(pool: &PgPool) -> sqlx::Result<PgConnection> {
+    // Detached at once: a lane is closed, never given back to the pool (see `Lane`'s drop).
+    #[allow(clippy::disallowed_methods)]
     let mut conn = PoolConnection::<Postgres>::detach(pool.acquire().await?);
     // Forgotten, the transaction handle neither ends the transaction nor lowers the count.
     std::mem::forget(conn.begin().await?);

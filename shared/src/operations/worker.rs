@@ -204,7 +204,7 @@ async fn work_chunk(
     op: &OperationRow,
 ) -> Result<Option<i64>, OperationError> {
     let now = tools.clock.now();
-    let mut tx = tools.pool.begin().await?;
+    let mut tx = crate::db::begin(&tools.pool).await?;
     sqlx::query!(
         "SELECT set_config('lock_timeout', $1, true)",
         CHUNK_LOCK_WAIT

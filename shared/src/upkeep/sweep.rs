@@ -145,15 +145,27 @@ pub async fn sweep(
     settings: SweepSettings,
     deadline: Option<Instant>,
 ) -> sqlx::Result<SweepReport> {
-    let mut conn = pool.acquire().await?;
+    let mut conn = crate::db::acquire(pool).await?;
+    let swept = sweep_on(&mut conn, clock, settings, deadline).await;
+    conn.give_back();
+    swept
+}
+
+/// [`sweep`] on `conn`.
+async fn sweep_on(
+    conn: &mut sqlx::PgConnection,
+    clock: &dyn Clock,
+    settings: SweepSettings,
+    deadline: Option<Instant>,
+) -> sqlx::Result<SweepReport> {
     let holder = Uuid::new_v4();
     if !hold_lease(&mut *conn, holder).await? {
-        return report(&mut conn, clock.now(), 0, 0, SweepStop::Busy).await;
+        return report(conn, clock.now(), 0, 0, SweepStop::Busy).await;
     }
-    let swept = sweep_leased(&mut conn, holder, clock, settings, deadline).await;
+    let swept = sweep_leased(conn, holder, clock, settings, deadline).await;
     let reported = match &swept {
         Ok((deleted, batches, stop)) => {
-            Some(report(&mut conn, clock.now(), *deleted, *batches, *stop).await)
+            Some(report(conn, clock.now(), *deleted, *batches, *stop).await)
         }
         Err(_) => None,
     };

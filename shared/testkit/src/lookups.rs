@@ -72,7 +72,7 @@ pub async fn hold_fence(
     tenant_id: TenantId,
     now: DateTime<Utc>,
 ) -> Transaction<'static, Postgres> {
-    let mut holder = pool.begin().await.expect("BEGIN");
+    let mut holder = shared::db::begin(pool).await.expect("BEGIN");
     let claim = claim_fence(
         &mut holder,
         job_id,
@@ -90,10 +90,12 @@ pub async fn hold_fence(
 
 /// Writes `letter` at `at`, as [`record_dead_letter`] does; its id.
 pub async fn record_letter(pool: &PgPool, letter: &TestLetter, at: DateTime<Utc>) -> DeadLetterId {
-    let mut conn = pool.acquire().await.expect("a connection");
-    record_dead_letter(&mut conn, &letter.as_new(), at)
+    let mut conn = shared::db::acquire(pool).await.expect("a connection");
+    let recorded = record_dead_letter(&mut conn, &letter.as_new(), at)
         .await
-        .expect("writing the letter")
+        .expect("writing the letter");
+    conn.give_back();
+    recorded
         .id()
         .expect("a letter written where it lives has its id")
 }
