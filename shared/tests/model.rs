@@ -336,9 +336,10 @@ impl Database {
             .await
             .expect("creating the run's database");
         let connect = admin.clone().database(&name);
+        // Named, so the checker finds its connections (`check::WORLD_POOL`).
         let pool = PgPoolOptions::new()
             .max_connections(4)
-            .connect_with(connect.clone())
+            .connect_with(connect.clone().application_name(check::WORLD_POOL))
             .await
             .expect("connecting to the run's database");
         consumer::MIGRATOR_WITH_CORE

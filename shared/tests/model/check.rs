@@ -91,10 +91,41 @@ async fn read(world: &World) -> Db {
     }
 }
 
+/// The `application_name` of the model's own pool (the operator's, the worker's, the checker's):
+/// between steps none of its connections is inside a transaction.
+pub const WORLD_POOL: &str = "model-world";
+
 /// Checks every promise after a step; the violations, each a sentence.
 pub async fn check(world: &World, memory: &mut Memory) -> Vec<String> {
     let db = read(world).await;
     let mut broken = Vec::new();
+
+    // 0. No connection given back to the pool inside a transaction (a step cut off mid-begin
+    // did: everything the pool ran on it afterwards committed nothing). A transaction dropped
+    // a moment ago is rolled back by the pool's own task as the connection goes back: one
+    // still open after a second is left for good.
+    let mut in_transaction: i64 = 0;
+    for _ in 0..20 {
+        in_transaction = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+              WHERE datname = current_database() AND application_name = $1
+                AND state LIKE 'idle in transaction%'",
+        )
+        .bind(WORLD_POOL)
+        .fetch_one(&world.pool)
+        .await
+        .expect("reading pg_stat_activity");
+        if in_transaction == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    if in_transaction > 0 {
+        broken.push(format!(
+            "promise 0: {in_transaction} connection(s) of the model's pool are idle inside a \
+             transaction between steps"
+        ));
+    }
     let committed: BTreeSet<Family> = db
         .awards
         .iter()
