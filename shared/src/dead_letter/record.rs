@@ -245,10 +245,40 @@ async fn existing_letter(
 /// [`super::record_unless_processed`]), or written as it is for `None`; each of their failure
 /// groups joined and counted once. For a batch's letters: a letter alone costs the server less
 /// as the statements of [`super::settle`] (pgbench, docs/performance.md). The answers in
-/// `letters`' order. Called on a connection outside a transaction, the statement is its own:
-/// any failure writes none of them. The call's claims wait within `settle` in all, not each:
+/// `letters`' order. Any failure writes none of them: one statement is its own transaction,
+/// and letters of several sets of digest fields (one statement a set) share one transaction
+/// (a savepoint if `conn` is in one). The call's claims wait within `settle` in all, not each:
 /// one that waited past it is [`FenceError::Contended`].
 pub(super) async fn write_letters(
+    conn: &mut PgConnection,
+    letters: &[(NewDeadLetter<'_>, Option<&JobDigest>)],
+    now: DateTime<Utc>,
+    settle: Option<Duration>,
+) -> Result<Vec<Settled>, FenceError> {
+    let first_fields = letters.first().map(|(l, _)| l.digest_fields);
+    if letters
+        .iter()
+        .all(|(l, _)| Some(l.digest_fields) == first_fields)
+    {
+        return write_letters_by_fields(conn, letters, now, settle).await;
+    }
+    let mut tx = sqlx::Connection::begin(conn).await?;
+    match write_letters_by_fields(&mut tx, letters, now, settle).await {
+        Ok(settled) => {
+            tx.commit().await?;
+            Ok(settled)
+        }
+        Err(e) => {
+            // Answered before this returns: the caller's next attempt meets none of its claims.
+            let _ = tx.rollback().await;
+            Err(e)
+        }
+    }
+}
+
+/// [`write_letters`] a call of `core.record_letters` per run of letters of one set of digest
+/// fields.
+async fn write_letters_by_fields(
     conn: &mut PgConnection,
     letters: &[(NewDeadLetter<'_>, Option<&JobDigest>)],
     now: DateTime<Utc>,
