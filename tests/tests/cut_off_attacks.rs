@@ -18,7 +18,8 @@
 //! of fields, each committed alone, on a held connection but outside any transaction: cut
 //! between its statements, or failing in a later one, it leaves the earlier sets' letters
 //! written, where its contract says "any failure writes none of them"
-//! (`letters_recorded_together_*`).
+//! (`letters_recorded_together_*`, both red on the tree they attacked). Fixed: such a call's
+//! statements share one transaction (`write_letters`).
 
 use chrono::Utc;
 use e2e::intake_kit::{copy_inside_its_transaction, harness_waiting};
