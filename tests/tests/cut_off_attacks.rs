@@ -43,10 +43,8 @@ use shared_testkit::{TestLetter, envelope, message_on, record_letter};
 use sqlx::PgPool;
 use sqlx::postgres::{PgPoolOptions, PgSslMode};
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
-use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -219,24 +217,6 @@ async fn cut<F: Future>(gate: &Gate, n: i64, call: F) -> Option<F::Output> {
     drop(call);
     gate.open();
     ran
-}
-
-/// A future polled `left` times at most, then dropped (`None`): the model's cut.
-struct Polls<F: Future> {
-    inner: Pin<Box<F>>,
-    left: u32,
-}
-
-impl<F: Future> Future for Polls<F> {
-    type Output = Option<F::Output>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        if self.left == 0 {
-            return Poll::Ready(None);
-        }
-        self.left -= 1;
-        self.inner.as_mut().poll(cx).map(Some)
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -701,11 +681,7 @@ async fn a_worker_cut_after_any_poll_leaves_no_transaction_and_counts_each_lette
     for polls in 1..=50 {
         let id = operation_on(&direct, &format!("polled-q-{polls}"), Action::Discard).await;
         bench.ready().await;
-        let cut_off = Polls {
-            inner: Box::pin(work_once(&tools)),
-            left: polls,
-        };
-        let finished = cut_off.await;
+        let finished = shared_testkit::cut_after_polls(work_once(&tools), polls).await;
         let what = format!("a discard worker cut after {polls} polls");
         operation_ends_exactly(&bench, &tools, id, &what).await;
         if finished.is_some() {

@@ -26,6 +26,7 @@
 
 pub mod commit_cutter;
 mod consumers;
+mod cut;
 mod lookups;
 mod messages;
 pub mod reference;
@@ -33,6 +34,7 @@ mod setup;
 pub mod sweeps;
 
 pub use consumers::{Counting, Fault, OnTx};
+pub use cut::cut_after_polls;
 pub use lookups::{
     charge_executions, executions, fence_committed, hold_fence, letters, queue_replay,
     record_letter, table_counts,

@@ -11,28 +11,7 @@ use shared::dead_letter::ListFilter;
 use shared::ids::DeadLetterId;
 use shared::operations::{self, Action, OperationTools, Request};
 use shared::replay::Replayer;
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::Duration;
-
-/// A future polled at most `left` more times, then given up (dropped where it stands).
-struct Cut<F: Future> {
-    inner: Pin<Box<F>>,
-    left: u8,
-}
-
-impl<F: Future> Future for Cut<F> {
-    type Output = Option<F::Output>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        if self.left == 0 {
-            return Poll::Ready(None);
-        }
-        self.left -= 1;
-        self.inner.as_mut().poll(cx).map(Some)
-    }
-}
 
 impl World {
     async fn sqs(&self) -> (aws_sdk_sqs::Client, String) {
@@ -90,11 +69,10 @@ impl World {
             op.planned
         );
         if let Some(cut) = cut {
-            let first = Cut {
-                inner: Box::pin(operations::work(&tools, until(), 10)),
-                left: cut,
-            };
-            let finished = first.await.is_some();
+            let first = operations::work(&tools, until(), 10);
+            let finished = shared_testkit::cut_after_polls(first, u32::from(cut))
+                .await
+                .is_some();
             did += if finished {
                 ", its worker finished"
             } else {
