@@ -89,16 +89,15 @@ async fn a_function_picks_up_a_rotated_database_password_without_a_restart() {
     };
     assert_eq!(e2e::api_client::invoke(&read, &list).await.status, 200);
 
-    // The rotation: the database takes the new password, the secret holds it; the sessions of
-    // the old one end, as they do when a pool recycles them.
-    sqlx::query("ALTER USER postgres PASSWORD 'second-password'")
-        .execute(&admin)
-        .await
-        .unwrap();
+    // The rotation: the secret holds the new password, the database takes it, and the sessions
+    // of the old one end, as they do when a pool recycles them. The last two in one query, on
+    // one connection: after the `ALTER` the admin pool could open no other (the one it ran on
+    // may still be in the pool's hands, on its way back).
     rotate(&secrets, &arn, &secret_of("second-password")).await;
-    sqlx::query(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-         WHERE pid <> pg_backend_pid() AND backend_type = 'client backend'",
+    sqlx::raw_sql(
+        "ALTER USER postgres PASSWORD 'second-password';
+         SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+          WHERE pid <> pg_backend_pid() AND backend_type = 'client backend'",
     )
     .execute(&admin)
     .await
