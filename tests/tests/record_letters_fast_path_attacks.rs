@@ -1176,8 +1176,10 @@ async fn install_0029(pool: &PgPool) {
 }
 
 /// What a call did, without its random ids: each answer (verdict, fresh, the message of the
-/// letter it names), and the consumer's letters, fences and groups after it.
-async fn outcome(conn: &mut PgConnection, answers: &[Answer]) -> String {
+/// letter it names), and the consumer's letters, fences and groups after it. The held job's
+/// fence is left out: its holder commits or rolls back 60 ms in, whenever the calls happen to
+/// be read (on a loaded machine, after it; CI once), so it says nothing of the calls.
+async fn outcome(conn: &mut PgConnection, answers: &[Answer], held: Option<Uuid>) -> String {
     let ls = letters_on(conn).await;
     let message_of: BTreeMap<Uuid, &String> = ls.iter().map(|(m, r)| (r.0, m)).collect();
     let answered: Vec<(i32, &str, bool, Option<&String>)> = answers
@@ -1207,9 +1209,11 @@ async fn outcome(conn: &mut PgConnection, answers: &[Answer]) -> String {
     .unwrap();
     let fence_rows: Vec<String> = sqlx::query_scalar(
         "SELECT concat_ws(' | ', job_id, encode(payload_digest, 'hex'))
-           FROM core.processed_jobs WHERE consumer = $1 ORDER BY job_id",
+           FROM core.processed_jobs WHERE consumer = $1 AND job_id IS DISTINCT FROM $2
+          ORDER BY job_id",
     )
     .bind(CONSUMER)
+    .bind(held)
     .fetch_all(&mut *conn)
     .await
     .unwrap();
@@ -1341,7 +1345,7 @@ async fn run_scenario(pool: &PgPool, func: &str, s: &Scenario, keep: bool) -> St
         let a = call_fn(&mut tx, func, ls, *settle, "5s")
             .await
             .unwrap_or_else(|e| panic!("{func}: {e}"));
-        out.push_str(&outcome(&mut tx, &a).await);
+        out.push_str(&outcome(&mut tx, &a, s.held.as_ref().map(|h| h.0)).await);
         out.push('\n');
     }
     if let Some(e) = ending {
