@@ -192,13 +192,15 @@ async fn the_list_indexes_of_nullable_columns_keep_only_letters_that_have_a_valu
     ] {
         sqlx::query(sql).execute(&pool).await.unwrap();
     }
-    // Never given back: closed at the end, with the settings below.
-    let mut conn = shared::db::acquire(&pool).await.unwrap();
     // The tables are tiny here: the plans a large table gets (index scans, the sweep's nested
     // loop probing the letters per fence) are asked for, to see the partial index can serve them.
+    // In one transaction, its settings local to it: through a transaction pooler (the guarantee
+    // tests' second pass) a session's `SET` stays on whichever server connection it ran on, and
+    // the next statement may run on another (it did once, a hash anti join).
+    let mut tx = shared::db::begin(&pool).await.unwrap();
     for off in ["enable_seqscan", "enable_hashjoin", "enable_mergejoin"] {
-        sqlx::query(sqlx::AssertSqlSafe(format!("SET {off} = off")))
-            .execute(&mut *conn)
+        sqlx::query(sqlx::AssertSqlSafe(format!("SET LOCAL {off} = off")))
+            .execute(&mut *tx)
             .await
             .unwrap();
     }
@@ -225,10 +227,11 @@ async fn the_list_indexes_of_nullable_columns_keep_only_letters_that_have_a_valu
         let value = "00000000-0000-0000-0000-000000000001";
         let plan: Vec<String> = sqlx::query_scalar(sql)
             .bind(value)
-            .fetch_all(&mut *conn)
+            .fetch_all(&mut *tx)
             .await
             .unwrap();
         let plan = plan.join("\n");
         assert!(plan.contains(index), "{sql}:\n{plan}");
     }
+    tx.rollback().await.unwrap();
 }
