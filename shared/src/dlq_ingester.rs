@@ -95,7 +95,9 @@ impl DlqIngester {
                     Err(_) => None,
                 })
                 .collect();
-            match receive_and_settle(&self.pool, &letters, now, self.settle_wait).await {
+            // Each ingester batch settles behind its own rows (no `LETTER_SETTLE_DUE_MS` here).
+            let (wait, due) = (self.settle_wait, Duration::ZERO);
+            match receive_and_settle(&self.pool, &letters, now, wait, due).await {
                 Ok(received) => {
                     new_letters = received.new_letters;
                     for (&i, settled) in together.iter().zip(received.settled) {

@@ -25,6 +25,16 @@ pub(crate) fn text(s: &str) -> String {
     out
 }
 
+/// `s` as a `text` literal, `NULL` for none.
+pub(crate) fn opt_text(s: Option<&str>) -> String {
+    s.map_or_else(|| "NULL::text".into(), text)
+}
+
+/// `u` as a `uuid` literal, `NULL` for none.
+pub(crate) fn opt_uuid(u: Option<uuid::Uuid>) -> String {
+    u.map_or_else(|| "NULL::uuid".into(), uuid)
+}
+
 /// `u` as a `uuid` literal.
 pub(crate) fn uuid(u: uuid::Uuid) -> String {
     format!("'{u}'::uuid")
@@ -76,6 +86,13 @@ mod tests {
     fn text_escapes_quotes_and_backslashes_and_drops_nul() {
         assert_eq!(text(r"it's a \ test"), r"E'it''s a \\ test'::text");
         assert_eq!(text("a\0b"), "E'a\u{FFFD}b'::text");
+    }
+
+    #[test]
+    fn absent_values_are_typed_nulls() {
+        assert_eq!(opt_text(None), "NULL::text");
+        assert_eq!(opt_text(Some("a")), "E'a'::text");
+        assert_eq!(opt_uuid(None), "NULL::uuid");
     }
 
     #[test]

@@ -116,6 +116,7 @@ pub(crate) fn harness_settings(config: &ConsumerConfig) -> HarnessSettings {
         lock_timeout: config.fence.lock_timeout,
         contended_retry_after: config.fence.lock_timeout + Duration::from_secs(1),
         commit: config.commit,
+        settle_due: config.settle_due,
     }
 }
 

@@ -140,6 +140,269 @@ async fn a_writer_that_finds_a_settler_at_work_acks_and_leaves_its_rows_to_it(po
     one_letter_each(&pool, &batch).await;
 }
 
+/// Nine valid new jobs and one poison record, a settler at work so the row stays received.
+async fn one_in_ten_beside_a_settler(
+    pool: &PgPool,
+) -> (
+    Vec<shared::harness::IncomingMessage>,
+    Vec<RecordOutcome>,
+    sqlx::Transaction<'static, sqlx::Postgres>,
+) {
+    let harness = e2e::harness_in(
+        pool.clone(),
+        AwardPoints::new(consumer()),
+        CommitMode::Batch,
+    );
+    let held = hold_settle_lock(pool).await;
+    let mut batch: Vec<_> = (0..9)
+        .map(|_| valid_copy(JobId(Uuid::new_v4()), TenantId(Uuid::new_v4())))
+        .collect();
+    batch.insert(4, poison().1);
+    let outcomes = shared_testkit::run_batch(&harness, &batch).await;
+    (batch, outcomes, held)
+}
+
+/// Issue 36's one poison record in ten: its row in the intake is received in the commit group's
+/// own transaction, one commit for the batch (the row and the group's fences have one `xmin`),
+/// and is settled to its letter behind it.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn a_batchs_poison_is_received_in_its_commit_groups_own_transaction(pool: PgPool) {
+    let (batch, outcomes, held) = one_in_ten_beside_a_settler(&pool).await;
+    for (i, outcome) in outcomes.iter().enumerate() {
+        if i == 4 {
+            assert!(
+                matches!(
+                    outcome,
+                    RecordOutcome::DeadLettered {
+                        letter: Recorded::Received(_),
+                        ..
+                    }
+                ),
+                "{outcome:?}"
+            );
+        } else {
+            assert!(matches!(outcome, RecordOutcome::Processed), "{outcome:?}");
+        }
+    }
+    let transactions = count(
+        &pool,
+        "SELECT count(DISTINCT x) FROM (SELECT xmin::text AS x FROM core.processed_jobs
+                                       UNION ALL SELECT xmin::text FROM core.letter_intake) t",
+    )
+    .await;
+    assert_eq!(
+        transactions, 1,
+        "the poison's row and the group's fences were committed apart"
+    );
+    held.rollback().await.unwrap();
+    assert_eq!(settle_all(&pool).await.new_letters, 1);
+    one_letter_each(&pool, &batch[4..5]).await;
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM reference.point_awards").await,
+        9
+    );
+}
+
+/// Without a settler at work, the invocation settles its poison's row itself, behind the group's
+/// commit: the record is answered with its new letter.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn a_batchs_poison_received_with_its_group_is_settled_by_its_own_invocation(pool: PgPool) {
+    let harness = e2e::harness_in(
+        pool.clone(),
+        AwardPoints::new(consumer()),
+        CommitMode::Batch,
+    );
+    let mut batch: Vec<_> = (0..8)
+        .map(|_| valid_copy(JobId(Uuid::new_v4()), TenantId(Uuid::new_v4())))
+        .collect();
+    batch.insert(0, poison().1);
+    batch.push(poison().1);
+    let outcomes = shared_testkit::run_batch(&harness, &batch).await;
+    for i in [0, 9] {
+        assert!(
+            matches!(
+                outcomes[i],
+                RecordOutcome::DeadLettered {
+                    letter: Recorded::New(_),
+                    ..
+                }
+            ),
+            "{:?}",
+            outcomes[i]
+        );
+    }
+    one_letter_each(&pool, &[batch[0].clone(), batch[9].clone()]).await;
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM reference.point_awards").await,
+        8
+    );
+}
+
+/// The intake's row refused inside the commit group (a constraint this test adds, standing in
+/// for any value PostgreSQL could still refuse): the group rolls back whole, its jobs go one by
+/// one and commit once each, and the poison record still gets its letter (received alone, or
+/// written with the as-received fallback). Nothing lost, nothing twice.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn a_poison_row_refused_inside_the_commit_group_costs_the_batch_nothing(pool: PgPool) {
+    let harness = e2e::harness_in(
+        pool.clone(),
+        AwardPoints::new(consumer()),
+        CommitMode::Batch,
+    );
+    let mut batch: Vec<_> = (0..9)
+        .map(|_| valid_copy(JobId(Uuid::new_v4()), TenantId(Uuid::new_v4())))
+        .collect();
+    let (_, refused) = poison();
+    batch.insert(3, refused.clone());
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "ALTER TABLE core.letter_intake ADD CONSTRAINT refuse_one CHECK (message_id <> '{}')",
+        refused.message_id
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let outcomes = shared_testkit::run_batch(&harness, &batch).await;
+    assert!(outcomes.iter().all(RecordOutcome::is_ack), "{outcomes:?}");
+    assert!(
+        matches!(outcomes[3], RecordOutcome::DeadLettered { .. }),
+        "{:?}",
+        outcomes[3]
+    );
+    one_letter_each(&pool, std::slice::from_ref(&refused)).await;
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM reference.point_awards").await,
+        9
+    );
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM core.processed_jobs").await,
+        9
+    );
+}
+
+/// A commit group whose work fails rolls back with its poison's rows: the jobs go one by one
+/// (the failing one to its own outcome), and the poison is received on its own, one letter.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn a_commit_group_that_fails_leaves_its_poison_to_be_received_on_its_own(pool: PgPool) {
+    let faulty = e2e::faulty_award::AwardPointsWithFaults::new(consumer());
+    let harness = e2e::harness_in(pool.clone(), faulty, CommitMode::Batch);
+    let job = |fault: Option<&str>| {
+        let mut payload = json!({"account_id": "a", "points": 5});
+        if let Some(fault) = fault {
+            payload["demo_fault"] = json!(fault);
+        }
+        let body = envelope(
+            JobId(Uuid::new_v4()),
+            TenantId(Uuid::new_v4()),
+            "c",
+            payload,
+        );
+        message_on("jobs", &body, 1)
+    };
+    let mut batch: Vec<_> = (0..8).map(|_| job(None)).collect();
+    batch.push(job(Some("permanent")));
+    let (_, lone) = poison();
+    batch.insert(2, lone.clone());
+    let outcomes = shared_testkit::run_batch(&harness, &batch).await;
+    assert!(outcomes.iter().all(RecordOutcome::is_ack), "{outcomes:?}");
+    one_letter_each(&pool, &[lone, batch[9].clone()]).await;
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM reference.point_awards").await,
+        8
+    );
+}
+
+/// A stream of poison with a settle due (`LETTER_SETTLE_DUE_MS`, here `SETTLE_DUE`, as
+/// measured): a writer that finds a letter of its consumer written less than the due ago leaves
+/// its rows for the next round (answered as received), and the first writer that finds none
+/// written for as long settles them with its own: a storm's rounds take what was received over
+/// the due, not one batch's rows each. Time is the harness's clock.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn a_writer_in_a_stream_leaves_its_rows_to_the_round_that_finds_them_due(pool: PgPool) {
+    use shared::dead_letter::SETTLE_DUE;
+    let clock = std::sync::Arc::new(shared::clock::ManualClock::new(chrono::Utc::now()));
+    let settings = shared::harness::HarnessSettings {
+        lock_timeout: e2e::LOCK_TIMEOUT,
+        commit: CommitMode::Batch,
+        settle_due: SETTLE_DUE,
+        ..shared_testkit::settings()
+    };
+    let harness =
+        shared_testkit::harness_on(&pool, AwardPoints::new(consumer()), settings, clock.clone());
+    let letters = |outcomes: &[RecordOutcome]| {
+        outcomes
+            .iter()
+            .map(|o| match o {
+                RecordOutcome::DeadLettered {
+                    letter: Recorded::New(_),
+                    ..
+                } => "new",
+                RecordOutcome::DeadLettered {
+                    letter: Recorded::Received(_),
+                    ..
+                } => "received",
+                other => panic!("{other:?}"),
+            })
+            .collect::<Vec<_>>()
+    };
+    let batches: Vec<Vec<_>> = (0..4)
+        .map(|_| (0..10).map(|_| poison().1).collect())
+        .collect();
+    // Alone: settled before it acks.
+    let first = shared_testkit::run_batch(&harness, &batches[0]).await;
+    assert_eq!(letters(&first), ["new"; 10]);
+    // A letter was just written: left for the next round, and so is the next batch's.
+    clock.advance(chrono::Duration::milliseconds(10));
+    for batch in &batches[1..3] {
+        let outcomes = shared_testkit::run_batch(&harness, batch).await;
+        assert_eq!(letters(&outcomes), ["received"; 10]);
+    }
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM core.letter_intake").await,
+        20
+    );
+    // Due: this writer's round takes the rows left and its own.
+    clock.advance(chrono::Duration::from_std(SETTLE_DUE).unwrap());
+    let last = shared_testkit::run_batch(&harness, &batches[3]).await;
+    assert_eq!(letters(&last), ["new"; 10]);
+    one_letter_each(&pool, &batches.concat()).await;
+}
+
+/// A stream's last rows, left for a round that did not come: the scheduled function's bulk
+/// operations invocation (every minute) settles them, the function as deployed.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn the_operations_invocation_settles_the_rows_a_stream_left(pool: PgPool) {
+    let harness = e2e::harness_in(
+        pool.clone(),
+        AwardPoints::new(consumer()),
+        CommitMode::Batch,
+    );
+    let held = hold_settle_lock(&pool).await;
+    let batch: Vec<_> = (0..10).map(|_| poison().1).collect();
+    shared_testkit::run_batch(&harness, &batch).await;
+    held.rollback().await.unwrap();
+    let connect = (*pool.connect_options()).clone();
+    let host = e2e::lambda_host::LambdaHost::new(e2e::lambda_host::FunctionSpec {
+        name: "scheduled".into(),
+        binary: env!("CARGO_BIN_EXE_local-scheduled").into(),
+        env: [
+            ("DATABASE_URL", e2e::test_database_url(&connect)),
+            ("ALERTING_DISABLED", "true".to_owned()),
+            ("DATABASE_POOL_SIZE", "2".to_owned()),
+        ]
+        .map(|(k, v)| (k.to_owned(), v))
+        .to_vec(),
+        timeout: Duration::from_secs(40),
+        log_file: None,
+        deadline_as_duration: false,
+    });
+    let answer = host
+        .invoke(&json!({"work": "operations"}))
+        .await
+        .expect("the operations invocation");
+    assert_eq!(answer["settled"], 10, "{answer}");
+    one_letter_each(&pool, &batch).await;
+}
+
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
 async fn a_message_received_twice_before_its_settle_gets_one_letter(pool: PgPool) {
     let harness = e2e::harness_in(

@@ -1,8 +1,9 @@
 //! The scheduled function (EventBridge): sends queued replays, delivers incident steps still due,
 //! escalates failure groups nobody reviewed and replays unsent past their bound, and sweeps
 //! expired fences, each step within its share of the invocation's deadline. Invoked with
-//! `{"work": "operations"}` (its own, more frequent schedule), it works the bulk operations
-//! operators started instead, until its deadline. Wiring only; the steps are `shared::upkeep`
+//! `{"work": "operations"}` (its own, more frequent schedule), it settles the letters received
+//! and left for a round that did not come, then works the bulk operations operators started
+//! instead, until its deadline. Wiring only; the steps are `shared::upkeep`
 //! and `shared::operations`. It refuses to start when `FENCE_TTL_SECONDS` is below the floor,
 //! naming the variable.
 
@@ -23,6 +24,9 @@ const DEADLINE_MARGIN: Duration = Duration::from_secs(10);
 const OPERATIONS_PER_ROUND: i64 = 10;
 /// An operations invocation's time without a deadline.
 const OPERATIONS_ROUND: Duration = Duration::from_secs(60);
+
+/// The most an operations invocation spends settling received letters before its operations.
+const SETTLE_IN_OPERATIONS: Duration = Duration::from_secs(10);
 
 /// The `work` of the event that makes an invocation work the bulk operations
 /// (`{"work": "operations"}`: its own schedule in `template.yaml`, `OperationsSchedule`).
@@ -81,12 +85,22 @@ pub async fn run() -> Result<(), Error> {
                 // Without a deadline (a local emulator's), a minute.
                 let until =
                     deadline.unwrap_or_else(|| tokio::time::Instant::now() + OPERATIONS_ROUND);
+                // First the letters received and left for a round that did not come: every
+                // minute, so a stream's last rows wait at most that long.
+                let settled = scheduled.settle_received_and_page(SETTLE_IN_OPERATIONS).await;
+                let settled = match settled {
+                    Ok(letters) => serde_json::json!(letters),
+                    Err(e) => {
+                        tracing::error!(error = %e, "settling the received letters failed");
+                        serde_json::json!({ "error": e })
+                    }
+                };
                 let round = shared::operations::work(operations, until, OPERATIONS_PER_ROUND).await;
                 return Ok(match round {
-                    Ok(round) => serde_json::json!({ "operations": round }),
+                    Ok(round) => serde_json::json!({ "operations": round, "settled": settled }),
                     Err(e) => {
                         tracing::error!(error = %e, "could not claim the bulk operations due");
-                        serde_json::json!({ "operations": null, "error": e.to_string() })
+                        serde_json::json!({ "operations": null, "error": e.to_string(), "settled": settled })
                     }
                 });
             }

@@ -84,6 +84,9 @@ pub struct ConsumerConfig {
     pub alerts: Option<AlertConfig>,
     /// One transaction per job, or per batch ([`COMMIT_MODE`]).
     pub commit: CommitMode,
+    /// How long after its consumer's newest letter a writer of poison settles behind its rows
+    /// ([`LETTER_SETTLE_DUE_MS`], default zero: at once).
+    pub settle_due: Duration,
 }
 
 /// How a consumer commits its new jobs, as `COMMIT_MODE` spells it.
@@ -137,8 +140,24 @@ impl ConsumerConfig {
             deadline_margin,
             alerts: AlertConfig::from_env(env)?,
             commit: commit_mode(env)?,
+            settle_due: settle_due(env)?,
         })
     }
+}
+
+/// [`LETTER_SETTLE_DUE_MS`]: 0 (the default) to 60000, no longer than the scheduled function's
+/// bulk operations schedule (every minute), whose settle takes what no writer's round took.
+fn settle_due(env: &Env<'_>) -> Result<Duration, ConfigError> {
+    let ms = env.parsed(LETTER_SETTLE_DUE_MS, 0u64)?;
+    if ms > 60_000 {
+        return Err(ConfigError {
+            variable: LETTER_SETTLE_DUE_MS,
+            problem: format!(
+                "{ms} ms is longer than the minute within which the scheduled function settles                  what writers left; use 0 to 60000"
+            ),
+        });
+    }
+    Ok(Duration::from_millis(ms))
 }
 
 /// [`COMMIT_MODE`]: `per-job` (the default) or `batch`.

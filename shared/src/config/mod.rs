@@ -53,6 +53,10 @@ pub const METRICS_NAMESPACE: &str = "METRICS_NAMESPACE";
 pub const DEADLINE_MARGIN_MS: &str = "DEADLINE_MARGIN_MS";
 /// Consumer: `per-job` (one transaction per job) or `batch` (one per SQS batch's new jobs).
 pub const COMMIT_MODE: &str = "COMMIT_MODE";
+/// Consumer: how long after its newest letter a writer of poison settles behind its rows in the
+/// letters' intake, in milliseconds (default 0: every writer settles behind its own; at most
+/// 60000). See `shared::dead_letter::SETTLE_DUE`.
+pub const LETTER_SETTLE_DUE_MS: &str = "LETTER_SETTLE_DUE_MS";
 /// The job queue a DLQ belongs to (the backstop ingester's letters name it; replay sends there).
 pub const JOB_QUEUE_NAME: &str = "JOB_QUEUE_NAME";
 /// The job queue's redrive `maxReceiveCount`.

@@ -226,6 +226,24 @@ fn the_commit_mode_is_per_job_unless_a_consumer_opts_into_batches() {
 }
 
 #[test]
+fn the_letters_settle_due_is_zero_unless_set_and_at_most_a_minute() {
+    use std::time::Duration;
+    assert_eq!(load(&[]).unwrap().settle_due, Duration::ZERO);
+    let due = load(&[(LETTER_SETTLE_DUE_MS, "1000")]).unwrap();
+    assert_eq!(
+        crate::run::harness_settings(&due).settle_due,
+        Duration::from_secs(1)
+    );
+    for bad in ["60001", "-1", "1s"] {
+        assert_eq!(
+            load(&[(LETTER_SETTLE_DUE_MS, bad)]).unwrap_err().variable,
+            LETTER_SETTLE_DUE_MS,
+            "{bad}"
+        );
+    }
+}
+
+#[test]
 fn missing_and_malformed_variables_name_themselves() {
     let err = ConsumerConfig::from_env(&Env::from_pairs(&[(CONSUMER_NAME, "x")])).unwrap_err();
     assert!(

@@ -7,10 +7,17 @@
 //! - settling is idempotent per message (one letter per consumer and message id, each through
 //!   its job's fence): a row settled twice (a settler that died between the letter and the
 //!   delete, a fallback beside a round) finds the letter it has;
-//! - nothing is left behind by the lock: a writer that finds a settler at work leaves its rows
-//!   to it, and a settler goes on until a round of its own, begun after it last let go of the
-//!   lock, finds nothing (or its rounds run out: the next writer, or the scheduled run, takes
-//!   over).
+//! - nothing is left behind by the lock: with a due of zero (the default), a writer that finds a
+//!   settler at work leaves its rows to it, and a settler goes on until a round of its own, begun
+//!   after it last let go of the lock, finds nothing (or its rounds run out: the next writer, or
+//!   the scheduled function, takes over);
+//! - nothing waits long: with a due ([`SETTLE_DUE`], `LETTER_SETTLE_DUE_MS`), a writer settles
+//!   behind its rows when no letter of its consumer was written for that long (it is alone: its
+//!   letters are written before it acks; or its stream's rows are due), and goes on while each
+//!   round takes a full one, for at most the due; otherwise, or if it finds a settler at work, it
+//!   leaves its rows for the next round. Rows left are taken by the next writer that finds them
+//!   due, or within a minute by the scheduled function's settle (its bulk operations'
+//!   invocation), whichever comes first.
 
 use super::record::{Recorded, settled_of, storable_parts};
 use super::settle::{CONFLICT_ERROR, Settled, record_with_fallback_on, refused_for_its_content};
@@ -31,9 +38,19 @@ pub const SETTLE_ROUND: i64 = 500;
 /// must fit the smallest function that settles (256 MB), whatever the bodies' size.
 pub const SETTLE_ROUND_BYTES: i64 = 4 << 20;
 
-/// The most settle rounds a writer runs behind its own rows: in a storm, the invocation holding
-/// the settle lock settles for others too, within this bound; the next writer (or the
-/// scheduled run) goes on.
+/// The settle due measured for a storm (`LETTER_SETTLE_DUE_MS=1000`, docs/performance.md): a
+/// writer that receives rows settles behind them only if its consumer's newest letter is at
+/// least this old. One that finds no letter written for as long settles at once: alone, its
+/// letters are written before it acks; in a stream, it takes the rows received since the last
+/// round with its own. One that finds a letter written less long ago leaves its rows for the
+/// next round: the writer that finds them due, or the scheduled function's settle. In a storm,
+/// rounds then take what writers received over this long, not one batch's rows each. With a
+/// due of zero (the default) every writer settles behind its own rows at once.
+pub const SETTLE_DUE: Duration = Duration::from_millis(1_000);
+
+/// The most settle rounds a writer that settles at once (a due of zero) runs behind its own
+/// rows: in a storm, the invocation holding the settle lock settles for others too, within this
+/// bound; the next writer (or the scheduled run) goes on.
 pub const SETTLE_ROUNDS: usize = 4;
 
 /// A received row's key in the intake.
@@ -47,55 +64,75 @@ pub async fn receive_letters(
     letters: &[(NewDeadLetter<'_>, Option<&JobDigest>)],
     now: DateTime<Utc>,
 ) -> sqlx::Result<Vec<IntakeSeq>> {
+    Ok(receive_letters_noting(pool, letters, now).await?.seqs)
+}
+
+/// Rows just received: their keys, in their letters' order, and how long ago their consumer's
+/// newest letter was written as they were received.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Receipt {
+    /// The rows' keys.
+    pub seqs: Vec<IntakeSeq>,
+    /// How long ago the consumer's newest letter was written, in milliseconds by the
+    /// receiver's clock (`None`: it has none).
+    pub lettered_ms: Option<i64>,
+}
+
+impl Receipt {
+    /// Whether the receiver settles behind its rows now: no letter of the consumer was written
+    /// for `due` ([`SETTLE_DUE`] as deployed; the rows are alone, and their letters are written before the
+    /// receiver acks; or they are a stream's, and the rows received since its last round are
+    /// due). Otherwise a round has just run: the rows wait for the next. A letter written later
+    /// than the receiver's clock says it is now (another process's clock ahead of this one's)
+    /// tells nothing: the receiver settles, as if alone.
+    pub fn settles_now(&self, due: Duration) -> bool {
+        let due = i64::try_from(due.as_millis()).unwrap_or(i64::MAX);
+        self.lettered_ms.is_none_or(|ms| ms < 0 || ms >= due)
+    }
+}
+
+/// [`receive_letters`], with how long ago the consumer's newest letter was written.
+async fn receive_letters_noting(
+    pool: &sqlx::PgPool,
+    letters: &[(NewDeadLetter<'_>, Option<&JobDigest>)],
+    now: DateTime<Utc>,
+) -> sqlx::Result<Receipt> {
     let Some((first, _)) = letters.first() else {
-        return Ok(Vec::new());
+        return Ok(Receipt {
+            seqs: Vec::new(),
+            lettered_ms: None,
+        });
     };
     let consumer = first.consumer;
     assert!(
         letters.iter().all(|(l, _)| l.consumer == consumer),
         "one consumer receives a call's letters"
     );
-    let mut c = IntakeColumns::default();
-    for (letter, digest) in letters {
-        let parts = storable_parts(letter);
-        c.job_ids.push(letter.job_id.map(|j| j.0));
-        c.tenant_ids.push(letter.tenant_id.map(|t| t.0));
-        c.queues.push(parts.queue.into_owned());
-        c.message_ids.push(parts.message_id.into_owned());
-        c.bodies.push(parts.body.into_owned());
-        c.attempts
-            .push(i32::try_from(letter.attempts).unwrap_or(i32::MAX));
-        c.kinds.push(letter.kind.as_str().to_owned());
-        c.errors.push(parts.last_error.into_owned());
-        c.correlation_ids
-            .push(parts.correlation_id.map(|c| c.into_owned()));
-        c.replay_ofs.push(letter.replay_of.map(|r| r.0));
-        c.digests.push(digest.map(|d| d.0.to_vec()));
-        // The fields a digest covers, as a text literal of an array (NULL: the whole payload),
-        // kept for every row as its letter keeps them, with a digest or without one.
-        c.fields
-            .push((!letter.digest_fields.is_empty()).then(|| array_literal(letter.digest_fields)));
-        c.message_groups
-            .push(parts.message_group.map(str::to_owned));
-        c.traces.push(letter.trace.map(|t| t.to_w3c()));
-        c.nul_replaced
-            .push(letter.nul_replaced || letter.body.contains('\0'));
-    }
-    let seqs = sqlx::query_scalar!(
-        "INSERT INTO core.letter_intake (consumer, received_at, job_id, tenant_id, queue,
-             message_id, body, attempts, error_kind, last_error, correlation_id, replay_of,
-             job_digest, digest_fields, message_group, trace_parent, nul_replaced)
-         SELECT $1, $2, r.job_id, r.tenant_id, r.queue, r.message_id, r.body, r.attempts, r.kind,
-                r.error, r.correlation_id, r.replay_of, r.digest, r.fields::text[], r.message_group,
-                r.trace, r.nul_replaced
-           FROM unnest($3::uuid[], $4::uuid[], $5::text[], $6::text[], $7::text[], $8::int[],
-                       $9::text[], $10::text[], $11::text[], $12::uuid[], $13::bytea[], $14::text[],
-                       $15::text[], $16::text[], $17::bool[]) WITH ORDINALITY
-                AS r (job_id, tenant_id, queue, message_id, body, attempts, kind, error,
-                      correlation_id, replay_of, digest, fields, message_group, trace,
-                      nul_replaced, o)
-          ORDER BY r.o
-         RETURNING seq",
+    let c = IntakeColumns::of(letters);
+    // The newest letter: one probe of the consumer's index by creation (the intake's own oldest
+    // row would be a walk over the index entries of the rows settled and not yet vacuumed).
+    let rows = sqlx::query!(
+        r#"WITH received AS (
+             INSERT INTO core.letter_intake (consumer, received_at, job_id, tenant_id, queue,
+                 message_id, body, attempts, error_kind, last_error, correlation_id, replay_of,
+                 job_digest, digest_fields, message_group, trace_parent, nul_replaced)
+             SELECT $1, $2, r.job_id, r.tenant_id, r.queue, r.message_id, r.body, r.attempts,
+                    r.kind, r.error, r.correlation_id, r.replay_of, r.digest, r.fields::text[],
+                    r.message_group, r.trace, r.nul_replaced
+               FROM unnest($3::uuid[], $4::uuid[], $5::text[], $6::text[], $7::text[], $8::int[],
+                           $9::text[], $10::text[], $11::text[], $12::uuid[], $13::bytea[],
+                           $14::text[], $15::text[], $16::text[], $17::bool[]) WITH ORDINALITY
+                    AS r (job_id, tenant_id, queue, message_id, body, attempts, kind, error,
+                          correlation_id, replay_of, digest, fields, message_group, trace,
+                          nul_replaced, o)
+              ORDER BY r.o
+             RETURNING seq)
+         SELECT seq AS "seq!",
+                (SELECT (extract(epoch FROM $2 - d.created_at) * 1000)::bigint
+                   FROM core.dead_letters d
+                  WHERE d.consumer = $1
+                  ORDER BY d.created_at DESC LIMIT 1) AS lettered_ms
+           FROM received"#,
         consumer.as_str(),
         now,
         &c.job_ids as _,
@@ -116,11 +153,15 @@ pub async fn receive_letters(
     )
     .fetch_all(pool)
     .await?;
+    let lettered_ms = rows.first().and_then(|r| r.lettered_ms);
     // An identity column counts up in the order the rows are inserted: sorted, the keys are in
     // `letters`' order.
-    let mut seqs = seqs;
+    let mut seqs: Vec<i64> = rows.into_iter().map(|r| r.seq).collect();
     seqs.sort_unstable();
-    Ok(seqs.into_iter().map(IntakeSeq).collect())
+    Ok(Receipt {
+        seqs: seqs.into_iter().map(IntakeSeq).collect(),
+        lettered_ms,
+    })
 }
 
 /// A text array's literal: `{"a","b"}`, each element quoted and escaped.
@@ -149,6 +190,117 @@ struct IntakeColumns {
     message_groups: Vec<Option<String>>,
     traces: Vec<Option<String>>,
     nul_replaced: Vec<bool>,
+}
+
+impl IntakeColumns {
+    /// The rows `letters` are received as, column by column, each value bounded as its letter
+    /// will be.
+    fn of(letters: &[(NewDeadLetter<'_>, Option<&JobDigest>)]) -> Self {
+        let mut c = IntakeColumns::default();
+        for (letter, digest) in letters {
+            let parts = storable_parts(letter);
+            c.job_ids.push(letter.job_id.map(|j| j.0));
+            c.tenant_ids.push(letter.tenant_id.map(|t| t.0));
+            c.queues.push(parts.queue.into_owned());
+            c.message_ids.push(parts.message_id.into_owned());
+            c.bodies.push(parts.body.into_owned());
+            c.attempts
+                .push(i32::try_from(letter.attempts).unwrap_or(i32::MAX));
+            c.kinds.push(letter.kind.as_str().to_owned());
+            c.errors.push(parts.last_error.into_owned());
+            c.correlation_ids
+                .push(parts.correlation_id.map(|c| c.into_owned()));
+            c.replay_ofs.push(letter.replay_of.map(|r| r.0));
+            c.digests.push(digest.map(|d| d.0.to_vec()));
+            // The fields a digest covers, as a text literal of an array (NULL: the whole
+            // payload), kept for every row as its letter keeps them, with a digest or without.
+            c.fields.push(
+                (!letter.digest_fields.is_empty()).then(|| array_literal(letter.digest_fields)),
+            );
+            c.message_groups
+                .push(parts.message_group.map(str::to_owned));
+            c.traces.push(letter.trace.map(|t| t.to_w3c()));
+            c.nul_replaced
+                .push(letter.nul_replaced || letter.body.contains('\0'));
+        }
+        c
+    }
+}
+
+/// [`receive_letters`]' statement with its values written in (`INSERT … VALUES … RETURNING
+/// seq`), for a caller that sends it in one simple query with the statements of a transaction
+/// it already holds (a commit group's: one commit for the batch's jobs and its poison's rows,
+/// see `harness::batch`). Each value goes through [`crate::literal`], so none can change the
+/// statement's meaning; its rows are `letters`' in order (an identity column counts up in the
+/// order the `VALUES` are inserted), and its answers their keys.
+pub fn receiving_statement(
+    letters: &[(NewDeadLetter<'_>, Option<&JobDigest>)],
+    now: DateTime<Utc>,
+) -> Option<String> {
+    use crate::literal::{bytea, opt_text, opt_uuid, text, timestamptz};
+    let (first, _) = letters.first()?;
+    let consumer = first.consumer;
+    assert!(
+        letters.iter().all(|(l, _)| l.consumer == consumer),
+        "one consumer receives a call's letters"
+    );
+    let c = IntakeColumns::of(letters);
+    let (consumer, now) = (text(consumer.as_str()), timestamptz(now));
+    let rows: Vec<String> = (0..letters.len())
+        .map(|i| {
+            let values = [
+                consumer.clone(),
+                now.clone(),
+                opt_uuid(c.job_ids[i]),
+                opt_uuid(c.tenant_ids[i]),
+                text(&c.queues[i]),
+                text(&c.message_ids[i]),
+                text(&c.bodies[i]),
+                format!("{}::int", c.attempts[i]),
+                text(&c.kinds[i]),
+                text(&c.errors[i]),
+                opt_text(c.correlation_ids[i].as_deref()),
+                opt_uuid(c.replay_ofs[i]),
+                bytea(c.digests[i].as_deref()),
+                format!("{}::text[]", opt_text(c.fields[i].as_deref())),
+                opt_text(c.message_groups[i].as_deref()),
+                opt_text(c.traces[i].as_deref()),
+                c.nul_replaced[i].to_string(),
+            ];
+            format!("({})", values.join(", "))
+        })
+        .collect();
+    Some(format!(
+        "WITH received AS (
+             INSERT INTO core.letter_intake (consumer, received_at, job_id, tenant_id, queue,
+                 message_id, body, attempts, error_kind, last_error, correlation_id, replay_of,
+                 job_digest, digest_fields, message_group, trace_parent, nul_replaced)
+             VALUES {}
+             RETURNING seq)
+         SELECT seq,
+                (SELECT (extract(epoch FROM {now} - d.created_at) * 1000)::bigint
+                   FROM core.dead_letters d
+                  WHERE d.consumer = {consumer}
+                  ORDER BY d.created_at DESC LIMIT 1)
+           FROM received",
+        rows.join(",\n")
+    ))
+}
+
+/// The [`Receipt`] of rows received by [`receiving_statement`], from the rows it answered.
+pub fn receipt_of(rows: &[sqlx::postgres::PgRow]) -> sqlx::Result<Receipt> {
+    use sqlx::Row;
+    let mut seqs = Vec::with_capacity(rows.len());
+    let mut lettered_ms = None;
+    for row in rows {
+        seqs.push(row.try_get::<i64, _>(0)?);
+        lettered_ms = row.try_get::<Option<i64>, _>(1)?;
+    }
+    seqs.sort_unstable();
+    Ok(Receipt {
+        seqs: seqs.into_iter().map(IntakeSeq).collect(),
+        lettered_ms,
+    })
 }
 
 /// A received row, as a settler reads it back.
@@ -214,36 +366,64 @@ pub struct Received {
 }
 
 /// A writer's letters (of one consumer) received in one statement ([`receive_letters`]), then
-/// settled behind it ([`settle_behind`], up to [`SETTLE_ROUNDS`] rounds). Fails only if they
-/// could not be received (none is, then); a settle that fails leaves them received, for the
+/// settled behind it ([`settle_received`], after `due`). Fails only if they could not be
+/// received (none is, then); a settle that fails leaves them received, for the
 /// next settler.
 pub async fn receive_and_settle(
     pool: &sqlx::PgPool,
     letters: &[(NewDeadLetter<'_>, Option<&JobDigest>)],
     now: DateTime<Utc>,
     wait: Duration,
+    due: Duration,
 ) -> sqlx::Result<Received> {
     let Some((first, _)) = letters.first() else {
         return Ok(Received::default());
     };
-    let consumer = first.consumer;
-    let seqs = receive_letters(pool, letters, now).await?;
-    let settling = settle_behind(pool, consumer, now, wait, SETTLE_ROUNDS)
-        .await
-        .unwrap_or_else(|e| {
+    let receipt = receive_letters_noting(pool, letters, now).await?;
+    Ok(settle_received(pool, first.consumer, receipt, now, wait, due).await)
+}
+
+/// Rows of `consumer` just received (committed), settled behind their receipt: with a `due` of
+/// zero at once (up to [`SETTLE_ROUNDS`] rounds, until one finds nothing); else if the receipt
+/// [`Receipt::settles_now`] after it (rounds while each takes a full [`SETTLE_ROUND`], for up to
+/// `due`), or left received for the round that takes them with the rows received beside them.
+/// What became of each, in the receipt's order. A settle that fails leaves them received, for
+/// the next settler.
+pub async fn settle_received(
+    pool: &sqlx::PgPool,
+    consumer: &ConsumerName,
+    receipt: Receipt,
+    now: DateTime<Utc>,
+    wait: Duration,
+    due: Duration,
+) -> Received {
+    let settling = if due.is_zero() {
+        let settling = settle_rounds(pool, consumer, now, wait, SETTLE_ROUNDS, Until::Empty);
+        settling.await.unwrap_or_else(|e| {
             tracing::warn!(error = %e, "settling the received letters failed; they stay received");
             Settling::default()
-        });
-    let settled = (seqs.into_iter())
+        })
+    } else if receipt.settles_now(due) {
+        let until = Until::Partial { budget: due };
+        let settling = settle_rounds(pool, consumer, now, wait, usize::MAX, until);
+        let settling = settling.await;
+        settling.unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "settling the received letters failed; they stay received");
+            Settling::default()
+        })
+    } else {
+        Settling::default()
+    };
+    let settled = (receipt.seqs.into_iter())
         .map(|seq| {
             (settling.settled.get(&seq).copied())
                 .unwrap_or(Settled::Recorded(Recorded::Received(seq)))
         })
         .collect();
-    Ok(Received {
+    Received {
         settled,
         new_letters: settling.new_letters,
-    })
+    }
 }
 
 /// Settles `consumer`'s received rows, oldest first, in rounds of up to [`SETTLE_ROUND`]: until a
@@ -258,16 +438,53 @@ pub async fn settle_behind(
     wait: Duration,
     rounds: usize,
 ) -> Result<Settling, FenceError> {
+    settle_rounds(pool, consumer, now, wait, rounds, Until::Empty).await
+}
+
+/// When a settler's rounds stop (besides a settler at work, or its rounds run out).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Until {
+    /// A round finds no row: the intake is drained (the scheduled run, tools).
+    Empty,
+    /// A round takes fewer rows than a full one (what it left came after it began, and waits
+    /// for the writer that finds it due, or the scheduled run), or the rounds have taken
+    /// `budget`, the due (a writer with a due: a stream's backlog of a due is settled within
+    /// about as long, whatever the rate, and the next writer that finds it due goes on).
+    Partial {
+        /// How long the rounds may go on.
+        budget: Duration,
+    },
+}
+
+/// [`settle_behind`], its rounds stopping as `until` says.
+async fn settle_rounds(
+    pool: &sqlx::PgPool,
+    consumer: &ConsumerName,
+    now: DateTime<Utc>,
+    wait: Duration,
+    rounds: usize,
+    until: Until,
+) -> Result<Settling, FenceError> {
     let mut settling = Settling::default();
     // The rows a fall back left (their claims waited out, or they failed): a later settler's.
     let mut left: Vec<i64> = Vec::new();
+    let started = std::time::Instant::now();
     for _ in 0..rounds {
+        if let Until::Partial { budget } = until
+            && started.elapsed() >= budget
+        {
+            break;
+        }
         let round = settle_round_past(pool, consumer, now, wait, &left).await?;
         if round.busy {
             settling.busy = true;
             break;
         }
-        let empty = round.settled.is_empty() && round.left.is_empty();
+        let took = round.settled.len() + round.left.len();
+        let done = match until {
+            Until::Empty => took == 0,
+            Until::Partial { .. } => !round.fell_back && took < SETTLE_ROUND as usize,
+        };
         for (seq, settled) in round.settled {
             if matches!(
                 settled,
@@ -280,7 +497,7 @@ pub async fn settle_behind(
         // A round that fell back goes on past the rows it left: a writer that found this
         // settler at work meanwhile left its rows to it.
         left.extend(round.left.iter().map(|s| s.0));
-        if empty {
+        if done {
             break;
         }
     }

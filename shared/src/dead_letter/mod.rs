@@ -38,9 +38,9 @@ pub use groups::{
     list_groups,
 };
 pub use intake::{
-    IntakeSeq, Received, Round, SETTLE_ROUND, SETTLE_ROUNDS, Settling, consumers_with_received,
-    oldest_received, receive_and_settle, receive_letters, settle_behind, settle_round,
-    take_settle_lock,
+    IntakeSeq, Receipt, Received, Round, SETTLE_DUE, SETTLE_ROUND, SETTLE_ROUNDS, Settling,
+    consumers_with_received, oldest_received, receipt_of, receive_and_settle, receive_letters,
+    receiving_statement, settle_behind, settle_received, settle_round, take_settle_lock,
 };
 pub(crate) use kinds::text_enum;
 pub use kinds::{ErrorKind, GroupStatus, ReplayOutcome, ReviewStatus};

@@ -136,7 +136,7 @@ pub async fn close_job(
         literal::timestamptz(now),
         literal::bytea(digest.map(|d| d.0.as_slice())),
     );
-    check_and_commit(conn, check).await
+    check_and_commit(conn, &[&check]).await.map(drop)
 }
 
 /// [`close_job`] for a commit group: `SELECT core.finish_jobs_of(…); COMMIT`, whose check
@@ -147,6 +147,22 @@ pub async fn close_jobs(
     jobs: &[(JobId, Option<JobDigest>)],
     now: DateTime<Utc>,
 ) -> Result<(), CloseError> {
+    close_jobs_after(conn, consumer, jobs, now, None)
+        .await
+        .map(drop)
+}
+
+/// [`close_jobs`] with one more statement of the transaction's, `also` (whose values are
+/// literals), sent before the check in the same round trip: it commits with the jobs or not at
+/// all, and a refusal of it is the check's (the transaction is rolled back, nothing of it
+/// committed). Returns the rows `also` answers (none without it).
+pub async fn close_jobs_after(
+    conn: &mut PgConnection,
+    consumer: &ConsumerName,
+    jobs: &[(JobId, Option<JobDigest>)],
+    now: DateTime<Utc>,
+    also: Option<&str>,
+) -> Result<Vec<sqlx::postgres::PgRow>, CloseError> {
     let check = format!(
         "SELECT core.finish_jobs_of({}, {}, {}, {})",
         literal::uuids(jobs.iter().map(|j| j.0.0)),
@@ -154,23 +170,39 @@ pub async fn close_jobs(
         literal::timestamptz(now),
         literal::byteas(jobs.iter().map(|j| j.1.as_ref().map(|d| d.0.as_slice()))),
     );
-    check_and_commit(conn, check).await
+    match also {
+        Some(also) => check_and_commit(conn, &[also, &check]).await,
+        None => check_and_commit(conn, &[&check]).await,
+    }
 }
 
-/// Sends `check; COMMIT` as one query. The check's result arrives before `COMMIT`'s: an error
-/// of the database before it is the check refusing (`COMMIT` was skipped); any later error, and
-/// a failed connection at any point, leaves the commit unknown.
-async fn check_and_commit(conn: &mut PgConnection, check: String) -> Result<(), CloseError> {
+/// Sends `checks; COMMIT` as one query. The checks' results arrive before `COMMIT`'s: an error
+/// of the database before the last of them is a check refusing (`COMMIT` was skipped, and so was
+/// the rest); any later error, and a failed connection at any point, leaves the commit unknown.
+/// Returns the first check's rows when there is more than one check (the first is then a
+/// statement whose answers the caller wants).
+async fn check_and_commit(
+    conn: &mut PgConnection,
+    checks: &[&str],
+) -> Result<Vec<sqlx::postgres::PgRow>, CloseError> {
     use futures_util::TryStreamExt;
     // The lane's session reset rides with the COMMIT (see `harness::lanes`).
-    let sql = sqlx::AssertSqlSafe(format!("{check}; COMMIT; {}", crate::db::RESET_SESSION));
-    let mut results = sqlx::raw_sql(sql).fetch_many(conn);
-    let mut checked = false;
+    let sql = format!(
+        "{}; COMMIT; {}",
+        checks.join("; "),
+        crate::db::RESET_SESSION
+    );
+    let mut results = sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).fetch_many(conn);
+    let (mut done, mut answers) = (0, Vec::new());
     loop {
+        let checked = done >= checks.len();
         match results.try_next().await {
-            Ok(Some(sqlx::Either::Left(_done))) => checked = true,
+            Ok(Some(sqlx::Either::Left(_done))) => done += 1,
+            Ok(Some(sqlx::Either::Right(row))) if done == 0 && checks.len() > 1 => {
+                answers.push(row)
+            }
             Ok(Some(sqlx::Either::Right(_row))) => {}
-            Ok(None) if checked => return Ok(()),
+            Ok(None) if checked => return Ok(answers),
             Ok(None) => {
                 return Err(CloseError::Commit(sqlx::Error::Protocol(
                     "no reply to the check before COMMIT".into(),

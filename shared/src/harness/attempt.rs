@@ -10,7 +10,7 @@ use super::lanes::Lane;
 use super::work_errors::{caught, refusal};
 use crate::consumer::{Consumer, Job, ProcessError};
 use crate::fence::{
-    CloseError, FenceClaim, FenceError, close_job, close_jobs, open_job, open_jobs,
+    CloseError, FenceClaim, FenceError, close_job, close_jobs_after, open_job, open_jobs,
 };
 use crate::ids::JobId;
 use sqlx::PgConnection;
@@ -23,13 +23,21 @@ pub(super) enum Jobs<'a, P> {
     One(&'a Job<P>, &'a str),
     /// A commit group: batch mode's new jobs of one SQS batch, in the order the consumer's work
     /// sees them (job id order, or a FIFO batch's delivery order); their fences are claimed in
-    /// job id order whatever it is. They come back in the order given.
-    Group(&'a mut [Job<P>]),
+    /// job id order whatever it is. They come back in the order given. With the statement that
+    /// receives the batch's poison in the letters' intake
+    /// ([`crate::dead_letter::receiving_statement`]), sent with the group's check and `COMMIT`:
+    /// one commit for the jobs and the rows.
+    Group(&'a mut [Job<P>], Option<&'a str>),
 }
 
 /// A transaction that committed: the jobs whose fences it claimed, committed with their work (a
-/// group leaves out the jobs whose fence was there already).
-pub(super) struct Committed(pub(super) HashSet<JobId>);
+/// group leaves out the jobs whose fence was there already), and the keys of the intake rows it
+/// received with them, as its statement answered them (`None`: it carried none, or committed no
+/// job and so no row).
+pub(super) struct Committed(
+    pub(super) HashSet<JobId>,
+    pub(super) Option<Vec<sqlx::postgres::PgRow>>,
+);
 
 /// Why a transaction did not commit.
 pub(super) enum Unfinished {
@@ -64,11 +72,11 @@ impl<C: Consumer> Harness<C> {
             .await
             .map_err(|e| Unfinished::Claim(FenceError::Database(e)))?;
         let order: Vec<JobId> = match &jobs {
-            Jobs::Group(group) => group.iter().map(|job| job.envelope.job_id).collect(),
+            Jobs::Group(group, _) => group.iter().map(|job| job.envelope.job_id).collect(),
             Jobs::One(..) => Vec::new(),
         };
         let ended = self.claim_and_work(&mut jobs, &mut lane).await;
-        if let Jobs::Group(group) = jobs {
+        if let Jobs::Group(group, _) = jobs {
             // A group's job ids are distinct (one record per job).
             group.sort_by_key(|job| order.iter().position(|id| *id == job.envelope.job_id));
         }
@@ -87,13 +95,13 @@ impl<C: Consumer> Harness<C> {
         if claimed.is_empty() {
             // A group whose every fence appeared since its lookup: nothing to run.
             return match lane.rollback().await {
-                Ok(()) => Ok(Committed(claimed)),
+                Ok(()) => Ok(Committed(claimed, None)),
                 Err(e) => Err(Unfinished::Failed(e.into())),
             };
         }
         let worked = match jobs {
             Jobs::One(job, _) => self.work_one(job, lane.conn()).await,
-            Jobs::Group(group) => {
+            Jobs::Group(group, _) => {
                 // The jobs it claimed first, still in their order; `transact` restores the rest.
                 group.sort_by_key(|job| !claimed.contains(&job.envelope.job_id));
                 self.work_group(&group[..claimed.len()], lane.conn()).await
@@ -104,13 +112,13 @@ impl<C: Consumer> Harness<C> {
             Err(failure) => Err(CloseError::Check(failure)),
         };
         match closed {
-            Ok(()) => {
+            Ok(received) => {
                 lane.ended();
-                Ok(Committed(claimed))
+                Ok(Committed(claimed, received))
             }
             Err(CloseError::Check(failure)) => {
                 if let Err(e) = lane.rollback().await
-                    && matches!(jobs, Jobs::Group(_))
+                    && matches!(jobs, Jobs::Group(..))
                 {
                     // The connection is broken (it is closed), and the server ends its
                     // transaction with it.
@@ -160,7 +168,7 @@ impl<C: Consumer> Harness<C> {
     ) -> Result<HashSet<JobId>, Unfinished> {
         match jobs {
             Jobs::One(job, _) => self.claim_one(job, conn).await,
-            Jobs::Group(group) => self.claim_group(group, conn).await,
+            Jobs::Group(group, _) => self.claim_group(group, conn).await,
         }
     }
 
@@ -236,13 +244,14 @@ impl<C: Consumer> Harness<C> {
     }
 
     /// The check that the transaction is still whole and every fence its own, and `COMMIT`,
-    /// in one round trip. A check that refuses is the transient failure it describes.
+    /// in one round trip (a group's intake rows received in it too: what that answered is returned).
+    /// A check that refuses is the transient failure it describes.
     async fn close(
         &self,
         jobs: &Jobs<'_, C::Payload>,
         claimed: usize,
         conn: &mut PgConnection,
-    ) -> Result<(), CloseError<ProcessError>> {
+    ) -> Result<Option<Vec<sqlx::postgres::PgRow>>, CloseError<ProcessError>> {
         let consumer = self.consumer.name();
         let closed = match jobs {
             Jobs::One(job, message_id) => {
@@ -257,20 +266,23 @@ impl<C: Consumer> Harness<C> {
                     job.started_at,
                 )
                 .await
+                .map(|()| None)
             }
-            Jobs::Group(group) => {
+            Jobs::Group(group, intake) => {
                 // The claimed jobs lead the group (see `claim_and_work`): the ones it worked.
                 let finished: Vec<_> = group[..claimed]
                     .iter()
                     .map(|j| (j.envelope.job_id, Some(j.digest)))
                     .collect();
-                close_jobs(conn, consumer, &finished, group[0].started_at).await
+                let received =
+                    close_jobs_after(conn, consumer, &finished, group[0].started_at, *intake);
+                received.await.map(|keys| intake.map(|_| keys))
             }
         };
         closed.map_err(|e| match e {
             CloseError::Commit(e) => CloseError::Commit(e),
             CloseError::Check(refused) => {
-                CloseError::Check(refusal(refused, matches!(jobs, Jobs::Group(_))))
+                CloseError::Check(refusal(refused, matches!(jobs, Jobs::Group(..))))
             }
         })
     }

@@ -10,7 +10,6 @@
 //! - repeat deliveries (retries, survivors of a crash) never join a commit group: they run one at
 //!   a time, fewest executions first, so a crash is charged to the job that was running.
 
-use super::group::WorkOrder;
 use super::parsed::{Parsed, Record, digest_of, key_of};
 use super::{CommitMode, Harness, IncomingMessage, RecordOutcome};
 use crate::consumer::Consumer;
@@ -86,25 +85,35 @@ impl<C: Consumer> Harness<C> {
         let batch = self.settings.commit == CommitMode::Batch;
         let poison = plan.fresh.iter().filter(|(_, p)| p.is_err()).count();
         // Poison has no effect to commit, so it goes together in either commit mode (per job,
-        // a lone poison record goes on its own: one letter needs no intake round).
-        let together = plan.fresh.len() > 1 && (poison > 1 || (batch && poison > 0)) && may_start();
+        // a lone poison record goes on its own: one letter needs no intake round; unless the
+        // consumer settles with a due, when its row is one insert and the round that settles
+        // it takes the rows received beside it, see `SETTLE_DUE`).
+        let lone = poison > 0 && !self.settings.settle_due.is_zero();
+        let grouped = plan.fresh.len() > 1 && (poison > 1 || (batch && poison > 0));
+        let together = (grouped || lone) && may_start();
         let (poison, fresh): (Vec<_>, Vec<_>) = std::mem::take(&mut plan.fresh)
             .into_iter()
             .partition(|(_, p)| together && p.is_err());
-        // The poison is received and settled beside the jobs, not before them: it has no effect,
-        // and its settle goes through each job's fence as any other writer's settle does (a
-        // settler of another invocation settles beside this batch's jobs all the same).
+        // The poison is received beside the jobs, not before them: it has no effect, and its
+        // settle goes through each job's fence as any other writer's settle does (a settler of
+        // another invocation settles beside this batch's jobs all the same). In batch mode its
+        // rows ride in the commit group's transaction (one commit for both); otherwise, or if
+        // the group received none, in a statement of their own beside the jobs.
         let mut poison_outcomes: Vec<Option<RecordOutcome>> = vec![None; msgs.len()];
+        let (mut fresh, mut poison) = (fresh, poison);
+        if batch && fresh.len() > 1 && may_start() {
+            (fresh, poison) = (self.commit_group_receiving(
+                msgs,
+                fresh,
+                poison,
+                &mut outcomes,
+                &mut poison_outcomes,
+            ))
+            .await;
+        }
         let poisoned = self.poison_together(msgs, poison, &mut poison_outcomes);
-        let jobs = async {
-            let mut fresh = fresh;
-            if batch && fresh.len() > 1 && may_start() {
-                fresh = (self.commit_group(msgs, fresh, WorkOrder::JobId, &mut outcomes)).await;
-            }
-            let ran = self.run_beside(msgs, fresh, may_start, concurrency).await;
-            (ran, outcomes)
-        };
-        let (unreceived, (ran, mut outcomes)) = futures_util::join!(poisoned, jobs);
+        let jobs = self.run_beside(msgs, fresh, may_start, concurrency);
+        let (unreceived, ran) = futures_util::join!(poisoned, jobs);
         // Poison that could not be received together goes one by one (each with the
         // as-received fallback).
         let ran = ran.into_iter().chain(

@@ -179,10 +179,9 @@ impl<C: Consumer> Harness<C> {
             }
         }
         leading.sort_by_key(|(i, _)| *i);
-        for (i, parsed) in self
-            .commit_group(msgs, leading, WorkOrder::Delivery, outcomes)
-            .await
-        {
+        let (left, _) =
+            (self.commit_group(msgs, leading, WorkOrder::Delivery, outcomes, None)).await;
+        for (i, parsed) in left {
             steps[i] = Some(Step::Run(parsed));
         }
     }

@@ -25,19 +25,27 @@ impl<C: Consumer> Harness<C> {
     /// writes the outcomes it settles. Returns the records left to go one by one: poison (each
     /// writes its own letter), a job whose fence appeared since the lookup (alone, the claim
     /// tells a duplicate from another job under its id), or all when the group did not commit.
+    /// With `intake` (the statement receiving the batch's poison in the letters' intake), the
+    /// rows commit with the group, and what its statement answered comes back; `None` when no row was received
+    /// (no group formed, or it committed no job): the poison is still the caller's to receive.
+    /// The rows come with the group's span, where the poison's records hang theirs.
     pub(super) async fn commit_group(
         &self,
         msgs: &[IncomingMessage],
         fresh: Vec<Record<C::Payload>>,
         order: WorkOrder,
         outcomes: &mut [Option<RecordOutcome>],
-    ) -> Vec<Record<C::Payload>> {
+        intake: Option<&str>,
+    ) -> (
+        Vec<Record<C::Payload>>,
+        Option<(Vec<sqlx::postgres::PgRow>, tracing::Span)>,
+    ) {
         let (mut alone, runners) = split_poison(fresh);
         let (runners, repeated) = one_record_per_job(runners);
         alone.extend(repeated.into_iter().map(|(i, job)| (i, Ok(job))));
         if runners.len() < 2 {
             alone.extend(runners.into_iter().map(|(i, job)| (i, Ok(job))));
-            return alone;
+            return (alone, None);
         }
         let (members, mut group) = self.group_of(runners, order);
         let started = self.clock.now();
@@ -46,10 +54,10 @@ impl<C: Consumer> Harness<C> {
             tracing::error_span!(target: RECORD_SPAN_TARGET, "commit group", jobs = members.len());
         let wall = std::time::SystemTime::now();
         let committed = self
-            .transact(Jobs::Group(&mut group))
+            .transact(Jobs::Group(&mut group, intake))
             .instrument(span.clone())
             .await;
-        let committed = self.count_group(committed, members.len());
+        let (committed, received) = self.count_group(committed, members.len());
         for (i, job) in members.into_iter().zip(group) {
             if committed.contains(&job.envelope.job_id) {
                 self.metrics.increment(Metric::Processed);
@@ -72,7 +80,7 @@ impl<C: Consumer> Harness<C> {
                 alone.push((i, Ok((job.envelope, job.digest))));
             }
         }
-        alone
+        (alone, received.map(|rows| (rows, span)))
     }
 
     /// The jobs of a group in `order`, and the index of each one's record.
@@ -100,16 +108,19 @@ impl<C: Consumer> Harness<C> {
     }
 
     /// Counts how the group's transaction ended, and says which of its jobs committed (none
-    /// when it did not commit: then they all go one by one).
+    /// when it did not commit: then they all go one by one), and the intake rows it received.
     fn count_group(
         &self,
         ended: Result<Committed, Unfinished>,
         jobs: usize,
-    ) -> std::collections::HashSet<crate::ids::JobId> {
+    ) -> (
+        std::collections::HashSet<crate::ids::JobId>,
+        Option<Vec<sqlx::postgres::PgRow>>,
+    ) {
         match ended {
-            Ok(Committed(claimed)) => {
+            Ok(Committed(claimed, received)) => {
                 self.metrics.increment(Metric::BatchCommitted);
-                claimed
+                (claimed, received)
             }
             Err(unfinished) => {
                 self.metrics.increment(Metric::BatchFellBack);

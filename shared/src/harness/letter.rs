@@ -1,12 +1,14 @@
 //! A message's dead letter, written the one way the harness writes letters: settled through the
 //! fence first (a letter is a true record: a job that committed gets none), then paged.
 
+use super::group::WorkOrder;
 use super::parsed::Record;
 use super::{ALERTS_PER_ROUND, Harness, IncomingMessage, RecordOutcome};
 use crate::consumer::Consumer;
 use crate::dead_letter::{
-    CONFLICT_ERROR, ErrorKind, NewDeadLetter, Recorded, Settled, receive_and_settle,
-    record_unless_processed, record_without_settling,
+    CONFLICT_ERROR, ErrorKind, NewDeadLetter, Received, Recorded, Settled, receipt_of,
+    receive_and_settle, receiving_statement, record_unless_processed, record_without_settling,
+    settle_received,
 };
 use crate::envelope::{JobDigest, PartialIds};
 use crate::fence::FenceError;
@@ -190,7 +192,79 @@ impl<C: Consumer> Harness<C> {
             return rest;
         }
         let started = self.clock.now();
-        let letters: Vec<(NewDeadLetter<'_>, Option<&JobDigest>)> = poison
+        let letters = self.poison_letters(msgs, &poison);
+        let (now, wait) = (self.clock.now(), self.settings.lock_timeout);
+        let together = poison_span(letters.len());
+        let due = self.settings.settle_due;
+        let received = receive_and_settle(&self.pool, &letters, now, wait, due);
+        let received = match received.instrument(together.clone()).await {
+            Ok(received) => received,
+            Err(e) => {
+                tracing::warn!(error = %e, records = poison.len(),
+                    "the batch's poison letters could not be received together; each goes alone");
+                rest.extend(poison);
+                return rest;
+            }
+        };
+        drop(letters);
+        self.answer_poison(msgs, poison, received, &together, started, outcomes)
+            .await;
+        rest
+    }
+
+    /// Batch mode's commit group for the new jobs of `fresh`, carrying the intake rows of the
+    /// batch's `poison` in its transaction: one commit for the jobs and the rows, where the rows
+    /// took one of their own ([`Harness::poison_together`]). The rows are settled behind the
+    /// commit ([`settle_received`]) and each poison record answered as there, its span hanging
+    /// from the group's, which holds the statement that received it. Returns the
+    /// records left to go one by one (see [`Harness::commit_group`]) and the poison whose rows
+    /// the group did not receive (no group formed, or it committed no job): all of it or none,
+    /// for the caller to receive as before.
+    pub(super) async fn commit_group_receiving(
+        &self,
+        msgs: &[IncomingMessage],
+        fresh: Vec<Record<C::Payload>>,
+        poison: Vec<Record<C::Payload>>,
+        outcomes: &mut [Option<RecordOutcome>],
+        poison_outcomes: &mut [Option<RecordOutcome>],
+    ) -> (Vec<Record<C::Payload>>, Vec<Record<C::Payload>>) {
+        let started = self.clock.now();
+        let (now, wait) = (self.clock.now(), self.settings.lock_timeout);
+        let letters = self.poison_letters(msgs, &poison);
+        let statement = receiving_statement(&letters, now);
+        drop(letters);
+        let order = WorkOrder::JobId;
+        let group = self.commit_group(msgs, fresh, order, outcomes, statement.as_deref());
+        let (left, received) = group.await;
+        let Some((rows, together)) = received else {
+            return (left, poison);
+        };
+        let receipt = match receipt_of(&rows) {
+            Ok(receipt) if receipt.seqs.len() == poison.len() => receipt,
+            // Committed, but not as the statement says it answers: the records are handed back
+            // unanswered, and each is received again on its next delivery (its message's one
+            // letter is settled once, whichever of its rows comes first).
+            other => {
+                tracing::error!(answered = ?other.map(|r| r.seqs.len()), records = poison.len(),
+                    "the batch's poison rows were received with its group, and their keys misread");
+                return (left, Vec::new());
+            }
+        };
+        let (name, due) = (self.consumer.name(), self.settings.settle_due);
+        let received = settle_received(&self.pool, name, receipt, now, wait, due);
+        let received = received.instrument(together.clone()).await;
+        self.answer_poison(msgs, poison, received, &together, started, poison_outcomes)
+            .await;
+        (left, Vec::new())
+    }
+
+    /// The letters of `poison` (the records whose bodies did not parse), as received.
+    fn poison_letters<'a>(
+        &'a self,
+        msgs: &'a [IncomingMessage],
+        poison: &'a [Record<C::Payload>],
+    ) -> Vec<(NewDeadLetter<'a>, Option<&'a JobDigest>)> {
+        poison
             .iter()
             .filter_map(|(i, parsed)| parsed.as_ref().err().map(|p| (&msgs[*i], p)))
             .map(|(msg, p)| {
@@ -213,25 +287,22 @@ impl<C: Consumer> Harness<C> {
                 };
                 (letter, p.digest.as_deref())
             })
-            .collect();
-        let (now, wait) = (self.clock.now(), self.settings.lock_timeout);
-        // The call's statement is its letters' jobs': a span of its own, which each job's hangs
-        // from (as a commit group's does).
-        let together = tracing::error_span!(target: crate::telemetry::RECORD_SPAN_TARGET,
-            "dead letters", jobs = letters.len());
-        let received = receive_and_settle(&self.pool, &letters, now, wait);
-        let received = match received.instrument(together.clone()).await {
-            Ok(received) => received,
-            Err(e) => {
-                tracing::warn!(error = %e, records = poison.len(),
-                    "the batch's poison letters could not be received together; each goes alone");
-                rest.extend(poison);
-                return rest;
-            }
-        };
-        drop(letters);
-        // Paging rounds for the new letters a settle wrote (its own and others'), not one per
-        // letter: as many as their groups need, each of up to ALERTS_PER_ROUND.
+            .collect()
+    }
+
+    /// The poison's rows are received (and settled as far as `received` says): paging rounds
+    /// for the new letters the settle wrote (its own and others'), not one per letter (as many
+    /// as their groups need, each of up to ALERTS_PER_ROUND); then each record answered, counted
+    /// and logged in its own span, under `together`.
+    async fn answer_poison(
+        &self,
+        msgs: &[IncomingMessage],
+        poison: Vec<Record<C::Payload>>,
+        received: Received,
+        together: &tracing::Span,
+        started: chrono::DateTime<chrono::Utc>,
+        outcomes: &mut [Option<RecordOutcome>],
+    ) {
         self.page_settled(received.new_letters).await;
         for ((i, parsed), settled) in poison.into_iter().zip(received.settled) {
             let Err(p) = parsed else { continue };
@@ -250,6 +321,11 @@ impl<C: Consumer> Harness<C> {
             self.count_and_log(&span, &outcome);
             outcomes[i] = Some(outcome);
         }
-        rest
     }
+}
+
+/// The span of a call's letters: their statements are their jobs', and each job's span hangs
+/// from it (as a commit group's does).
+fn poison_span(jobs: usize) -> tracing::Span {
+    tracing::error_span!(target: crate::telemetry::RECORD_SPAN_TARGET, "dead letters", jobs)
 }

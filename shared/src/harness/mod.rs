@@ -56,6 +56,10 @@ pub struct HarnessSettings {
     pub contended_retry_after: Duration,
     /// One transaction per job, or per commit group (an SQS batch's new jobs).
     pub commit: CommitMode,
+    /// How long after its consumer's newest letter a writer of poison settles behind its rows
+    /// in the letters' intake (`LETTER_SETTLE_DUE_MS`; zero, the default: every writer settles
+    /// behind its own at once; see [`crate::dead_letter::SETTLE_DUE`]).
+    pub settle_due: Duration,
 }
 
 impl Default for HarnessSettings {
@@ -70,6 +74,7 @@ impl Default for HarnessSettings {
             lock_timeout,
             contended_retry_after: lock_timeout + Duration::from_secs(1),
             commit: CommitMode::default(),
+            settle_due: Duration::ZERO,
         }
     }
 }

@@ -101,9 +101,21 @@ impl ScheduledRun {
         self.conclude(report).await
     }
 
-    /// Settles the letters received and not yet settled (a storm's tail, left when its last
-    /// writers found a settler at work), every consumer's, in rounds, within `budget`: the
-    /// letters written.
+    /// Settles the letters received and not yet settled, every consumer's, within `budget`, and
+    /// pages the groups of the letters it wrote: for the bulk operations' invocation (every
+    /// minute), which bounds how long a stream's last rows wait (left for the next round, see
+    /// [`crate::dead_letter::SETTLE_DUE`]). The letters written, or why it failed.
+    pub async fn settle_received_and_page(&self, budget: Duration) -> Done<u64> {
+        let settled = self.settle_received(budget).await;
+        if settled.as_ref().is_ok_and(|&n| n > 0) {
+            self.page_groups().await;
+        }
+        settled
+    }
+
+    /// Settles the letters received and not yet settled (a stream's tail, left for a round that
+    /// did not come, or to a settler at work that stopped), every consumer's, in rounds, within
+    /// `budget`: the letters written.
     async fn settle_received(&self, budget: Duration) -> Done<u64> {
         let until = Instant::now() + budget;
         let settle = async {
