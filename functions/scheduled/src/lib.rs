@@ -87,7 +87,10 @@ pub async fn run() -> Result<(), Error> {
                     deadline.unwrap_or_else(|| tokio::time::Instant::now() + OPERATIONS_ROUND);
                 // First the letters received and left for a round that did not come: every
                 // minute, so a stream's last rows wait at most that long.
-                let settled = scheduled.settle_received_and_page(SETTLE_IN_OPERATIONS).await;
+                // Boxed: unboxed, the service future overflows the compiler's layout query depth
+                // in optimized builds (as the consumer's and the ingester's services do).
+                let settled = Box::pin(scheduled.settle_received_and_page(SETTLE_IN_OPERATIONS));
+                let settled = settled.await;
                 let settled = match settled {
                     Ok(letters) => serde_json::json!(letters),
                     Err(e) => {
