@@ -111,6 +111,29 @@ pub struct LambdaHost {
     nexts: Arc<std::sync::atomic::AtomicU32>,
 }
 
+/// The scheduled function's local binary (`binary`: a test's
+/// `env!("CARGO_BIN_EXE_local-scheduled")`) on the database `pool` connects to, alerting off,
+/// with `connections` in its pool and a 40 s timeout.
+pub fn scheduled_function(binary: &str, pool: &sqlx::PgPool, connections: u32) -> LambdaHost {
+    LambdaHost::new(FunctionSpec {
+        name: "scheduled".into(),
+        binary: binary.into(),
+        env: [
+            (
+                "DATABASE_URL",
+                crate::test_database_url(&pool.connect_options()),
+            ),
+            ("ALERTING_DISABLED", "true".to_owned()),
+            ("DATABASE_POOL_SIZE", connections.to_string()),
+        ]
+        .map(|(k, v)| (k.to_owned(), v))
+        .to_vec(),
+        timeout: Duration::from_secs(40),
+        log_file: None,
+        deadline_as_duration: false,
+    })
+}
+
 impl LambdaHost {
     /// A host for `spec`; nothing runs until the first invocation.
     pub fn new(spec: FunctionSpec) -> Self {

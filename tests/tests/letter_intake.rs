@@ -380,21 +380,8 @@ async fn the_operations_invocation_settles_the_rows_a_stream_left(pool: PgPool) 
     let batch: Vec<_> = (0..10).map(|_| poison().1).collect();
     shared_testkit::run_batch(&harness, &batch).await;
     held.rollback().await.unwrap();
-    let connect = (*pool.connect_options()).clone();
-    let host = e2e::lambda_host::LambdaHost::new(e2e::lambda_host::FunctionSpec {
-        name: "scheduled".into(),
-        binary: env!("CARGO_BIN_EXE_local-scheduled").into(),
-        env: [
-            ("DATABASE_URL", e2e::test_database_url(&connect)),
-            ("ALERTING_DISABLED", "true".to_owned()),
-            ("DATABASE_POOL_SIZE", "2".to_owned()),
-        ]
-        .map(|(k, v)| (k.to_owned(), v))
-        .to_vec(),
-        timeout: Duration::from_secs(40),
-        log_file: None,
-        deadline_as_duration: false,
-    });
+    let host =
+        e2e::lambda_host::scheduled_function(env!("CARGO_BIN_EXE_local-scheduled"), &pool, 2);
     let answer = host
         .invoke(&json!({"work": "operations"}))
         .await

@@ -306,21 +306,8 @@ async fn an_operation_survives_its_worker_killed_at_any_point(pool: PgPool) {
         )
         .await;
 
-    let connect = (*pool.connect_options()).clone();
-    let host = e2e::lambda_host::LambdaHost::new(e2e::lambda_host::FunctionSpec {
-        name: "scheduled".into(),
-        binary: env!("CARGO_BIN_EXE_local-scheduled").into(),
-        env: [
-            ("DATABASE_URL", e2e::test_database_url(&connect)),
-            ("ALERTING_DISABLED", "true".to_owned()),
-            ("DATABASE_POOL_SIZE", "4".to_owned()),
-        ]
-        .map(|(k, v)| (k.to_owned(), v))
-        .to_vec(),
-        timeout: Duration::from_secs(40),
-        log_file: None,
-        deadline_as_duration: false,
-    });
+    let host =
+        e2e::lambda_host::scheduled_function(env!("CARGO_BIN_EXE_local-scheduled"), &pool, 4);
     let event = json!({"work": "operations"});
     let mut kills = 0;
     let (mut slack, mut last_worked) = (1u64, -1i64);

@@ -1746,21 +1746,8 @@ async fn killed_workers_count_every_kind_of_letter_once(pool: PgPool) {
     .await
     .unwrap();
 
-    let connect = (*pool.connect_options()).clone();
-    let host = e2e::lambda_host::LambdaHost::new(e2e::lambda_host::FunctionSpec {
-        name: "scheduled".into(),
-        binary: env!("CARGO_BIN_EXE_local-scheduled").into(),
-        env: [
-            ("DATABASE_URL", e2e::test_database_url(&connect)),
-            ("ALERTING_DISABLED", "true".to_owned()),
-            ("DATABASE_POOL_SIZE", "4".to_owned()),
-        ]
-        .map(|(k, v)| (k.to_owned(), v))
-        .to_vec(),
-        timeout: Duration::from_secs(40),
-        log_file: None,
-        deadline_as_duration: false,
-    });
+    let host =
+        e2e::lambda_host::scheduled_function(env!("CARGO_BIN_EXE_local-scheduled"), &pool, 4);
     let reviewer = {
         let apis = apis.clone();
         tokio::spawn(async move {
