@@ -91,13 +91,6 @@ pub async fn run() -> Result<(), Error> {
                 // in optimized builds (as the consumer's and the ingester's services do).
                 let settled = Box::pin(scheduled.settle_received_and_page(SETTLE_IN_OPERATIONS));
                 let settled = settled.await;
-                let settled = match settled {
-                    Ok(letters) => serde_json::json!(letters),
-                    Err(e) => {
-                        tracing::error!(error = %e, "settling the received letters failed");
-                        serde_json::json!({ "error": e })
-                    }
-                };
                 let round = shared::operations::work(operations, until, OPERATIONS_PER_ROUND).await;
                 return Ok(match round {
                     Ok(round) => serde_json::json!({ "operations": round, "settled": settled }),

@@ -397,22 +397,21 @@ pub async fn settle_received(
     wait: Duration,
     due: Duration,
 ) -> Received {
-    let settling = if due.is_zero() {
-        let settling = settle_rounds(pool, consumer, now, wait, SETTLE_ROUNDS, Until::Empty);
-        settling.await.unwrap_or_else(|e| {
-            tracing::warn!(error = %e, "settling the received letters failed; they stay received");
-            Settling::default()
-        })
+    let rounds = if due.is_zero() {
+        Some((SETTLE_ROUNDS, Until::Empty))
     } else if receipt.settles_now(due) {
-        let until = Until::Partial { budget: due };
-        let settling = settle_rounds(pool, consumer, now, wait, usize::MAX, until);
-        let settling = settling.await;
-        settling.unwrap_or_else(|e| {
-            tracing::warn!(error = %e, "settling the received letters failed; they stay received");
-            Settling::default()
-        })
+        Some((usize::MAX, Until::Partial { budget: due }))
     } else {
-        Settling::default()
+        None
+    };
+    let settling = match rounds {
+        Some((rounds, until)) => settle_rounds(pool, consumer, now, wait, rounds, until)
+            .await
+            .unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "settling the received letters failed; they stay received");
+                Settling::default()
+            }),
+        None => Settling::default(),
     };
     let settled = (receipt.seqs.into_iter())
         .map(|seq| {
