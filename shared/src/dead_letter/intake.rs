@@ -64,7 +64,9 @@ pub async fn receive_letters(
     letters: &[(NewDeadLetter<'_>, Option<&JobDigest>)],
     now: DateTime<Utc>,
 ) -> sqlx::Result<Vec<IntakeSeq>> {
-    Ok(receive_letters_noting(pool, letters, now).await?.seqs)
+    Ok(receive_letters_noting(pool, letters, now, false)
+        .await?
+        .seqs)
 }
 
 /// Rows just received: their keys, in their letters' order, and how long ago their consumer's
@@ -91,11 +93,13 @@ impl Receipt {
     }
 }
 
-/// [`receive_letters`], with how long ago the consumer's newest letter was written.
+/// [`receive_letters`], with how long ago the consumer's newest letter was written if `probe`
+/// (a writer with a settle due; without one nothing reads it, and the probe is not run).
 async fn receive_letters_noting(
     pool: &sqlx::PgPool,
     letters: &[(NewDeadLetter<'_>, Option<&JobDigest>)],
     now: DateTime<Utc>,
+    probe: bool,
 ) -> sqlx::Result<Receipt> {
     let Some((first, _)) = letters.first() else {
         return Ok(Receipt {
@@ -128,10 +132,11 @@ async fn receive_letters_noting(
               ORDER BY r.o
              RETURNING seq)
          SELECT seq AS "seq!",
-                (SELECT (extract(epoch FROM $2 - d.created_at) * 1000)::bigint
-                   FROM core.dead_letters d
-                  WHERE d.consumer = $1
-                  ORDER BY d.created_at DESC LIMIT 1) AS lettered_ms
+                CASE WHEN $18 THEN
+                    (SELECT (extract(epoch FROM $2 - d.created_at) * 1000)::bigint
+                       FROM core.dead_letters d
+                      WHERE d.consumer = $1
+                      ORDER BY d.created_at DESC LIMIT 1) END AS lettered_ms
            FROM received"#,
         consumer.as_str(),
         now,
@@ -150,6 +155,7 @@ async fn receive_letters_noting(
         &c.message_groups as _,
         &c.traces as _,
         &c.nul_replaced,
+        probe,
     )
     .fetch_all(pool)
     .await?;
@@ -236,6 +242,7 @@ impl IntakeColumns {
 pub fn receiving_statement(
     letters: &[(NewDeadLetter<'_>, Option<&JobDigest>)],
     now: DateTime<Utc>,
+    probe: bool,
 ) -> Option<String> {
     use crate::literal::{bytea, opt_text, opt_uuid, text, timestamptz};
     let (first, _) = letters.first()?;
@@ -246,6 +253,17 @@ pub fn receiving_statement(
     );
     let c = IntakeColumns::of(letters);
     let (consumer, now) = (text(consumer.as_str()), timestamptz(now));
+    // The newest letter's age, as `receive_letters_noting` reads it, if `probe`.
+    let lettered = if probe {
+        format!(
+            "(SELECT (extract(epoch FROM {now} - d.created_at) * 1000)::bigint
+                FROM core.dead_letters d
+               WHERE d.consumer = {consumer}
+               ORDER BY d.created_at DESC LIMIT 1)"
+        )
+    } else {
+        "NULL::bigint".to_owned()
+    };
     let rows: Vec<String> = (0..letters.len())
         .map(|i| {
             let values = [
@@ -277,12 +295,7 @@ pub fn receiving_statement(
                  job_digest, digest_fields, message_group, trace_parent, nul_replaced)
              VALUES {}
              RETURNING seq)
-         SELECT seq,
-                (SELECT (extract(epoch FROM {now} - d.created_at) * 1000)::bigint
-                   FROM core.dead_letters d
-                  WHERE d.consumer = {consumer}
-                  ORDER BY d.created_at DESC LIMIT 1)
-           FROM received",
+         SELECT seq, {lettered} FROM received",
         rows.join(",\n")
     ))
 }
@@ -379,7 +392,7 @@ pub async fn receive_and_settle(
     let Some((first, _)) = letters.first() else {
         return Ok(Received::default());
     };
-    let receipt = receive_letters_noting(pool, letters, now).await?;
+    let receipt = receive_letters_noting(pool, letters, now, !due.is_zero()).await?;
     Ok(settle_received(pool, first.consumer, receipt, now, wait, due).await)
 }
 

@@ -231,7 +231,8 @@ impl<C: Consumer> Harness<C> {
         let started = self.clock.now();
         let (now, wait) = (self.clock.now(), self.settings.lock_timeout);
         let letters = self.poison_letters(msgs, &poison);
-        let statement = receiving_statement(&letters, now);
+        let probe = !self.settings.settle_due.is_zero();
+        let statement = receiving_statement(&letters, now, probe);
         drop(letters);
         let order = WorkOrder::JobId;
         let group = self.commit_group(msgs, fresh, order, outcomes, statement.as_deref());
