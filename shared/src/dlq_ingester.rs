@@ -17,13 +17,14 @@ use crate::dead_letter::{
 use crate::envelope::{Envelope, JobDigest, PartialIds, Poison};
 use crate::fence::{FenceError, fence_exists, settle_horizon};
 use crate::harness::IncomingMessage;
-use crate::ids::ConsumerName;
-use crate::ledger::{Ledger, ledger};
+use crate::ids::{ConsumerName, JobId};
+use crate::ledger::{Ledger, ledgers_of};
 use crate::metrics::{Metric, Metrics};
 use crate::sqs::{batch_response, incoming, sent_at};
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsMessage};
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::Instrument;
@@ -52,6 +53,10 @@ pub struct DlqIngester {
     /// The job queue's retention: how much older than its `SentTimestamp` says a message of a
     /// FIFO DLQ may be (a FIFO DLQ resets the enqueue time when it moves a message in).
     pub queue_retention: Duration,
+    /// How long the batch's letters may wait in the letters' intake before a writer settles
+    /// them (`LETTER_SETTLE_DUE_MS`, as the consumer's; zero: this batch settles behind its own
+    /// rows at once). See [`crate::dead_letter::SETTLE_DUE`].
+    pub settle_due: Duration,
     /// Time.
     pub clock: Arc<dyn Clock>,
     /// `DeadLettered*`, `RedrivenAlreadyProcessed` and `DeadLetterWriteFailed` counts.
@@ -68,19 +73,38 @@ impl DlqIngester {
     /// letter too old for its fence, or a batch whose intake failed, is written alone.
     pub async fn ingest(&self, records: Vec<SqsMessage>) -> SqsBatchResponse {
         let msgs: Vec<IncomingMessage> = records.iter().map(incoming).collect();
-        let mut judged = Vec::with_capacity(msgs.len());
-        for (msg, record) in msgs.iter().zip(&records) {
-            // Its lines carry the ids its body has, as the consumer's do (filled once parsed).
-            let span = crate::telemetry::record_span(
-                self.consumer.as_str(),
-                &msg.message_id,
-                &Default::default(),
-            );
-            crate::telemetry::otel::describe_job(&span, msg.delivery());
-            let read = self.read(msg, sent_at(record)).instrument(span.clone());
-            judged.push((span, read.await));
-        }
         let now = self.clock.now();
+        let parsed: Vec<(tracing::Span, Parsed)> = (msgs.iter().zip(&records))
+            .map(|(msg, record)| {
+                // Its lines carry the ids its body has, as the consumer's do (filled once parsed).
+                let span = crate::telemetry::record_span(
+                    self.consumer.as_str(),
+                    &msg.message_id,
+                    &Default::default(),
+                );
+                crate::telemetry::otel::describe_job(&span, msg.delivery());
+                let parsed = span.in_scope(|| self.parse(msg, sent_at(record), now));
+                (span, parsed)
+            })
+            .collect();
+        // Every redriven job's ledger in one read: what judges it exhausted or crashed.
+        let jobs: Vec<JobId> = (parsed.iter())
+            .filter_map(|(_, p)| p.envelope.as_ref().ok().map(|e| e.job_id))
+            .collect();
+        let ledgers = match jobs.is_empty() {
+            true => Ok(HashMap::new()),
+            false => ledgers_of(&self.pool, &self.consumer, &jobs).await,
+        };
+        let judged: Vec<(tracing::Span, Result<Read, String>)> = (parsed.into_iter())
+            .map(|(span, parsed)| {
+                let read = match (&ledgers, parsed.envelope.as_ref().map(|e| e.job_id)) {
+                    (Err(e), Ok(_)) => Err(format!("reading the job's ledger: {e}")),
+                    (Ok(ledgers), Ok(job)) => Ok(self.judge(parsed, ledgers.get(&job))),
+                    (_, Err(_)) => Ok(self.judge(parsed, None)),
+                };
+                (span, read)
+            })
+            .collect();
         let fields: Vec<&str> = self.job_fields.iter().map(String::as_str).collect();
         let together: Vec<usize> = (judged.iter().enumerate())
             .filter(|(_, (_, j))| matches!(j, Ok(r) if r.judged.kind != ErrorKind::Unsettled))
@@ -95,8 +119,8 @@ impl DlqIngester {
                     Err(_) => None,
                 })
                 .collect();
-            // Each ingester batch settles behind its own rows (no `LETTER_SETTLE_DUE_MS` here).
-            let (wait, due) = (self.settle_wait, Duration::ZERO);
+            // Settled behind their receipt at once, or with a due when the letters' newest is.
+            let (wait, due) = (self.settle_wait, self.settle_due);
             match receive_and_settle(&self.pool, &letters, now, wait, due).await {
                 Ok(received) => {
                     new_letters = received.new_letters;
@@ -121,7 +145,7 @@ impl DlqIngester {
                     if matches!(settled, Ok(Settled::Recorded(Recorded::New(_)))) {
                         new_letters += 1;
                     }
-                    settled.map(|s| (s, read.judged.kind))
+                    (settled.map(|s| (s, read.judged.kind))).map_err(|e| e.to_string())
                 }
             };
             // A backstop record ends recorded (its letter, or none needed) or left in the DLQ.
@@ -155,29 +179,26 @@ impl DlqIngester {
         }
     }
 
-    /// One DLQ message read and judged (poison, unsettled, crashed or exhausted): what its
-    /// letter says, and its job's digest.
-    async fn read(
-        &self,
-        msg: &IncomingMessage,
-        sent_at: Option<DateTime<Utc>>,
-    ) -> Result<Read, FenceError> {
-        let now = self.clock.now();
+    /// One DLQ message read: its envelope (or why it is poison), its job's digest, and how long
+    /// ago it was first sent.
+    fn parse(&self, msg: &IncomingMessage, sent_at: Option<DateTime<Utc>>, now: DateTime<Utc>) -> Parsed {
         let fields: Vec<&str> = self.job_fields.iter().map(String::as_str).collect();
         let parsed = Envelope::<serde_json::Value>::parse_job(&msg.body, &fields);
         let digest = match &parsed {
             Ok((_, digest)) => Some(*digest),
             Err(poison) => poison.digest.as_deref().copied(),
         };
-        let parsed = parsed.map(|(envelope, _)| envelope);
-        let carried = match &parsed {
+        let envelope = parsed.map(|(envelope, _)| envelope);
+        let carried = match &envelope {
             Ok(envelope) => envelope.ids(),
             Err(poison) => poison.ids.clone(),
         };
         crate::telemetry::record_ids(&tracing::Span::current(), &carried);
-        let age = self.age(msg, sent_at, now);
-        let judged = self.judge(parsed, age).await?;
-        Ok(Read { judged, digest })
+        Parsed {
+            envelope,
+            digest,
+            age: self.age(msg, sent_at, now),
+        }
     }
 
     /// How long ago the message was first sent. A FIFO message's time in its job queue before
@@ -195,18 +216,17 @@ impl DlqIngester {
         sent_at.and_then(|sent| (now - sent).to_std().ok().map(|a| a + before_the_move))
     }
 
-    /// What the letter says: its ids, kind, attempts and error.
-    async fn judge(
-        &self,
-        parsed: Result<Envelope<serde_json::Value>, Poison>,
-        age: Option<Duration>,
-    ) -> Result<Judged, FenceError> {
+    /// What the letter says (its ids, kind, attempts and error), by its job's `ledger` (none:
+    /// no execution charged, or poison, which has no job to read one for).
+    fn judge(&self, parsed: Parsed, ledger: Option<&Ledger>) -> Read {
         let redriven = format!(
             "redriven to the dead-letter queue after {} deliveries",
             self.max_receive_count
         );
         let horizon = settle_horizon(self.fence_ttl);
-        Ok(match parsed {
+        let ledger = ledger.cloned().unwrap_or_default();
+        let (age, digest) = (parsed.age, parsed.digest);
+        let judged = match parsed.envelope {
             // Poison is never attempted: its letter says 1, however often crashes of its
             // batch redelivered it.
             Err(poison) => Judged {
@@ -220,14 +240,10 @@ impl DlqIngester {
             Ok(envelope) if age.is_some_and(|a| a > horizon) => Judged {
                 ids: envelope.ids(),
                 kind: ErrorKind::Unsettled,
-                attempts: ledger(&self.pool, envelope.job_id, &self.consumer)
-                    .await?
-                    .executions
-                    .max(1),
+                attempts: ledger.executions.max(1),
                 error: unsettled(&redriven, age.unwrap_or_default(), horizon),
             },
             Ok(envelope) => {
-                let ledger: Ledger = ledger(&self.pool, envelope.job_id, &self.consumer).await?;
                 let (kind, error) = ledger.verdict(self.max_attempts, &redriven);
                 Judged {
                     ids: envelope.ids(),
@@ -236,7 +252,8 @@ impl DlqIngester {
                     error,
                 }
             }
-        })
+        };
+        Read { judged, digest }
     }
 
     /// Writes the letter through the job's fence: none if the job committed.
@@ -289,6 +306,13 @@ fn unsettled(redriven: &str, age: Duration, horizon: Duration) -> String {
         age.as_secs(),
         horizon.as_secs()
     )
+}
+
+/// A DLQ message as parsed, before its job's ledger is read.
+struct Parsed {
+    envelope: Result<Envelope<serde_json::Value>, Poison>,
+    digest: Option<JobDigest>,
+    age: Option<Duration>,
 }
 
 /// A DLQ message as read: its judgement and its job's digest.

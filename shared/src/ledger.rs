@@ -237,14 +237,40 @@ pub async fn ledger(
     else {
         return Ok(Ledger::default());
     };
-    // As `Ledger`'s `FromRow` reads it: a count that is no `u32` is a decode error.
-    let executions = u32::try_from(row.executions).map_err(|e| sqlx::Error::ColumnDecode {
+    ledger_of(row.executions, row.last_error)
+}
+
+/// The ledgers of `jobs` in one statement (a job with none is absent: it has none, or it
+/// finished): what the DLQ ingester judges a batch's redriven jobs by, one read per batch.
+pub async fn ledgers_of(
+    db: impl PgExecutor<'_>,
+    consumer: &ConsumerName,
+    jobs: &[JobId],
+) -> sqlx::Result<HashMap<JobId, Ledger>> {
+    let ids: Vec<Uuid> = jobs.iter().map(|j| j.0).collect();
+    let rows = sqlx::query!(
+        "SELECT job_id, executions, last_error FROM core.job_executions
+         WHERE consumer = $1 AND job_id = ANY($2)",
+        consumer.as_str(),
+        &ids,
+    )
+    .fetch_all(db)
+    .await?;
+    rows.into_iter()
+        .map(|r| Ok((JobId(r.job_id), ledger_of(r.executions, r.last_error)?)))
+        .collect()
+}
+
+/// A ledger row as read: a count that is no `u32` is a decode error (the table's CHECK keeps it
+/// at zero or more).
+fn ledger_of(executions: i32, last_error: Option<String>) -> sqlx::Result<Ledger> {
+    let executions = u32::try_from(executions).map_err(|e| sqlx::Error::ColumnDecode {
         index: "executions".into(),
         source: Box::new(e),
     })?;
     Ok(Ledger {
         executions,
-        last_error: row.last_error,
+        last_error,
     })
 }
 

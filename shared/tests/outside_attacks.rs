@@ -247,6 +247,7 @@ fn ingester(pool: &PgPool) -> DlqIngester {
         fence_ttl: FENCE_TTL,
         queue_retention: Duration::from_secs(4 * 86_400),
         job_fields: Vec::new(),
+        settle_due: Duration::ZERO,
         clock: Arc::new(ManualClock::new(t0())),
         metrics: Default::default(),
         alerter: None,

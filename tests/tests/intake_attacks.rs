@@ -212,6 +212,7 @@ fn ingester(pool: &PgPool, job_fields: &[&str]) -> DlqIngester {
         fence_ttl: shared_testkit::FENCE_TTL,
         queue_retention: Duration::from_secs(3_600),
         job_fields: job_fields.iter().map(|f| f.to_string()).collect(),
+        settle_due: Duration::ZERO,
         clock: Arc::new(SystemClock),
         metrics: Default::default(),
         alerter: None,
@@ -1048,6 +1049,77 @@ async fn a_dlq_batch_of_every_kind_gets_one_letter_each_and_none_for_committed_j
         "acked without a letter; {} row(s) stay received",
         intake_rows(&pool).await
     );
+    promises_hold(&pool).await;
+}
+
+/// The DLQ ingester with a settle due (`LETTER_SETTLE_DUE_MS`, as the consumer's): in a stream of
+/// redriven jobs, a batch that finds a letter of its consumer written less than the due ago is
+/// acked with its rows received, and the first batch that finds them due settles them with its
+/// own. Every row becomes the letter its job's ledger says (read once per batch): `exhausted`
+/// after five recorded failures, `crashed` otherwise, none for a job that committed meanwhile.
+/// Time is the ingester's clock.
+#[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]
+async fn the_ingester_with_a_settle_due_leaves_a_streams_rows_to_the_batch_that_finds_them_due(
+    pool: PgPool,
+) {
+    use shared::dead_letter::SETTLE_DUE;
+    let clock = Arc::new(shared::clock::ManualClock::new(chrono::Utc::now()));
+    let ingester = DlqIngester {
+        settle_due: SETTLE_DUE,
+        clock: clock.clone(),
+        ..ingester(&pool, &[])
+    };
+    // Three batches of four: a job spent on recorded failures, one that crashed twice, one that
+    // never ran, poison.
+    let mut expected = Vec::new();
+    let mut batches = Vec::new();
+    for _ in 0..3 {
+        let (spent, ts) = new_job();
+        e2e::charge_executions(&pool, spent, 5, Some("provider said no")).await;
+        let (ran, tr) = new_job();
+        e2e::charge_executions(&pool, ran, 2, None).await;
+        let (never, tn) = new_job();
+        let batch = vec![
+            (envelope(spent, ts, "c", award("a", 1)), "exhausted"),
+            (envelope(ran, tr, "c", award("a", 1)), "crashed"),
+            (envelope(never, tn, "c", award("a", 1)), "crashed"),
+            ("[not an envelope".to_owned(), "poison"),
+        ];
+        let records: Vec<SqsMessage> = (batch.iter())
+            .map(|(body, _)| dlq_record(&Uuid::new_v4().to_string(), body, None))
+            .collect();
+        expected.extend(records.iter().zip(&batch).map(|(r, (_, kind))| {
+            (r.message_id.clone().unwrap(), *kind)
+        }));
+        batches.push(records);
+    }
+    let ingest = |records: Vec<SqsMessage>| {
+        let ingester = &ingester;
+        async move {
+            let response = ingester.ingest(records).await;
+            assert!(response.batch_item_failures.is_empty(), "{:?}", failed_ids(&response));
+        }
+    };
+    // Alone: settled before it acks.
+    ingest(batches[0].clone()).await;
+    assert_eq!(intake_rows(&pool).await, 0);
+    // A letter was just written: left for the batch that finds it due.
+    clock.advance(chrono::Duration::milliseconds(10));
+    ingest(batches[1].clone()).await;
+    assert_eq!(intake_rows(&pool).await, 4, "acked with its rows received");
+    for record in &batches[1] {
+        let id = record.message_id.clone().unwrap();
+        assert!(letters_of_message(&pool, &id).await.is_empty());
+    }
+    // Due: this batch's round takes the rows left and its own.
+    clock.advance(chrono::Duration::from_std(SETTLE_DUE).unwrap());
+    ingest(batches[2].clone()).await;
+    assert_eq!(intake_rows(&pool).await, 0);
+    for (id, kind) in &expected {
+        let letters = letters_of_message(&pool, id).await;
+        assert_eq!(letters.len(), 1, "{id}: {letters:?}");
+        assert_eq!(letters[0].1, *kind, "{id}");
+    }
     promises_hold(&pool).await;
 }
 

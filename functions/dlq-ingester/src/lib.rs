@@ -32,6 +32,7 @@ pub async fn run() -> Result<(), Error> {
         fence_ttl: config.fence.ttl,
         queue_retention: config.fence.queue_retention,
         job_fields: config.fence.job_fields.clone(),
+        settle_due: config.settle_due,
         clock,
         metrics: Default::default(),
         alerter,

@@ -186,6 +186,9 @@ pub struct DlqIngesterConfig {
     pub metrics_namespace: String,
     /// BetterStack alerting, unless disabled.
     pub alerts: Option<AlertConfig>,
+    /// How long letters may wait in the intake before a writer settles them
+    /// ([`LETTER_SETTLE_DUE_MS`], as the consumer's).
+    pub settle_due: Duration,
 }
 
 impl DlqIngesterConfig {
@@ -199,6 +202,7 @@ impl DlqIngesterConfig {
             job_queue: env.required(JOB_QUEUE_NAME)?,
             metrics_namespace: env.parsed(METRICS_NAMESPACE, "JobHarness".to_owned())?,
             alerts: AlertConfig::from_env(env)?,
+            settle_due: settle_due(env)?,
         })
     }
 }

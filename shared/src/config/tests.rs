@@ -234,9 +234,30 @@ fn the_letters_settle_due_is_zero_unless_set_and_at_most_a_minute() {
         crate::run::harness_settings(&due).settle_due,
         Duration::from_secs(1)
     );
+    // The DLQ ingester reads the same variable, with the same bounds.
+    let ingester = |due: Option<&'static str>| {
+        let mut pairs = vec![
+            (DATABASE_URL, "postgres://h/d"),
+            (CONSUMER_NAME, "award-points"),
+            (JOB_QUEUE_NAME, "jobs"),
+            (ALERTING_DISABLED, "true"),
+        ];
+        pairs.extend(due.map(|d| (LETTER_SETTLE_DUE_MS, d)));
+        DlqIngesterConfig::from_env(&Env::from_pairs(&pairs))
+    };
+    assert_eq!(ingester(None).unwrap().settle_due, Duration::ZERO);
+    assert_eq!(
+        ingester(Some("1000")).unwrap().settle_due,
+        Duration::from_secs(1)
+    );
     for bad in ["60001", "-1", "1s"] {
         assert_eq!(
             load(&[(LETTER_SETTLE_DUE_MS, bad)]).unwrap_err().variable,
+            LETTER_SETTLE_DUE_MS,
+            "{bad}"
+        );
+        assert_eq!(
+            ingester(Some(bad)).unwrap_err().variable,
             LETTER_SETTLE_DUE_MS,
             "{bad}"
         );

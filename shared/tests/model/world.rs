@@ -578,6 +578,7 @@ impl World {
                 .iter()
                 .map(|f| (*f).to_owned())
                 .collect(),
+            settle_due: Duration::ZERO,
             clock: self.clock.clone(),
             metrics: Default::default(),
             alerter: None,
