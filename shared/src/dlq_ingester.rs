@@ -181,7 +181,12 @@ impl DlqIngester {
 
     /// One DLQ message read: its envelope (or why it is poison), its job's digest, and how long
     /// ago it was first sent.
-    fn parse(&self, msg: &IncomingMessage, sent_at: Option<DateTime<Utc>>, now: DateTime<Utc>) -> Parsed {
+    fn parse(
+        &self,
+        msg: &IncomingMessage,
+        sent_at: Option<DateTime<Utc>>,
+        now: DateTime<Utc>,
+    ) -> Parsed {
         let fields: Vec<&str> = self.job_fields.iter().map(String::as_str).collect();
         let parsed = Envelope::<serde_json::Value>::parse_job(&msg.body, &fields);
         let digest = match &parsed {

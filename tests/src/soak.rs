@@ -41,6 +41,10 @@ pub enum Restart {
     TerminateConnections,
 }
 
+/// How often the soak invokes the scheduled function's bulk operations round (every minute on
+/// AWS, `OperationsSchedule`).
+const OPERATIONS_EVERY: Duration = Duration::from_secs(5);
+
 /// The soak's size and faults.
 #[derive(Debug, Clone)]
 pub struct SoakSpec {
@@ -172,6 +176,8 @@ pub struct SoakReport {
     pub false_letters: u64,
     /// Letters written while a job had not committed, closed when another copy committed it.
     pub closed_by_commit: u64,
+    /// Letters the operations invocations settled: rows writers with a settle due left received.
+    pub settled_late: u64,
     /// Jobs whose outcome cannot follow from their kind (a poison job with an effect, …).
     pub unexpected: Vec<String>,
     /// On a FIFO run: effects that committed before an effect sent ahead of them in their
@@ -234,6 +240,11 @@ impl fmt::Display for SoakReport {
             f,
             "closed by a commit  {:>7}  letters of a copy, closed when another copy committed",
             self.closed_by_commit
+        )?;
+        writeln!(
+            f,
+            "settled late        {:>7}  letters written by the operations invocation (a settle due's tail)",
+            self.settled_late
         )?;
         if let Some(out_of_order) = self.out_of_order {
             writeln!(
@@ -311,6 +322,23 @@ pub async fn run(spec: &SoakSpec, stack_spec: StackSpec, admin: &PgPool) -> Soak
                     delete_loss: 0.0,
                 };
                 trace.poll("dlq-ingester", &source.poll_once().await);
+            }
+        });
+    }
+
+    // The scheduled function's bulk operations invocation, as its schedule runs it on AWS (every
+    // minute; here every few seconds): it settles the letters writers with a settle due left
+    // received (a storm's tail).
+    let settled_late = Arc::new(AtomicU64::new(0));
+    {
+        let (stack, stop, settled) = (stack.clone(), stop.clone(), settled_late.clone());
+        pollers.spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                tokio::time::sleep(OPERATIONS_EVERY).await;
+                if let Ok(answer) = stack.work_operations().await {
+                    let letters = answer["settled"].as_u64().unwrap_or(0);
+                    settled.fetch_add(letters, Ordering::Relaxed);
+                }
             }
         });
     }
@@ -419,6 +447,7 @@ pub async fn run(spec: &SoakSpec, stack_spec: StackSpec, admin: &PgPool) -> Soak
     report.duplicates_sent = published - total;
     report.kills = kills.load(Ordering::Relaxed);
     report.lost_deletes = lost_deletes.load(Ordering::Relaxed);
+    report.settled_late = settled_late.load(Ordering::Relaxed);
     report.restart = restart;
     for host in consumers.iter() {
         let m = host.metrics();

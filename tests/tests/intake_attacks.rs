@@ -1088,16 +1088,23 @@ async fn the_ingester_with_a_settle_due_leaves_a_streams_rows_to_the_batch_that_
         let records: Vec<SqsMessage> = (batch.iter())
             .map(|(body, _)| dlq_record(&Uuid::new_v4().to_string(), body, None))
             .collect();
-        expected.extend(records.iter().zip(&batch).map(|(r, (_, kind))| {
-            (r.message_id.clone().unwrap(), *kind)
-        }));
+        expected.extend(
+            records
+                .iter()
+                .zip(&batch)
+                .map(|(r, (_, kind))| (r.message_id.clone().unwrap(), *kind)),
+        );
         batches.push(records);
     }
     let ingest = |records: Vec<SqsMessage>| {
         let ingester = &ingester;
         async move {
             let response = ingester.ingest(records).await;
-            assert!(response.batch_item_failures.is_empty(), "{:?}", failed_ids(&response));
+            assert!(
+                response.batch_item_failures.is_empty(),
+                "{:?}",
+                failed_ids(&response)
+            );
         }
     };
     // Alone: settled before it acks.

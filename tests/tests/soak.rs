@@ -3,7 +3,8 @@
 //! deletes lost. The PostgreSQL it restarts is a throwaway cluster this test starts itself
 //! (`initdb` in a temporary directory, a free port) and removes afterwards: never the machine's.
 //! The long form (10,000 jobs) is `bash scripts/soak.sh`. See `e2e::soak` for the workload and
-//! the checks. It runs twice: one transaction per job, and one per batch (`COMMIT_MODE=batch`).
+//! the checks. It runs twice: one transaction per job, and one per batch (`COMMIT_MODE=batch`,
+//! with the settle due as deployed), and batch mode again on a FIFO queue.
 
 use e2e::soak::{Restart, SoakSpec, run};
 use e2e::stack::StackSpec;
@@ -47,6 +48,16 @@ async fn soak(mode: CommitMode, fifo_groups: Option<usize>) {
     stack
         .consumer_env
         .push(("COMMIT_MODE".into(), mode.as_str().into()));
+    // Batch mode (and FIFO) with the settle due as deployed (templates/consumer.yaml's
+    // LetterSettleDueMs), for the consumers and the ingester: a storm's letters wait in the
+    // intake for a round, and the soak's operations invocations settle its tail. Per-job mode
+    // keeps the library's default (0: every record's letter before its ack).
+    if mode == CommitMode::Batch {
+        let due = shared::dead_letter::SETTLE_DUE.as_millis().to_string();
+        stack
+            .function_env
+            .push(("LETTER_SETTLE_DUE_MS".into(), due));
+    }
     let spec = SoakSpec {
         // Sized for the test command's time (the suite's budget is 30 minutes); the long form
         // (`scripts/soak.sh`) is the volume.

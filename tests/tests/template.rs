@@ -423,6 +423,43 @@ fn each_consumer_stanza_wires_its_queue_redrive_ingester_and_timeouts() {
     }
 }
 
+/// Issue 36: as deployed, a consumer and its DLQ ingester settle a storm's letters with the
+/// settle due docs/performance.md measures (`SETTLE_DUE`, the nested template's
+/// `LetterSettleDueMs`), both the same, and no longer than the operations schedule that settles
+/// a storm's last rows (`LETTER_SETTLE_DUE_MS` is refused above a minute).
+#[test]
+fn a_consumer_and_its_ingester_settle_a_storms_letters_with_the_measured_due() {
+    let t = template();
+    let config = |function: &str| {
+        let env = environment(&t, resource(&t, function));
+        (env.get("LETTER_SETTLE_DUE_MS").cloned(), env)
+    };
+    let consumers = consumers(&t);
+    assert!(!consumers.is_empty());
+    for (consumer, ingester, _, _) in consumers {
+        let (due, env) = config(&consumer);
+        let (ingester_due, ingester_env) = config(&ingester);
+        assert_eq!(due, ingester_due, "{consumer} and {ingester}");
+        let lookup = |env: &BTreeMap<String, String>| {
+            let env = env.clone();
+            Env::from_fn(move |k| env.get(k).cloned())
+        };
+        let settle_due = ConsumerConfig::from_env(&lookup(&env)).unwrap().settle_due;
+        assert_eq!(
+            settle_due,
+            shared::dead_letter::SETTLE_DUE,
+            "{consumer}: the measured due, as deployed"
+        );
+        assert_eq!(
+            DlqIngesterConfig::from_env(&lookup(&ingester_env))
+                .unwrap()
+                .settle_due,
+            settle_due,
+            "{ingester}"
+        );
+    }
+}
+
 /// Issue 22: the DLQ kept a copy 14 days, the fence lived 7, and the functions' floor
 /// counted only the job queue. Each stanza's queue and DLQ retentions are now the values every
 /// function is told (so its start-up floor counts them), and the fence TTL the functions get is

@@ -1,8 +1,9 @@
 //! `soak [jobs] [seed] [per-job|batch|fifo-per-job|fifo-batch]`: the chaos soak's long form
 //! (default 10,000 jobs, per-job commits) on a throwaway PostgreSQL cluster of its own
 //! (restarted halfway, removed at the end) and the local SQS API; `fifo-…` on a FIFO queue, the
-//! jobs in 50 message groups, whose order the checker verifies too. Prints the counts and exits
-//! non-zero if any invariant broke.
+//! jobs in 50 message groups, whose order the checker verifies too. The functions get the settle
+//! due as deployed unless `LETTER_SETTLE_DUE_MS` is set. Prints the counts and exits non-zero if
+//! any invariant broke.
 
 use e2e::soak::{Restart, SoakSpec, run};
 use e2e::stack::{Binaries, StackSpec};
@@ -41,6 +42,13 @@ async fn main() {
     stack
         .consumer_env
         .push(("COMMIT_MODE".into(), mode.as_str().into()));
+    // The settle due as deployed (templates/consumer.yaml's LetterSettleDueMs), unless this run's
+    // environment sets LETTER_SETTLE_DUE_MS (0: every record's letter before its ack).
+    let due = std::env::var("LETTER_SETTLE_DUE_MS")
+        .unwrap_or_else(|_| shared::dead_letter::SETTLE_DUE.as_millis().to_string());
+    stack
+        .function_env
+        .push(("LETTER_SETTLE_DUE_MS".into(), due.clone()));
     stack.log_dir = Some(std::env::temp_dir().join("job-harness-soak"));
     std::fs::create_dir_all(stack.log_dir.as_ref().unwrap()).expect("log dir");
     let spec = SoakSpec {
@@ -54,7 +62,7 @@ async fn main() {
         fifo_groups: fifo.then_some(50),
     };
     println!(
-        "soak ({} commits{}): {jobs} jobs, seed {seed}, {} consumer sandboxes, a SIGKILL every ~{:?}, {:.0}% of deletes lost, PostgreSQL: {:?}",
+        "soak ({} commits{}, settle due {due} ms): {jobs} jobs, seed {seed}, {} consumer sandboxes, a SIGKILL every ~{:?}, {:.0}% of deletes lost, PostgreSQL: {:?}",
         mode.as_str(),
         if fifo { ", FIFO queue, 50 groups" } else { "" },
         spec.consumers,
