@@ -11,11 +11,11 @@
 
 use crate::clock::Clock;
 use crate::dead_letter::{
-    ErrorKind, NewDeadLetter, Recorded, Settled, receive_and_settle, record_unless_processed,
-    record_without_settling,
+    ErrorKind, NewDeadLetter, Recorded, Settled, conflict_error, receive_and_settle,
+    record_unless_processed, record_without_settling,
 };
 use crate::envelope::{Envelope, JobDigest, PartialIds, Poison};
-use crate::fence::{FenceError, fence_exists, settle_horizon};
+use crate::fence::{FenceError, fenced_job, settle_horizon};
 use crate::harness::IncomingMessage;
 use crate::ids::{ConsumerName, JobId};
 use crate::ledger::{Ledger, ledgers_of};
@@ -274,13 +274,27 @@ impl DlqIngester {
             let wait = self.settle_wait;
             return record_unless_processed(&self.pool, letter, digest, now, wait).await;
         }
-        // A fence still there says the job committed; its absence says nothing any more.
+        // A fence still there says the job committed, or, with another digest, that another
+        // job did under its id (this one did not run: its `conflict` letter); its absence says
+        // nothing any more.
         let job = letter.job_id.expect("an envelope has a job id");
-        if fence_exists(&self.pool, job, &self.consumer).await? {
-            return Ok(Settled::AlreadyProcessed);
+        match fenced_job(&self.pool, job, &self.consumer, digest).await? {
+            Some(true) => Ok(Settled::AlreadyProcessed),
+            Some(false) => {
+                let error = conflict_error(letter.last_error);
+                let conflict = NewDeadLetter {
+                    kind: ErrorKind::Conflict,
+                    last_error: &error,
+                    ..letter.clone()
+                };
+                let recorded = record_without_settling(&self.pool, &conflict, digest, now);
+                Ok(Settled::Conflict(recorded.await?))
+            }
+            None => {
+                let recorded = record_without_settling(&self.pool, letter, digest, now);
+                Ok(Settled::Recorded(recorded.await?))
+            }
         }
-        let recorded = record_without_settling(&self.pool, letter, digest, now);
-        Ok(Settled::Recorded(recorded.await?))
     }
 
     fn count(&self, settled: Settled, kind: ErrorKind) {

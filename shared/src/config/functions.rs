@@ -153,7 +153,8 @@ fn settle_due(env: &Env<'_>) -> Result<Duration, ConfigError> {
         return Err(ConfigError {
             variable: LETTER_SETTLE_DUE_MS,
             problem: format!(
-                "{ms} ms is longer than the minute within which the scheduled function settles                  what writers left; use 0 to 60000"
+                "{ms} ms is longer than the minute within which the scheduled function settles \
+                 what writers left; use 0 to 60000"
             ),
         });
     }

@@ -48,6 +48,12 @@ pub const SETTLE_ROUND_BYTES: i64 = 4 << 20;
 /// due of zero (the default) every writer settles behind its own rows at once.
 pub const SETTLE_DUE: Duration = Duration::from_millis(1_000);
 
+/// The longest a writer with a due goes on settling behind its receipt (the due itself, when
+/// shorter): a due of up to a minute must not keep an invocation settling past its function's
+/// timeout (the DLQ ingester's is 30 s). What it leaves waits for the next writer that finds it
+/// due, or the scheduled function.
+pub const SETTLE_BUDGET: Duration = Duration::from_secs(5);
+
 /// The most settle rounds a writer that settles at once (a due of zero) runs behind its own
 /// rows: in a storm, the invocation holding the settle lock settles for others too, within this
 /// bound; the next writer (or the scheduled run) goes on.
@@ -413,7 +419,8 @@ pub async fn settle_received(
     let rounds = if due.is_zero() {
         Some((SETTLE_ROUNDS, Until::Empty))
     } else if receipt.settles_now(due) {
-        Some((usize::MAX, Until::Partial { budget: due }))
+        let budget = due.min(SETTLE_BUDGET);
+        Some((usize::MAX, Until::Partial { budget }))
     } else {
         None
     };

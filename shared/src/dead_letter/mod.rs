@@ -54,7 +54,7 @@ pub use review::{
     LockedLetter, Verdict, Withdrawal, fence_is_another_job, is_lock_timeout, letter_fence_exists,
     lock_letter, queued_replays, record_replay_sent, record_replays_sent, withdraw_replay,
 };
-pub(crate) use settle::{CONFLICT_ERROR, record_without_settling};
+pub(crate) use settle::{CONFLICT_ERROR, conflict_error, record_without_settling};
 pub use settle::{Settled, record_all_unless_processed, record_unless_processed};
 
 /// The most bytes an identifier keeps in a letter's indexed columns.

@@ -223,7 +223,7 @@ async fn drop_placeholder(
 }
 
 /// A conflict letter's error: [`CONFLICT_ERROR`], and the job's own failure.
-pub(super) fn conflict_error(own: &str) -> String {
+pub(crate) fn conflict_error(own: &str) -> String {
     let own = truncate(own, MAX_ERROR_BYTES / 2);
     format!("{CONFLICT_ERROR}; this job's own failure: {own}")
 }

@@ -60,16 +60,28 @@ pub async fn fenced_as_the_same_job(
     consumer: &ConsumerName,
     digest: &JobDigest,
 ) -> sqlx::Result<bool> {
-    let same = sqlx::query_scalar!(
+    Ok(fenced_job(db, job_id, consumer, Some(digest)).await? == Some(true))
+}
+
+/// What the committed fence of (`job_id`, `consumer`) says of the job whose digest is `digest`,
+/// in one read: `None` without a fence; `Some(true)` for the same job (the same digest, one of
+/// its family of edits, or a digest unknown on either side: `core.same_job`); `Some(false)` for
+/// another job committed under the id.
+pub async fn fenced_job(
+    db: impl PgExecutor<'_>,
+    job_id: JobId,
+    consumer: &ConsumerName,
+    digest: Option<&JobDigest>,
+) -> sqlx::Result<Option<bool>> {
+    sqlx::query_scalar!(
         r#"SELECT core.same_job($1, $2, $3, payload_digest) AS "same!" FROM core.processed_jobs
          WHERE job_id = $1 AND consumer = $2"#,
         job_id.0,
         consumer.as_str(),
-        digest.0.as_slice(),
+        digest.map(|d| d.0.as_slice()),
     )
     .fetch_optional(db)
-    .await?;
-    Ok(same == Some(true))
+    .await
 }
 
 /// A committed fence, as operators see it (the API's `GET /v1/core/processed-jobs/{id}`).

@@ -16,8 +16,9 @@
 //!   (issue 36's goal: >= 0.8) and one in ten / valid (>= 0.9);
 //! - for context, pgbench at c = 16 on the same tables: the fence + award transaction against a
 //!   letter of one group, of distinct groups, and the consumer's whole poison transaction;
-//! - the consumer's workloads again at 1 ms RTT, commits waiting for a synchronous standby
-//!   ([`e2e::bench::standby`]), with the round trips each record costs through the proxy.
+//! - the consumer's workloads and the ingester's again at 1 ms RTT, commits waiting for a
+//!   synchronous standby ([`e2e::bench::standby`]), with the round trips each record costs
+//!   through the proxy.
 //!
 //! `bench-storm [loopback|pgbench|latency]` runs one part; `--rounds` and `--seconds` set the
 //! loopback rounds. Writes `target/bench/storm.json`. Every run starts from empty fences,
@@ -63,10 +64,15 @@ const PGBENCH_CLIENTS: usize = 16;
 const PGBENCH_ROUNDS: usize = 3;
 const PGBENCH_RUN: Duration = Duration::from_secs(5);
 
-/// `LETTER_SETTLE_DUE_MS` as this run's environment sets it (`0` without it), for the consumers.
+/// `LETTER_SETTLE_DUE_MS` for the consumers and the ingester: as `templates/consumer.yaml`
+/// deploys them ([`shared::dead_letter::SETTLE_DUE`]) unless this run's environment sets it
+/// (`0`: every record's letter before its ack, the library's default).
 fn settle_due_ms() -> &'static str {
     static DUE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    DUE.get_or_init(|| std::env::var("LETTER_SETTLE_DUE_MS").unwrap_or_else(|_| "0".into()))
+    DUE.get_or_init(|| {
+        std::env::var("LETTER_SETTLE_DUE_MS")
+            .unwrap_or_else(|_| shared::dead_letter::SETTLE_DUE.as_millis().to_string())
+    })
 }
 
 #[derive(Parser)]
@@ -252,8 +258,7 @@ impl Function {
                             &[
                                 ("DATABASE_POOL_SIZE", CONSUMER_POOL),
                                 ("COMMIT_MODE", mode.as_str()),
-                                // A settle due to measure (docs/performance.md), from the
-                                // bench's own environment; 0, the default, without it.
+                                // The settle due as deployed, or the bench's own environment's.
                                 ("LETTER_SETTLE_DUE_MS", settle_due_ms()),
                             ],
                         )
@@ -265,6 +270,8 @@ impl Function {
                         &[
                             ("DATABASE_POOL_SIZE", INGESTER_POOL),
                             ("JOB_QUEUE_NAME", QUEUE),
+                            // The consumer's due, as templates/consumer.yaml deploys both.
+                            ("LETTER_SETTLE_DUE_MS", settle_due_ms()),
                         ],
                     ),
                 })
@@ -561,7 +568,8 @@ fn pgbench_context(url: &str) -> Vec<Value> {
         .collect()
 }
 
-/// The consumer's workloads at [`RTT_MS`], commits waiting for a synchronous standby.
+/// The consumer's workloads and the ingester's at [`RTT_MS`], commits waiting for a synchronous
+/// standby.
 async fn at_latency() -> Value {
     println!(
         "\nstarting a primary and its synchronous standby (throwaway clusters), and the latency proxies"
@@ -586,7 +594,8 @@ async fn at_latency() -> Value {
         database: &primary,
         proxy: Some(&deployment.clients),
     };
-    let (rates, trips) = measure(&target, &MODES, LATENCY_ROUNDS, LATENCY_RUN).await;
+    let functions = [MODES[0], MODES[1], Function::Ingester];
+    let (rates, trips) = measure(&target, &functions, LATENCY_ROUNDS, LATENCY_RUN).await;
     let setup = format!("{RTT_MS} ms RTT, synchronous standby");
     json!({"rtt_ms": RTT_MS, "measured_rtt_ms": trip, "measured_commit_ms": commit,
            "rounds": LATENCY_ROUNDS, "run_seconds": LATENCY_RUN.as_secs(),
@@ -600,13 +609,16 @@ async fn main() {
     let database = bench::open(
         2,
         &format!(
-            "{PROCESSES} processes of each function, batches of {BATCH}; {} rounds of {} s per side, alternating, medians",
-            args.rounds, args.seconds
+            "{PROCESSES} processes of each function, batches of {BATCH}, LETTER_SETTLE_DUE_MS={}; {} rounds of {} s per side, alternating, medians",
+            settle_due_ms(),
+            args.rounds,
+            args.seconds
         ),
     )
     .await;
     let mut out = json!({"postgres": database.version, "processes": PROCESSES, "batch": BATCH,
-        "consumer_pool": CONSUMER_POOL, "ingester_pool": INGESTER_POOL});
+        "consumer_pool": CONSUMER_POOL, "ingester_pool": INGESTER_POOL,
+        "letter_settle_due_ms": settle_due_ms()});
     if part("loopback") {
         let target = Target {
             functions_url: &database.url,
