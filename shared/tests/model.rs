@@ -61,6 +61,11 @@ pub struct Config {
     /// a time), where every writer and its fall back must still finish on that connection (an
     /// outside attack found a settle's fall back waiting on a second one).
     pub pool_of_one: bool,
+    /// The consumer and its DLQ ingester settle letters with the due as deployed
+    /// (`LETTER_SETTLE_DUE_MS`, `SETTLE_DUE`): a writer that finds a letter of its consumer
+    /// written less than the due ago (by the world's clock) acks its failures with their rows
+    /// received, for a later writer, the scheduled run or a `Settle` step.
+    pub settle_due: bool,
 }
 
 /// One step of a history.
@@ -117,6 +122,12 @@ pub enum Step {
     DeliverWhileSettling { picks: Vec<u8> },
     /// The scheduled run settles the letters' intake.
     Settle,
+    /// A copy of job (`slot`, `variant`) sent longer ago than its fence is trusted to live (a
+    /// DLQ kept longer than the functions were told) reaches the DLQ ingester, once no other
+    /// copy of its id can: `unsettled`, unless its fence is still there, its own job's (no
+    /// letter) or another job's under its id (a `conflict` letter; an outside attack found it
+    /// acked without one).
+    RedriveOld { slot: u8, variant: u8 },
 }
 
 struct Model;
@@ -157,18 +168,22 @@ impl ReferenceStateMachine for Model {
             proptest::collection::vec([payload.clone(), payload], 3),
             proptest::bool::weighted(0.25),
             proptest::bool::weighted(0.2),
+            proptest::bool::weighted(0.5),
         )
-            .prop_map(|(batch, fifo, slots, noted, pool_of_one)| Config {
-                mode: if batch {
-                    CommitMode::Batch
-                } else {
-                    CommitMode::PerJob
+            .prop_map(
+                |(batch, fifo, slots, noted, pool_of_one, settle_due)| Config {
+                    mode: if batch {
+                        CommitMode::Batch
+                    } else {
+                        CommitMode::PerJob
+                    },
+                    fifo,
+                    slots,
+                    noted,
+                    pool_of_one,
+                    settle_due,
                 },
-                fifo,
-                slots,
-                noted,
-                pool_of_one,
-            })
+            )
             .prop_map(|cfg| Plan {
                 cfg,
                 failing_sent: 0,
@@ -266,6 +281,12 @@ impl ReferenceStateMachine for Model {
                     .boxed(),
             ),
             (2, Just(Step::Settle).boxed()),
+            (
+                1,
+                (0..3u8, 0..2u8)
+                    .prop_map(|(slot, variant)| Step::RedriveOld { slot, variant })
+                    .boxed(),
+            ),
         ];
         proptest::strategy::Union::new_weighted(steps.into_iter().filter(|(w, _)| *w > 0).collect())
             .boxed()
@@ -295,6 +316,11 @@ impl ReferenceStateMachine for Model {
             Step::Rounds { times, .. } => u32::from(*times),
             Step::ReplayRefused { .. } => {
                 plan.refused = true;
+                0
+            }
+            // Its letter may exist at once (an operator's steps may follow).
+            Step::RedriveOld { .. } => {
+                plan.delivered = true;
                 0
             }
             _ => 0,
@@ -432,6 +458,7 @@ async fn run_history(
                 Step::SweepPastTtl => world.sweep().await,
                 Step::DeliverWhileSettling { picks } => world.deliver_while_settling(picks).await,
                 Step::Settle => world.settle_intake().await,
+                Step::RedriveOld { slot, variant } => world.redrive_old(*slot, *variant).await,
             }
             let did: Vec<String> = world.log[logged..].to_vec();
             world.log.truncate(logged);
@@ -559,6 +586,36 @@ fn model_hand_written_histories_keep_the_promises() {
     let good = vec![[Good, Good]; 3];
     let examples: Vec<(&str, Config, Vec<Step>)> = vec![
         (
+            "old copies past the fence's horizon, of the committed job and of another job under \
+             its id, then of a job that never committed, with the settle due (the outside attack \
+             on the DLQ ingester's batch path)",
+            Config {
+                mode: CommitMode::Batch,
+                fifo: false,
+                slots: good.clone(),
+                noted: false,
+                pool_of_one: false,
+                settle_due: true,
+            },
+            vec![
+                send(0, 0, Spelling::Exact),
+                Deliver { picks: vec![0] },
+                Step::RedriveOld {
+                    slot: 0,
+                    variant: 0,
+                },
+                Step::RedriveOld {
+                    slot: 0,
+                    variant: 1,
+                },
+                Step::RedriveOld {
+                    slot: 1,
+                    variant: 0,
+                },
+                Step::Settle,
+            ],
+        ),
+        (
             "a pool of one connection: two poison records beside two jobs in one batch while a \
              settler is at work, then settled, batch mode (an outside attack on the settle)",
             Config {
@@ -567,6 +624,7 @@ fn model_hand_written_histories_keep_the_promises() {
                 slots: good.clone(),
                 noted: false,
                 pool_of_one: true,
+                settle_due: false,
             },
             vec![
                 send(0, 0, Spelling::Exact),
@@ -589,6 +647,7 @@ fn model_hand_written_histories_keep_the_promises() {
                 slots: good.clone(),
                 noted: false,
                 pool_of_one: false,
+                settle_due: false,
             },
             vec![
                 send(0, 0, Spelling::Exact),
@@ -604,6 +663,7 @@ fn model_hand_written_histories_keep_the_promises() {
                 slots: good.clone(),
                 noted: false,
                 pool_of_one: false,
+                settle_due: false,
             },
             vec![
                 send(0, 0, Spelling::Exact),
@@ -619,6 +679,7 @@ fn model_hand_written_histories_keep_the_promises() {
                 slots: vec![[Flaky, Good], [Good, Good], [Good, Good]],
                 noted: false,
                 pool_of_one: false,
+                settle_due: false,
             },
             vec![
                 send(0, 0, Spelling::Exact),
@@ -642,6 +703,7 @@ fn model_hand_written_histories_keep_the_promises() {
                 slots: vec![[Flaky, Good], [Good, Good], [BadPoints, Good]],
                 noted: false,
                 pool_of_one: false,
+                settle_due: false,
             },
             vec![
                 send(0, 0, Spelling::Exact),
@@ -675,6 +737,7 @@ fn model_hand_written_histories_keep_the_promises() {
                 slots: vec![[BadPoints, Good], [Good, Good], [Good, Good]],
                 noted: false,
                 pool_of_one: false,
+                settle_due: false,
             },
             vec![
                 send(0, 0, Spelling::Exact),
@@ -702,6 +765,7 @@ fn model_hand_written_histories_keep_the_promises() {
                 slots: vec![[Flaky, Good], [Good, Good], [Good, Good]],
                 noted: false,
                 pool_of_one: false,
+                settle_due: false,
             },
             vec![
                 send(0, 0, Spelling::Exact),
@@ -722,6 +786,7 @@ fn model_hand_written_histories_keep_the_promises() {
                 slots: good.clone(),
                 noted: false,
                 pool_of_one: false,
+                settle_due: false,
             },
             vec![
                 send(0, 0, Spelling::Exact),
@@ -739,6 +804,7 @@ fn model_hand_written_histories_keep_the_promises() {
                 slots: vec![[BadPoints, Good], [Good, Good], [Good, Good]],
                 noted: false,
                 pool_of_one: false,
+                settle_due: false,
             },
             vec![
                 send(0, 0, Spelling::Exact),
@@ -761,6 +827,7 @@ fn model_hand_written_histories_keep_the_promises() {
                 slots: vec![[Flaky, Good], [Good, Good], [Good, Good]],
                 noted: false,
                 pool_of_one: false,
+                settle_due: false,
             },
             vec![
                 send(0, 0, Spelling::Exact),
@@ -791,6 +858,7 @@ fn model_hand_written_histories_keep_the_promises() {
                 slots: vec![[Flaky, Good], [Good, Good], [Good, Good]],
                 noted: false,
                 pool_of_one: false,
+                settle_due: false,
             },
             vec![
                 send(0, 0, Spelling::Exact),
@@ -818,6 +886,7 @@ fn model_hand_written_histories_keep_the_promises() {
                 slots: good.clone(),
                 noted: false,
                 pool_of_one: false,
+                settle_due: false,
             },
             vec![
                 send(1, 0, Spelling::PointsExponent),
@@ -838,6 +907,7 @@ fn model_hand_written_histories_keep_the_promises() {
                 slots: good.clone(),
                 noted: false,
                 pool_of_one: false,
+                settle_due: false,
             },
             vec![
                 send(0, 0, Spelling::PointsDecimal),
@@ -854,6 +924,7 @@ fn model_hand_written_histories_keep_the_promises() {
                 slots: good.clone(),
                 noted: true,
                 pool_of_one: false,
+                settle_due: false,
             },
             vec![
                 send(0, 0, Spelling::Exact),
@@ -872,6 +943,7 @@ fn model_hand_written_histories_keep_the_promises() {
                 slots: vec![[Flaky, Flaky], [Good, Good], [Flaky, Good]],
                 noted: false,
                 pool_of_one: false,
+                settle_due: false,
             },
             vec![
                 send(0, 0, Spelling::Exact),

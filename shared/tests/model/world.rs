@@ -177,8 +177,9 @@ fn queue_name(fifo: bool) -> &'static str {
     }
 }
 
-fn harness_settings(mode: CommitMode) -> HarnessSettings {
+fn harness_settings(mode: CommitMode, due: Duration) -> HarnessSettings {
     HarnessSettings {
+        settle_due: due,
         policy: RetryPolicy::new(
             MAX_ATTEMPTS,
             Duration::from_secs(30),
@@ -187,6 +188,14 @@ fn harness_settings(mode: CommitMode) -> HarnessSettings {
         .expect("the model's retry policy"),
         commit: mode,
         ..settings()
+    }
+}
+
+/// The settle due of the history's consumer and ingester: as deployed, or none.
+fn settle_due(cfg: &Config) -> Duration {
+    match cfg.settle_due {
+        true => shared::dead_letter::SETTLE_DUE,
+        false => Duration::ZERO,
     }
 }
 
@@ -219,7 +228,7 @@ impl World {
         let harness = Arc::new(harness_on(
             &harness_pool,
             Probe::new(reference_name(), cfg.noted, probe.clone()),
-            harness_settings(cfg.mode),
+            harness_settings(cfg.mode, settle_due(&cfg)),
             clock.clone(),
         ));
         let jobs = (0..cfg.slots.len())
@@ -352,6 +361,32 @@ impl World {
         );
         self.msgs[i].unreadable = spelling.unreadable();
         self.log.push(format!("send {}", self.msgs[i].name));
+    }
+
+    /// A copy of job (`slot`, `variant`) sent longer ago than its fence is trusted to live
+    /// (the TTL and a day) reaches the DLQ ingester: only once no other copy of its id is
+    /// queued or may still be sent (a replay not yet sent), and never for an id sent before a
+    /// sweep (the model's premise: the fence outlives every copy the queues keep, and this one
+    /// stands for a DLQ kept longer than the functions were told).
+    pub async fn redrive_old(&mut self, slot: u8, variant: u8) {
+        let pre_sweep = self
+            .msgs
+            .iter()
+            .any(|m| m.slot == Some(slot) && m.pre_sweep);
+        let queued = (self.queued().into_iter()).any(|i| self.msgs[i].slot == Some(slot));
+        let unsent = self.unsent.iter().any(|u| u.slot == Some(slot));
+        if queued || unsent || (self.swept && pre_sweep) {
+            self.log.push(format!(
+                "old copy of job{slot}: skipped, a copy may still arrive or the id was swept"
+            ));
+            return;
+        }
+        self.send(slot, variant, Spelling::Exact);
+        let i = self.msgs.len() - 1;
+        let old = FENCE_TTL + Duration::from_secs(86_400);
+        self.msgs[i].sent_at = self.clock.now() - chrono::Duration::from_std(old).unwrap();
+        self.msgs[i].receives = max_receive(self.cfg.fifo);
+        self.redrive(&[i]).await;
     }
 
     /// A producer sends a body that is not JSON.
@@ -578,7 +613,7 @@ impl World {
                 .iter()
                 .map(|f| (*f).to_owned())
                 .collect(),
-            settle_due: Duration::ZERO,
+            settle_due: settle_due(&self.cfg),
             clock: self.clock.clone(),
             metrics: Default::default(),
             alerter: None,
@@ -657,7 +692,7 @@ impl World {
         let harness = Arc::new(harness_on(
             &pool,
             Probe::new(reference_name(), self.cfg.noted, self.probe.clone()),
-            harness_settings(self.cfg.mode),
+            harness_settings(self.cfg.mode, settle_due(&self.cfg)),
             self.clock.clone(),
         ));
         self.harness = harness;
