@@ -29,7 +29,7 @@ fi
 ensure_pg_server_binaries
 ensure_sqs_api
 step "Building the soak and the functions (cargo build --profile perf -p e2e)"
-cargo build --quiet --profile perf -p e2e --bin soak --bin local-consumer --bin local-dlq-ingester || die "the build failed"
+cargo build --quiet --profile perf -p e2e --bin soak --bin local-consumer --bin local-dlq-ingester --bin local-scheduled || die "the build failed"
 modes=${3:-all}
 [ "$modes" = both ] && modes="per-job batch"
 [ "$modes" = all ] && modes="per-job batch fifo-per-job fifo-batch"

@@ -30,8 +30,18 @@ async fn main() {
         .run(&admin)
         .await
         .expect("migrate");
+    // The scheduled function settles what writers with a settle due leave: without it the
+    // checker would count their records lost.
+    let binaries = Binaries::beside_current_exe();
+    if !binaries.scheduled.exists() {
+        eprintln!(
+            "soak: {} is missing: cargo build --profile perf -p e2e --bin local-scheduled",
+            binaries.scheduled.display()
+        );
+        std::process::exit(1);
+    }
     let mut stack = StackSpec::time_scaled(
-        Binaries::beside_current_exe(),
+        binaries,
         &url,
         &format!(
             "soak-{}{}",
