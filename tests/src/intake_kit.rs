@@ -94,3 +94,40 @@ pub async fn copy_inside_its_transaction(
     .unwrap();
     tx
 }
+
+/// Waits (up to 30 s) until a session of the test's database waits on a lock: a copy blocked
+/// on a fence or a letter held by the test.
+pub async fn until_a_session_waits_on_a_lock(pool: &PgPool) {
+    let waiting = async {
+        loop {
+            let locked: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            )
+            .fetch_one(pool)
+            .await
+            .expect("reading pg_stat_activity");
+            if locked > 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), waiting)
+        .await
+        .expect("a session waits on a lock");
+}
+
+/// The scheduled run on `pool` (no alerts, no replays sent, the system clock).
+pub fn scheduled_run(pool: &PgPool) -> shared::upkeep::ScheduledRun {
+    shared::upkeep::ScheduledRun {
+        pool: pool.clone(),
+        clock: Arc::new(SystemClock),
+        alerter: None,
+        sweep: shared_testkit::SWEEP,
+        escalate_after: Duration::from_secs(3 * 86_400),
+        replayer: None,
+        heartbeat: None,
+        replay_alert_after: shared::config::REPLAY_ALERT_AFTER,
+    }
+}

@@ -18,7 +18,10 @@
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsMessage};
 use chrono::{DateTime, Utc};
 use consumer::{AwardPoints, count_awards};
-use e2e::intake_kit::{copy_inside_its_transaction, hold_settle_lock, settle_all};
+use e2e::intake_kit::{
+    copy_inside_its_transaction, hold_settle_lock, scheduled_run, settle_all,
+    until_a_session_waits_on_a_lock,
+};
 use serde_json::{Value, json};
 use shared::clock::{ManualClock, SystemClock};
 use shared::dead_letter::SETTLE_DUE;
@@ -372,39 +375,6 @@ async fn own_pool(pool: &PgPool, max: u32) -> PgPool {
         .connect_with((*pool.connect_options()).clone())
         .await
         .expect("a pool of its own")
-}
-
-async fn until_a_session_waits_on_a_lock(pool: &PgPool) {
-    let waiting = async {
-        loop {
-            let locked = count(
-                pool,
-                "SELECT count(*) FROM pg_stat_activity
-                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
-            )
-            .await;
-            if locked > 0 {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(20), waiting)
-        .await
-        .expect("a session waits on a lock");
-}
-
-fn scheduled(pool: &PgPool) -> shared::upkeep::ScheduledRun {
-    shared::upkeep::ScheduledRun {
-        pool: pool.clone(),
-        clock: Arc::new(SystemClock),
-        alerter: None,
-        sweep: shared_testkit::SWEEP,
-        escalate_after: Duration::from_secs(3 * 86_400),
-        replayer: None,
-        heartbeat: None,
-        replay_alert_after: shared::config::REPLAY_ALERT_AFTER,
-    }
 }
 
 // =============================================================================================
@@ -794,7 +764,7 @@ async fn the_due_under_a_frozen_a_backward_and_a_forward_clock_leaves_nothing_un
         ingest_acked(&ingester, records).await;
     }
     assert_eq!(intake_rows(&pool).await, 24);
-    let answer = scheduled(&pool)
+    let answer = scheduled_run(&pool)
         .settle_received_and_page(Duration::from_secs(20))
         .await;
     assert_eq!(

@@ -13,7 +13,8 @@ use aws_lambda_events::event::sqs::SqsMessage;
 use consumer::{AwardPoints, count_awards};
 use e2e::groups::counts_match_letters;
 use e2e::intake_kit::{
-    copy_inside_its_transaction, harness_waiting, hold_settle_lock, run, settle_all,
+    copy_inside_its_transaction, harness_waiting, hold_settle_lock, run, scheduled_run, settle_all,
+    until_a_session_waits_on_a_lock,
 };
 use serde_json::{Value, json};
 use shared::clock::SystemClock;
@@ -163,39 +164,6 @@ fn digest_of(body: &str) -> JobDigest {
 
 fn harness(pool: &PgPool, mode: CommitMode) -> Harness<AwardPoints> {
     e2e::harness_in(pool.clone(), AwardPoints::new(consumer()), mode)
-}
-
-async fn until_a_session_waits_on_a_lock(pool: &PgPool) {
-    let waiting = async {
-        loop {
-            let locked = count(
-                pool,
-                "SELECT count(*) FROM pg_stat_activity
-                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
-            )
-            .await;
-            if locked > 0 {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(30), waiting)
-        .await
-        .expect("a session waits on a lock");
-}
-
-fn scheduled(pool: &PgPool) -> shared::upkeep::ScheduledRun {
-    shared::upkeep::ScheduledRun {
-        pool: pool.clone(),
-        clock: Arc::new(SystemClock),
-        alerter: None,
-        sweep: shared_testkit::SWEEP,
-        escalate_after: Duration::from_secs(3 * 86_400),
-        replayer: None,
-        heartbeat: None,
-        replay_alert_after: shared::config::REPLAY_ALERT_AFTER,
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -565,7 +533,7 @@ async fn writers_the_scheduled_run_and_a_manual_settler_at_once_keep_both_promis
     {
         let (pool, stop) = (pool.clone(), stop.clone());
         settlers.push(tokio::spawn(async move {
-            let run = scheduled(&pool);
+            let run = scheduled_run(&pool);
             while !stop.load(Ordering::SeqCst) {
                 let report = run.run(None).await;
                 assert!(report.settled.is_ok(), "{report:?}");
@@ -699,7 +667,7 @@ async fn five_thousand_poison_records_from_eight_writers_settle_into_five_thousa
         sent.extend(w.await.unwrap());
     }
     assert_eq!(sent.len(), 5_000);
-    let report = scheduled(&pool).run(None).await;
+    let report = scheduled_run(&pool).run(None).await;
     assert!(report.settled.is_ok(), "{report:?}");
     settle_all(&pool).await;
     assert_eq!(
@@ -1153,7 +1121,7 @@ async fn a_crashed_copy_that_never_ran_under_another_jobs_committed_id_is_never_
     let failed = failed_ids(&response);
     // Later settlers (a writer, the scheduled run) take what is left.
     let _ = settle_all(&pool).await;
-    let report = scheduled(&pool).run(None).await;
+    let report = scheduled_run(&pool).run(None).await;
     let id = crashed.message_id.clone().unwrap();
     let letters = letters_of_message(&pool, &id).await;
     assert!(

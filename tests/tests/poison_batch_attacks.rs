@@ -12,6 +12,7 @@ use consumer::{AwardPoints, count_awards};
 use dead_letter_api::api::Scope;
 use e2e::alert_receiver::AlertReceiver;
 use e2e::api_client::{caller, request, with_body};
+use e2e::intake_kit::until_a_session_waits_on_a_lock;
 use e2e::stack::Stack;
 use futures_util::future::join_all;
 use serde_json::{Value, json};
@@ -222,26 +223,6 @@ async fn deliver(stack: &Stack, records: Vec<Value>) -> Vec<String> {
 }
 
 /// Waits until a session of the test's database waits on a lock.
-async fn until_a_session_waits_on_a_lock(pool: &PgPool) {
-    let waiting = async {
-        loop {
-            let locked = count(
-                pool,
-                "SELECT count(*) FROM pg_stat_activity
-                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
-            )
-            .await;
-            if locked > 0 {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(30), waiting)
-        .await
-        .expect("a session waits on the fence held");
-}
-
 /// A transaction inside a copy of `job`: its fence claimed with `digest` and its award written,
 /// not committed (as a commit group or a job alone holds them between its claim and its COMMIT).
 async fn copy_inside_its_transaction(
