@@ -74,6 +74,7 @@ impl DlqIngester {
     pub async fn ingest(&self, records: Vec<SqsMessage>) -> SqsBatchResponse {
         let msgs: Vec<IncomingMessage> = records.iter().map(incoming).collect();
         let now = self.clock.now();
+        let fields: Vec<&str> = self.job_fields.iter().map(String::as_str).collect();
         let parsed: Vec<(tracing::Span, Parsed)> = (msgs.iter().zip(&records))
             .map(|(msg, record)| {
                 // Its lines carry the ids its body has, as the consumer's do (filled once parsed).
@@ -83,7 +84,7 @@ impl DlqIngester {
                     &Default::default(),
                 );
                 crate::telemetry::otel::describe_job(&span, msg.delivery());
-                let parsed = span.in_scope(|| self.parse(msg, sent_at(record), now));
+                let parsed = span.in_scope(|| self.parse(msg, &fields, sent_at(record), now));
                 (span, parsed)
             })
             .collect();
@@ -105,7 +106,6 @@ impl DlqIngester {
                 (span, read)
             })
             .collect();
-        let fields: Vec<&str> = self.job_fields.iter().map(String::as_str).collect();
         let together: Vec<usize> = (judged.iter().enumerate())
             .filter(|(_, (_, j))| matches!(j, Ok(r) if r.judged.kind != ErrorKind::Unsettled))
             .map(|(i, _)| i)
@@ -179,16 +179,16 @@ impl DlqIngester {
         }
     }
 
-    /// One DLQ message read: its envelope (or why it is poison), its job's digest, and how long
-    /// ago it was first sent.
+    /// One DLQ message read with the job's `fields`: its envelope (or why it is poison), its
+    /// job's digest, and how long ago it was first sent.
     fn parse(
         &self,
         msg: &IncomingMessage,
+        fields: &[&str],
         sent_at: Option<DateTime<Utc>>,
         now: DateTime<Utc>,
     ) -> Parsed {
-        let fields: Vec<&str> = self.job_fields.iter().map(String::as_str).collect();
-        let parsed = Envelope::<serde_json::Value>::parse_job(&msg.body, &fields);
+        let parsed = Envelope::<serde_json::Value>::parse_job(&msg.body, fields);
         let digest = match &parsed {
             Ok((_, digest)) => Some(*digest),
             Err(poison) => poison.digest.as_deref().copied(),

@@ -6,7 +6,7 @@
 
 use consumer::AwardPoints;
 use e2e::groups::counts_match_letters;
-use e2e::intake_kit::{hold_settle_lock, settle_all};
+use e2e::intake_kit::{hold_settle_lock, scheduled_run, settle_all};
 use serde_json::json;
 use shared::dead_letter::{Recorded, Settled};
 use shared::harness::{CommitMode, RecordOutcome};
@@ -535,20 +535,6 @@ async fn writers_side_by_side_leave_every_record_one_letter(pool: PgPool) {
         count(&pool, "SELECT count(*) FROM core.dead_letter_groups").await,
         1
     );
-}
-
-/// The scheduled run, without paging, replays or a heartbeat.
-fn scheduled_run(pool: &PgPool) -> shared::upkeep::ScheduledRun {
-    shared::upkeep::ScheduledRun {
-        pool: pool.clone(),
-        clock: std::sync::Arc::new(shared::clock::SystemClock),
-        alerter: None,
-        sweep: shared_testkit::SWEEP,
-        escalate_after: Duration::from_secs(3 * 86_400),
-        replayer: None,
-        heartbeat: None,
-        replay_alert_after: shared::config::REPLAY_ALERT_AFTER,
-    }
 }
 
 #[sqlx::test(migrator = "consumer::MIGRATOR_WITH_CORE")]

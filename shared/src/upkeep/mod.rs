@@ -104,8 +104,8 @@ impl ScheduledRun {
     /// Settles the letters received and not yet settled, every consumer's, within `budget`, and
     /// pages the groups of the letters it wrote: for the bulk operations' invocation (every
     /// minute), which bounds how long a stream's last rows wait (left for the next round, see
-    /// [`crate::dead_letter::SETTLE_DUE`]). The letters written, or why it failed,
-    /// As the invocation answers it: the count, or `{"error": …}` (logged).
+    /// [`crate::dead_letter::SETTLE_DUE`]). Answers as the invocation does: the letters written,
+    /// or `{"error": …}` (logged).
     pub async fn settle_received_and_page(&self, budget: Duration) -> serde_json::Value {
         let settled = self.settle_received(budget).await;
         if settled.as_ref().is_ok_and(|&n| n > 0) {
